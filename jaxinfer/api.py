@@ -1,0 +1,193 @@
+"""The offline Python API: `LLM` and the one-liner `generate` (vLLM-like)."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Iterator, Sequence
+
+from tqdm.auto import tqdm
+
+from jaxinfer.config import ConfigError, EngineConfig
+from jaxinfer.outputs import RequestOutput
+from jaxinfer.sampling_params import SamplingParams
+
+log = logging.getLogger("jaxinfer")
+
+_ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
+_CPU_MAX_MODEL_LEN = 8192
+
+Prompt = str | Sequence[int]
+
+
+class LLM:
+    """A model loaded onto the device with a paged KV cache and a continuous-batching engine.
+
+    LLM(model=None, dtype="auto", load_format="auto", **engine_options)
+      model: None (default SmolLM2-135M-Instruct), a HF checkpoint dir, a *.gguf file, an orbax checkpoint
+             dir saved by `LLM.save`, a hub id, or a preset shape ("llama3-8b") with load_format="dummy".
+      engine_options: fields of EngineConfig (page_size, num_pages, gpu_memory_utilization, max_model_len,
+             max_num_batched_tokens, max_num_seqs, ...). Unknown options are errors.
+    """
+
+    def __init__(self, model: str | None = None, dtype: str = "auto", load_format: str = "auto",
+                 tokenizer: str | None = None, warmup: bool = True, progress: bool = True, **engine_options):
+        unknown = sorted(set(engine_options) - _ENGINE_FIELDS)
+        if unknown:
+            raise ConfigError(
+                f"unknown option(s) {unknown}; valid engine options are {sorted(_ENGINE_FIELDS - {'dtype'})}")
+        t0 = time.perf_counter()
+        from jaxinfer.models.loader import load_model, resolve_model
+        from jaxinfer.runner.model_runner import ModelRunner, enable_compilation_cache
+        from jaxinfer.tokenizer import Tokenizer
+        from jaxinfer.engine.engine import LLMEngine
+
+        self.config = EngineConfig(dtype=dtype, **engine_options)
+        enable_compilation_cache(self.config.compilation_cache_dir)
+        self.source = resolve_model(model, load_format)
+        self.model = load_model(self.source, self.config.dtype, seed=self.config.seed, progress=progress)
+        cfg = self.model.cfg
+        self.model_config = cfg
+        self.tokenizer = self._load_tokenizer(tokenizer, Tokenizer)
+        max_len = self._max_model_len()
+        self.runner = ModelRunner(self.model, self.config, max_len)
+        eos = set(cfg.eos_token_ids)
+        if self.tokenizer is not None:
+            eos |= set(self.tokenizer.eos_token_ids)
+        self.engine = LLMEngine(
+            self.runner, self.tokenizer, max_num_batched_tokens=self.config.max_num_batched_tokens,
+            max_num_seqs=self.config.max_num_seqs, max_model_len=max_len, eos_token_ids=eos,
+            vocab_size=cfg.vocab_size, seed=self.config.seed)
+        if warmup:
+            self.runner.warmup(progress=progress)
+        self.startup_seconds = time.perf_counter() - t0
+        log.info("engine ready in %.1f s", self.startup_seconds)
+
+    # ---- set-up helpers -----------------------------------------------------------------------------------
+    def _load_tokenizer(self, override, Tokenizer):
+        src = self.source
+        path = override or src.tokenizer_path
+        if path is None:
+            return None
+        gen = src.generation_config
+        if path.endswith(".gguf"):
+            import os
+
+            return Tokenizer.from_pretrained(os.path.dirname(path) or ".", gguf_file=os.path.basename(path),
+                                             generation_config=gen)
+        return Tokenizer.from_pretrained(path, generation_config=gen)
+
+    def _max_model_len(self) -> int:
+        import jax
+
+        cfg = self.model.cfg
+        want = self.config.max_model_len
+        if want is None:
+            want = cfg.max_position_embeddings
+            if jax.default_backend() == "cpu":
+                want = min(want, _CPU_MAX_MODEL_LEN)
+        if want > cfg.max_position_embeddings:
+            raise ConfigError(
+                f"max_model_len={want} exceeds the model's max_position_embeddings="
+                f"{cfg.max_position_embeddings}; lower max_model_len")
+        return int(want)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    # ---- generation ---------------------------------------------------------------------------------------
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run every prompt to completion in one continuous batch; outputs come back in prompt order."""
+        prompts = _as_prompt_list(prompts)
+        params = _as_params_list(sampling_params, len(prompts))
+        ids = []
+        try:
+            for p, sp in zip(prompts, params):
+                ids.append(self.engine.add_request(None, p, sp))
+        except Exception:
+            for rid in ids:  # all-or-nothing: a bad prompt leaves no half-queued batch behind
+                self.engine.abort(rid)
+            raise
+        results: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm or len(ids) < 2)
+        try:
+            while len(results) < len(ids):
+                for out in self.engine.step():
+                    if out.finished:
+                        results[out.request_id] = out
+                        bar.update(1)
+        finally:
+            bar.close()
+            for rid in ids:
+                if rid not in results:
+                    self.engine.abort(rid)
+        return [results[rid] for rid in ids]
+
+    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+        """Yield cumulative RequestOutputs of one prompt as tokens arrive."""
+        rid = self.engine.add_request(None, prompt, sampling_params)
+        try:
+            while True:
+                for out in self.engine.step():
+                    if out.request_id == rid:
+                        yield out
+                        if out.finished:
+                            return
+        finally:
+            self.engine.abort(rid)
+
+    def chat(self, messages, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = True) -> list[RequestOutput]:
+        """messages: one conversation (list of {"role", "content"}) or a list of conversations."""
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer (dummy weights); chat needs a chat template")
+        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=True) for c in convs]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def save(self, path: str):
+        """Save weights (orbax), config and tokenizer so `LLM(path)` reloads without conversion."""
+        from jaxinfer.checkpoint import save_checkpoint
+        import jax
+        from flax import nnx
+
+        state = jax.tree.unflatten(self.model.treedef, self.model.params)
+        save_checkpoint(path, nnx.to_pure_dict(state), self.source.hf_config,
+                        self.tokenizer.hf if self.tokenizer is not None else None)
+
+
+def _as_prompt_list(prompts) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]  # one prompt given as token ids
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str) and not (isinstance(p, (list, tuple)) and all(isinstance(t, int) for t in p)):
+            raise TypeError(f"prompt {i} must be a string or a list of token ids, got {type(p).__name__}")
+    return prompts
+
+
+def _as_params_list(sp, n: int) -> list[SamplingParams]:
+    if sp is None:
+        return [SamplingParams()] * n
+    if isinstance(sp, SamplingParams):
+        return [sp] * n
+    sp = list(sp)
+    if len(sp) != n:
+        raise ValueError(f"got {len(sp)} SamplingParams for {n} prompts; pass one, or one per prompt")
+    return sp
+
+
+_LLM_CACHE: dict[tuple, LLM] = {}
+
+
+def generate(prompts: Prompt | Sequence[Prompt], model: str | None = None, **sampling) -> list[RequestOutput]:
+    """One-liner: `jaxinfer.generate("Hello", max_tokens=20)`. The loaded model is cached per (model,)."""
+    key = (model,)
+    if key not in _LLM_CACHE:
+        _LLM_CACHE[key] = LLM(model)
+    return _LLM_CACHE[key].generate(prompts, SamplingParams(**sampling))

@@ -1,0 +1,252 @@
+"""LLMEngine: the only loop. Host code only (never imports jax): the device runner is injected.
+
+step():
+  1 Scheduler.schedule()             -> which tokens of which requests run now (chunked prefill + decodes)
+  2 runner.execute(seq inputs)       -> sampled token ids (+ logprobs); the runner owns all device state
+  3 Scheduler.update(...)            -> append tokens; eos / stop tokens / max_tokens; free pages
+  4 detokenize incrementally         -> stop strings end the request and never leak into the text
+  5 RequestOutput for every request that progressed (cumulative text and token ids, like vLLM)
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+import time
+from typing import Any, Protocol, Sequence
+
+from jaxinfer.engine.detokenizer import IncrementalDetokenizer
+from jaxinfer.engine.kv_cache import KVCacheManager
+from jaxinfer.engine.request import Request
+from jaxinfer.engine.scheduler import Scheduler, ScheduledSeq
+from jaxinfer.outputs import CompletionOutput, Logprob, RequestOutput
+from jaxinfer.runner.batch import SeqInput
+from jaxinfer.sampling_params import SamplingParams
+
+
+class Runner(Protocol):
+    num_pages: int
+    page_size: int
+
+    def execute(self, seqs: Sequence[SeqInput], prompt_logprob_targets: dict[int, Any] | None = None): ...
+
+
+@dataclasses.dataclass
+class _SeqState:
+    """Engine-side bookkeeping of one sequence (one of the n samples of a request)."""
+
+    request: Request
+    params: SamplingParams
+    seed: int
+    detok: IncrementalDetokenizer | None
+    logprobs: list[dict[int, Logprob]] | None
+    cumulative_logprob: float = 0.0
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    num_prompt_logprobs_done: int = 0  # prompt positions whose logprob is known (survives preemption)
+
+
+@dataclasses.dataclass
+class _Group:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    seq_ids: list[str]
+    arrival_time: float
+    first_token_time: float | None = None
+
+
+class LLMEngine:
+    def __init__(self, runner: Runner, tokenizer, *, max_num_batched_tokens: int, max_num_seqs: int,
+                 max_model_len: int, eos_token_ids: set[int], vocab_size: int, seed: int = 0):
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.kv = KVCacheManager(runner.num_pages, runner.page_size)
+        self.scheduler = Scheduler(self.kv, max_num_batched_tokens, max_num_seqs, max_model_len,
+                                   set(eos_token_ids))
+        self._seqs: dict[str, _SeqState] = {}
+        self._groups: dict[str, _Group] = {}
+        self._rng = random.Random(seed)
+        self._ids = itertools.count()
+
+    # ---- requests -----------------------------------------------------------------------------------------
+    def add_request(self, request_id: str | None, prompt: str | Sequence[int],
+                    params: SamplingParams | None = None) -> str:
+        """Queue a request. Raises ValueError (and queues nothing) if it is invalid or can never fit."""
+        params = params or SamplingParams()
+        request_id = str(next(self._ids)) if request_id is None else str(request_id)
+        if request_id in self._groups:
+            raise ValueError(f"request id {request_id!r} is already in use; pick a unique request_id")
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer (dummy weights); pass prompts as lists of token ids")
+            prompt_text, ids = prompt, self.tokenizer.encode(prompt)
+        else:
+            prompt_text, ids = None, [int(t) for t in prompt]
+        if not ids:
+            raise ValueError("the prompt is empty; pass at least one token")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        if params.prompt_logprobs is not None and params.n > 1:
+            pass  # computed once per sample; harmless duplication
+        seq_ids = [request_id if params.n == 1 else f"{request_id}#{i}" for i in range(params.n)]
+        base_seed = params.seed if params.seed is not None else self._rng.getrandbits(31)
+        new_states = []
+        for i, sid in enumerate(seq_ids):
+            req = Request(sid, list(ids), params)
+            detok = None
+            if self.tokenizer is not None:
+                detok = IncrementalDetokenizer(self.tokenizer, list(ids), params.skip_special_tokens,
+                                               list(params.stop or []), params.include_stop_str_in_output)
+            new_states.append(_SeqState(req, params, base_seed + i, detok,
+                                        [] if params.logprobs is not None else None,
+                                        prompt_logprobs=[None] if params.prompt_logprobs is not None else None))
+        # Validate all before queueing any (add_request raises on oversize requests).
+        for k, st in enumerate(new_states):
+            try:
+                self.scheduler.add_request(st.request)
+            except Exception:
+                for prev in new_states[:k]:
+                    self.scheduler.abort(prev.request.request_id)
+                raise
+        for st in new_states:
+            self._seqs[st.request.request_id] = st
+        self._groups[request_id] = _Group(request_id, prompt_text, list(ids), seq_ids, time.monotonic())
+        return request_id
+
+    def abort(self, request_id: str) -> bool:
+        group = self._groups.pop(request_id, None)
+        if group is None:
+            return False
+        for sid in group.seq_ids:
+            self.scheduler.abort(sid)
+            self._seqs.pop(sid, None)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self._groups)
+
+    # ---- the loop -----------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if not sched.scheduled:
+            return []
+        inputs, lp_targets = [], {}
+        for i, s in enumerate(sched.scheduled):
+            st = self._seqs[s.request_id]
+            p = st.params
+            inputs.append(SeqInput(
+                token_ids=s.token_ids, start_pos=s.start_pos, page_table=s.page_table,
+                temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
+                seed=st.seed, step=len(st.request.output_token_ids)))
+            tgt = self._prompt_logprob_targets(st, s)
+            if tgt is not None:
+                lp_targets[i] = tgt
+        out = self.runner.execute(inputs, lp_targets or None)
+        sampled: dict[str, list[int]] = {}
+        for i, s in enumerate(sched.scheduled):
+            st = self._seqs[s.request_id]
+            if i in out.prompt_logprobs:
+                self._record_prompt_logprobs(st, s, out.prompt_logprobs[i])
+            if s.sample:
+                tok = int(out.tokens[i])
+                sampled[s.request_id] = [tok]
+                st.cumulative_logprob += float(out.logprobs[i])
+                if st.logprobs is not None:
+                    st.logprobs.append(self._logprob_dict(tok, float(out.logprobs[i]), out.top_ids[i],
+                                                          out.top_logprobs[i], st.params.logprobs))
+        finished = {r.request_id for r in self.scheduler.update(sched, sampled)}
+        touched = set()
+        for sid, toks in sampled.items():
+            st = self._seqs[sid]
+            if st.detok is not None:
+                _, stop = st.detok.append(toks)
+                if stop is not None and sid not in finished:
+                    self.scheduler.finish(sid, "stop", stop)
+                    finished.add(sid)
+                elif stop is not None:
+                    st.request.stop_reason = stop
+                    st.request.status = type(st.request.status).FINISHED_STOPPED
+            touched.add(sid)
+        for sid in finished:
+            st = self._seqs[sid]
+            if st.detok is not None:
+                st.detok.flush()
+            # Extra tokens sampled after a stop string are cut from the ids too.
+            # (The detokenizer already truncated the text.)
+        return self._outputs(touched | finished)
+
+    # ---- outputs ------------------------------------------------------------------------------------------
+    def _outputs(self, seq_ids: set[str]) -> list[RequestOutput]:
+        groups = []
+        for sid in seq_ids:
+            parent = sid.split("#", 1)[0] if sid not in self._groups else sid
+            if parent in self._groups and parent not in groups:
+                groups.append(parent)
+        outs = []
+        now = time.monotonic()
+        for gid in groups:
+            g = self._groups[gid]
+            if g.first_token_time is None:
+                g.first_token_time = now
+            comps = []
+            for idx, sid in enumerate(g.seq_ids):
+                st = self._seqs[sid]
+                r = st.request
+                fin = r.status.is_finished
+                comps.append(CompletionOutput(
+                    index=idx, text=st.detok.text if st.detok is not None else "",
+                    token_ids=list(r.output_token_ids),
+                    cumulative_logprob=st.cumulative_logprob,
+                    logprobs=list(st.logprobs) if st.logprobs is not None else None,
+                    finish_reason=r.finish_reason if fin else None,
+                    stop_reason=r.stop_reason if fin else None))
+            done = all(c.finish_reason is not None for c in comps)
+            first = self._seqs[g.seq_ids[0]]
+            outs.append(RequestOutput(
+                request_id=gid, prompt=g.prompt, prompt_token_ids=g.prompt_token_ids,
+                prompt_logprobs=list(first.prompt_logprobs) if first.prompt_logprobs is not None else None,
+                outputs=comps, finished=done,
+                metrics={"arrival_time": g.arrival_time, "first_token_time": g.first_token_time,
+                         "finished_time": now if done else None}))
+            if done:
+                for sid in g.seq_ids:
+                    self._seqs.pop(sid, None)
+                del self._groups[gid]
+        return outs
+
+    def _logprob_dict(self, tok, lp, top_ids, top_lps, n):
+        d = {}
+        for rank, (t, l) in enumerate(zip(top_ids[:n], top_lps[:n]), start=1):
+            d[int(t)] = Logprob(float(l), rank, self._decode_token(int(t)))
+        if tok not in d:
+            rank = next((k + 1 for k, t in enumerate(top_ids) if int(t) == tok), None)
+            d[tok] = Logprob(lp, rank, self._decode_token(tok))
+        return d
+
+    def _decode_token(self, tok: int) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.decode([tok], skip_special_tokens=False)
+
+    def _prompt_logprob_targets(self, st: _SeqState, s: ScheduledSeq):
+        if st.prompt_logprobs is None:
+            return None
+        n_prompt = len(st.request.prompt_token_ids)
+        # Position j predicts token j+1; only prompt tokens are targets, each computed once.
+        first = max(s.start_pos, st.num_prompt_logprobs_done)
+        last = min(s.start_pos + len(s.token_ids), n_prompt - 1)
+        if first >= last:
+            return None
+        return st.request.prompt_token_ids[s.start_pos + 1: last + 1]
+
+    def _record_prompt_logprobs(self, st: _SeqState, s: ScheduledSeq, arrays):
+        lp, ids, top = arrays
+        n = st.params.prompt_logprobs
+        for j in range(len(lp)):
+            pos = s.start_pos + j  # predicts prompt token pos + 1
+            if pos < st.num_prompt_logprobs_done:
+                continue
+            tok = st.request.prompt_token_ids[pos + 1]
+            st.prompt_logprobs.append(self._logprob_dict(tok, float(lp[j]), ids[j], top[j], n))
+            st.num_prompt_logprobs_done = pos + 1

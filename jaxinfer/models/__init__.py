@@ -1,0 +1,1 @@
+"""Llama-family models (Flax NNX), their loaders and the attention dispatch."""

@@ -1,0 +1,31 @@
+"""Attention metadata of one step and the dispatch to the paged-attention implementation.
+
+`AttentionMetadata` is built on the host (runner/batch.py) as numpy arrays and copied to the device once per
+step. Its array shapes are fixed by the step's bucket, so a new mix of requests never recompiles.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+
+from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference, write_kv_pages
+
+
+class AttentionMetadata(NamedTuple):
+    positions: jax.Array     # i32[T]       absolute position of each token
+    slot_mapping: jax.Array  # i32[T]       page * page_size + offset where its K/V are written
+    tile_tokens: jax.Array   # i32[NT, Bq]  flat token indices of each query tile (T = empty slot)
+    tile_seq: jax.Array      # i32[NT]      sequence (row of page_tables) of each tile
+    tile_kv_len: jax.Array   # i32[NT]      KV tokens visible to each tile
+    page_tables: jax.Array   # i32[S, W]    KV pages of each sequence
+
+
+def paged_attention(q, k, v, k_pages, v_pages, md: AttentionMetadata, *, sm_scale: float,
+                    kv_chunk_pages: int, sliding_window: int | None = None):
+    """q: [T, H, D]; k, v: [T, KVH, D] (this step's new tokens). Returns (out [T, H, D], k_pages, v_pages)."""
+    k_pages, v_pages = write_kv_pages(k_pages, v_pages, k, v, md.slot_mapping)
+    out = ragged_paged_attention_reference(
+        q, k_pages, v_pages, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,
+        sm_scale=sm_scale, kv_chunk_pages=kv_chunk_pages, sliding_window=sliding_window)
+    return out, k_pages, v_pages

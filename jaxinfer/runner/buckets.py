@@ -1,0 +1,55 @@
+"""The bucket ladder: the few static shapes the jitted step is compiled for.
+
+A step with n tokens of m sequences runs in the smallest bucket whose token count T >= n; its other shapes
+follow from T, so the ladder is one list of ints and warm-up compiles exactly len(ladder) step programs:
+  S  = min(T, max_num_seqs)           sampled rows / page-table rows (every sequence has >= 1 token)
+  NT = ceil(T / query_tile) + S       query tiles (a sequence of n tokens needs ceil(n / query_tile) tiles)
+  W  = pages of max_model_len, rounded up to a multiple of kv_chunk_pages (page-table width)
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+    num_tokens: int   # T
+    num_seqs: int     # S
+    num_tiles: int    # NT
+    query_tile: int   # Bq
+    table_width: int  # W
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketLadder:
+    buckets: tuple[Bucket, ...]
+
+    @classmethod
+    def build(cls, *, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, page_size: int,
+              query_tile: int, kv_chunk_pages: int, min_tokens: int = 16) -> "BucketLadder":
+        sizes = []
+        t = max(min_tokens, 1)
+        while t < max_num_batched_tokens:
+            sizes.append(t)
+            t *= 2
+        sizes.append(max_num_batched_tokens)
+        pages = math.ceil(max_model_len / page_size)
+        width = math.ceil(pages / kv_chunk_pages) * kv_chunk_pages
+        buckets = []
+        for t in sizes:
+            s = min(t, max_num_seqs)
+            buckets.append(Bucket(t, s, math.ceil(t / query_tile) + s, query_tile, width))
+        return cls(tuple(buckets))
+
+    def pick(self, num_tokens: int, num_seqs: int) -> Bucket:
+        for b in self.buckets:
+            if b.num_tokens >= num_tokens and b.num_seqs >= num_seqs:
+                return b
+        raise ValueError(
+            f"a step of {num_tokens} tokens / {num_seqs} sequences exceeds the largest bucket "
+            f"({self.buckets[-1].num_tokens} tokens / {self.buckets[-1].num_seqs} sequences)")
+
+    @property
+    def max_tokens(self) -> int:
+        return self.buckets[-1].num_tokens

@@ -1,0 +1,138 @@
+"""Device side of the engine: weights, the paged KV cache, the compiled step per bucket.
+
+The engine (host) hands over a list of `SeqInput`; the runner packs it into the smallest bucket, copies it to the
+device in one transfer, runs the step and returns the sampled tokens as numpy arrays.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from jaxinfer.config import EngineConfig
+from jaxinfer.models.loader import LoadedModel
+from jaxinfer.runner.batch import HostBatch, SeqInput, pack
+from jaxinfer.runner.buckets import BucketLadder
+from jaxinfer.runner.step import make_prompt_logprobs_fn, make_step_fn
+
+log = logging.getLogger("jaxinfer")
+
+_CPU_KV_BUDGET_BYTES = 1 << 30  # without device memory statistics (CPU) size the cache at 1 GiB
+
+
+@dataclasses.dataclass
+class RunnerOutput:
+    tokens: np.ndarray        # i32[num_seqs]
+    logprobs: np.ndarray      # f32[num_seqs]
+    top_ids: np.ndarray       # i32[num_seqs, 20]
+    top_logprobs: np.ndarray  # f32[num_seqs, 20]
+    prompt_logprobs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]  # seq index -> (lp[n], ids[n,20], lp[n,20])
+
+
+def enable_compilation_cache(cache_dir: str | None):
+    """JAX's persistent compilation cache, so a second start skips XLA compilation."""
+    cache_dir = cache_dir or os.path.join(
+        os.environ.get("JAXINFER_CACHE", os.path.expanduser("~/.cache/jaxinfer")), "xla")
+    os.makedirs(cache_dir, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
+    # Small programs are cached too (the default skips compiles under 1 s).
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+
+class ModelRunner:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int):
+        self.loaded = loaded
+        self.config = config
+        self.max_model_len = max_model_len
+        self.page_size = config.page_size
+        cfg = loaded.cfg
+        self.kv_dtype = loaded.dtype
+        self.num_pages = config.num_pages or self._pages_from_budget()
+        shape = (self.num_pages, self.page_size, cfg.num_kv_heads, cfg.head_dim)
+        # Zero-filled: attention masks unwritten slots by weight, and 0 * NaN would still poison the sum.
+        zeros = jax.jit(lambda: jnp.zeros(shape, self.kv_dtype))
+        self.kv_caches = [(zeros(), zeros()) for _ in range(cfg.num_layers)]
+        log.info("KV cache: %d pages x %d tokens = %d tokens (%.2f GiB)", self.num_pages, self.page_size,
+                 (self.num_pages - 1) * self.page_size, self.kv_cache_bytes / 2**30)
+        kv_chunk = min(config.kv_chunk_pages, math.ceil(max_model_len / self.page_size))
+        self.ladder = BucketLadder.build(
+            max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
+            max_model_len=max_model_len, page_size=self.page_size, query_tile=config.query_tile,
+            kv_chunk_pages=kv_chunk)
+        self._step = make_step_fn(loaded, kv_chunk)
+        self._prompt_logprobs = make_prompt_logprobs_fn(loaded)
+
+    # ---- memory -------------------------------------------------------------------------------------------
+    @property
+    def kv_cache_bytes(self) -> int:
+        per_page = self.loaded.cfg.kv_bytes_per_token(jnp.dtype(self.kv_dtype).itemsize) * self.page_size
+        return per_page * self.num_pages
+
+    def _pages_from_budget(self) -> int:
+        cfg = self.loaded.cfg
+        per_page = cfg.kv_bytes_per_token(jnp.dtype(self.kv_dtype).itemsize) * self.page_size
+        stats = jax.devices()[0].memory_stats() or {}
+        if "bytes_limit" in stats:
+            # Leave room for activations of the largest bucket: hidden/MLP intermediates and f32 logits.
+            T, S = self.config.max_num_batched_tokens, self.config.max_num_seqs
+            act = 8 * T * (cfg.hidden_size + 2 * cfg.intermediate_size + cfg.qkv_size) + 16 * S * cfg.vocab_size
+            budget = stats["bytes_limit"] * self.config.gpu_memory_utilization - stats.get("bytes_in_use", 0) - act
+        else:
+            budget = _CPU_KV_BUDGET_BYTES
+        pages = int(budget // per_page)
+        need = math.ceil(self.max_model_len / self.page_size) + 1
+        if pages < need:
+            raise MemoryError(
+                f"the KV cache budget ({budget / 2**30:.2f} GiB) holds {pages} pages, fewer than the {need} one "
+                f"request of max_model_len={self.max_model_len} needs; lower max_model_len or raise "
+                "gpu_memory_utilization")
+        return pages
+
+    # ---- compile ------------------------------------------------------------------------------------------
+    def warmup(self, progress: bool = True):
+        """Compile (or load from the persistent cache) the step and prompt-logprob programs of every bucket."""
+        t0 = time.perf_counter()
+        for b in tqdm(self.ladder.buckets, desc="compiling buckets", disable=not progress, leave=False):
+            seqs = [SeqInput(token_ids=[0], start_pos=0, page_table=[0])]
+            batch = pack(seqs, b, self.page_size)
+            out, hidden = self._run(batch)
+            self._prompt_logprobs(self.loaded.params, hidden, jnp.zeros((b.num_tokens,), jnp.int32))
+            jax.block_until_ready(out)
+        log.info("compiled %d buckets in %.1f s", len(self.ladder.buckets), time.perf_counter() - t0)
+
+    # ---- run ----------------------------------------------------------------------------------------------
+    def _run(self, batch: HostBatch):
+        dev = jax.device_put(batch.arrays)
+        self.kv_caches, out, hidden = self._step(self.loaded.params, self.kv_caches, dev)
+        return out, hidden
+
+    def execute(self, seqs: Sequence[SeqInput], prompt_logprob_targets: dict[int, np.ndarray] | None = None
+                ) -> RunnerOutput:
+        """Run one step. prompt_logprob_targets: seq index -> the next-token ids of that sequence's tokens."""
+        n_tok = sum(len(s.token_ids) for s in seqs)
+        bucket = self.ladder.pick(n_tok, len(seqs))
+        batch = pack(seqs, bucket, self.page_size)
+        out, hidden = self._run(batch)
+        prompt_lp = {}
+        if prompt_logprob_targets:
+            targets = np.zeros(bucket.num_tokens, np.int32)
+            for i, tgt in prompt_logprob_targets.items():
+                a = int(batch.token_offsets[i])
+                targets[a:a + len(tgt)] = tgt
+            lp, ids, top = jax.device_get(self._prompt_logprobs(self.loaded.params, hidden, targets))
+            for i, tgt in prompt_logprob_targets.items():
+                a = int(batch.token_offsets[i])
+                prompt_lp[i] = (lp[a:a + len(tgt)], ids[a:a + len(tgt)], top[a:a + len(tgt)])
+        n = len(seqs)
+        tokens, logprobs, top_ids, top_lp = jax.device_get(
+            (out.tokens, out.logprobs, out.top_ids, out.top_logprobs))
+        return RunnerOutput(tokens[:n], logprobs[:n], top_ids[:n], top_lp[:n], prompt_lp)

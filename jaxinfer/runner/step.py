@@ -1,0 +1,64 @@
+"""The jitted step: (params, kv_caches, batch) -> (kv_caches, sampled tokens, logprobs, hidden).
+
+One program per bucket. The KV cache (a list of per-layer (k_pages, v_pages)) is donated and updated in place;
+nothing else is donated. Only small arrays (token ids, logprobs) are meant to travel back to the host; the
+final hidden states stay on the device for the (rare) prompt-logprob pass.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxinfer.models.attention import AttentionMetadata
+from jaxinfer.runner.sampler import MAX_LOGPROBS, SamplingTensors, sample
+
+
+class StepOutput(NamedTuple):
+    tokens: jax.Array        # i32[S]
+    logprobs: jax.Array      # f32[S]   log-prob of the sampled token (raw model distribution)
+    top_ids: jax.Array       # i32[S, MAX_LOGPROBS]
+    top_logprobs: jax.Array  # f32[S, MAX_LOGPROBS]
+
+
+def _metadata(b: dict) -> AttentionMetadata:
+    return AttentionMetadata(b["positions"], b["slot_mapping"], b["tile_tokens"], b["tile_seq"], b["tile_kv_len"],
+                             b["page_tables"])
+
+
+def _sampling(b: dict) -> SamplingTensors:
+    S = b["temperature"].shape[0]
+    zeros = jnp.zeros((S,), jnp.float32)
+    return SamplingTensors(
+        temperature=b["temperature"], top_k=b["top_k"], top_p=b["top_p"], min_p=b["min_p"], seed=b["seed"],
+        step=b["step"], presence_penalty=zeros, frequency_penalty=zeros, repetition_penalty=zeros + 1.0)
+
+
+def make_step_fn(loaded, kv_chunk_pages: int):
+    """Build the jitted step for a LoadedModel. The graphdef/treedef are closed over (static)."""
+
+    def step(params, kv_caches, batch: dict):
+        model = loaded.module(params)
+        hidden, kv_caches = model(batch["input_ids"], kv_caches, _metadata(batch), kv_chunk_pages)
+        logits = model.logits(hidden[batch["sample_idx"]])  # [S, V] f32
+        out = sample(logits, _sampling(batch))
+        return kv_caches, StepOutput(out.tokens, out.logprobs, out.top_ids, out.top_logprobs), hidden
+
+    return jax.jit(step, donate_argnums=(1,))
+
+
+def make_prompt_logprobs_fn(loaded):
+    """(params, hidden [T, H], targets i32[T]) -> (logprob of each target f32[T], top ids/logprobs [T, 20]).
+
+    Run only for steps that hold a request asking for prompt_logprobs; compiled per bucket at warm-up.
+    """
+
+    def fn(params, hidden, targets):
+        model = loaded.module(params)
+        logp = jax.nn.log_softmax(model.logits(hidden), axis=-1)  # [T, V]
+        chosen = jnp.take_along_axis(logp, targets[:, None], axis=-1)[:, 0]
+        top_lp, top_ids = jax.lax.top_k(logp, MAX_LOGPROBS)
+        return chosen, top_ids.astype(jnp.int32), top_lp
+
+    return jax.jit(fn)

@@ -1,0 +1,104 @@
+"""Pure-jnp ragged paged attention: the specification of the Pallas kernel and the CPU / fallback path.
+
+The step's query tokens are flat (`q: [T, num_heads, head_dim]`, any mix of prefill chunks and decode tokens).
+For attention they are viewed as *query tiles*: each tile holds up to `Bq` tokens of ONE sequence
+(`tile_tokens[i, j]` is an index into the flat tokens, `T` marks an empty slot). A tile reads its sequence's
+KV through that sequence's page table, so K/V are gathered once per tile, not once per token, and all query
+heads of a KV head are processed together (GQA).
+
+KV is visited in chunks of `kv_chunk_pages` pages with an online softmax (float32 accumulation). The loop
+runs only as far as the longest context in the step (a dynamic trip count), so the cost follows the real
+lengths, not the page-table width.
+
+Cache layout: k_pages, v_pages: [num_pages, page_size, num_kv_heads, head_dim]. The caller writes this
+step's K/V into the pages first (`write_kv_pages`); attention then reads everything from the pages.
+Unwritten pages must hold finite values (the pool is zero-initialised): a masked score contributes
+exp(-inf) = 0, but 0 * NaN is NaN.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+_MASKED = -1e30  # finite, so fully-masked (padding) rows never produce inf - inf = NaN
+
+
+def write_kv_pages(k_pages, v_pages, k, v, slot_mapping):
+    """Scatter this step's k, v: [T, kv_heads, head_dim] into flat slots (page * page_size + offset).
+
+    Padding tokens carry slots inside page 0, which the host never hands out. In-place on a donated cache.
+    """
+    num_pages, page_size, kv_heads, head_dim = k_pages.shape
+    flat = (num_pages * page_size, kv_heads, head_dim)
+    k_pages = k_pages.reshape(flat).at[slot_mapping].set(k.astype(k_pages.dtype)).reshape(k_pages.shape)
+    v_pages = v_pages.reshape(flat).at[slot_mapping].set(v.astype(v_pages.dtype)).reshape(v_pages.shape)
+    return k_pages, v_pages
+
+
+def ragged_paged_attention_reference(
+    q,            # [T, num_heads, head_dim]
+    k_pages,      # [num_pages, page_size, kv_heads, head_dim]
+    v_pages,      # [num_pages, page_size, kv_heads, head_dim]
+    positions,    # i32[T]   absolute position of each query token
+    tile_tokens,  # i32[NT, Bq]  flat token index per tile slot; T = empty
+    tile_seq,     # i32[NT]  row of page_tables for the tile
+    tile_kv_len,  # i32[NT]  KV tokens visible to the tile (last query position + 1); 0 = empty tile
+    page_tables,  # i32[S, W]  pages of each sequence; W must be a multiple of kv_chunk_pages
+    *,
+    sm_scale: float,
+    kv_chunk_pages: int,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+):
+    T, num_heads, head_dim = q.shape
+    _, page_size, kv_heads, _ = k_pages.shape
+    NT, Bq = tile_tokens.shape
+    W = page_tables.shape[1]
+    group = num_heads // kv_heads
+    chunk = kv_chunk_pages * page_size
+    if W % kv_chunk_pages:
+        raise ValueError(f"page table width {W} must be a multiple of kv_chunk_pages {kv_chunk_pages}")
+
+    # Query tiles: [NT, Bq, kv_heads, group, head_dim]; an extra zero row serves empty slots.
+    q_pad = jnp.concatenate([q, jnp.zeros((1, num_heads, head_dim), q.dtype)], axis=0)
+    qt = q_pad[tile_tokens].reshape(NT, Bq, kv_heads, group, head_dim)
+    pos_pad = jnp.concatenate([positions, jnp.full((1,), -1, positions.dtype)])
+    q_pos = pos_pad[tile_tokens]  # [NT, Bq]; -1 for empty slots (sees nothing)
+    tile_pages = page_tables[tile_seq]  # [NT, W]
+
+    num_chunks = (jnp.max(tile_kv_len) + chunk - 1) // chunk
+
+    def body(carry):
+        j, m, l, acc = carry
+        pages = jax.lax.dynamic_slice_in_dim(tile_pages, j * kv_chunk_pages, kv_chunk_pages, axis=1)
+        kc = k_pages[pages].reshape(NT, chunk, kv_heads, head_dim)  # [NT, C, kvh, D]
+        vc = v_pages[pages].reshape(NT, chunk, kv_heads, head_dim)
+        s = jnp.einsum("tbkgd,tckd->tkgbc", qt, kc, preferred_element_type=jnp.float32) * sm_scale
+        if soft_cap is not None:
+            s = soft_cap * jnp.tanh(s / soft_cap)
+        kv_pos = j * chunk + jnp.arange(chunk)  # [C]
+        visible = (kv_pos[None, None, :] <= q_pos[:, :, None]) & (
+            kv_pos[None, None, :] < tile_kv_len[:, None, None])  # [NT, Bq, C]
+        if sliding_window is not None:
+            visible &= kv_pos[None, None, :] > q_pos[:, :, None] - sliding_window
+        s = jnp.where(visible[:, None, None, :, :], s, _MASKED)  # [NT, kvh, g, Bq, C]
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        alpha = jnp.exp(m - m_new)
+        p = jnp.exp(s - m_new[..., None])
+        l_new = alpha * l + jnp.sum(p, axis=-1)
+        pv = jnp.einsum("tkgbc,tckd->tkgbd", p.astype(vc.dtype), vc, preferred_element_type=jnp.float32)
+        acc_new = alpha[..., None] * acc + pv
+        return j + 1, m_new, l_new, acc_new
+
+    init = (
+        jnp.zeros((), jnp.int32),
+        jnp.full((NT, kv_heads, group, Bq), _MASKED, jnp.float32),
+        jnp.zeros((NT, kv_heads, group, Bq), jnp.float32),
+        jnp.zeros((NT, kv_heads, group, Bq, head_dim), jnp.float32),
+    )
+    _, _, l, acc = jax.lax.while_loop(lambda c: c[0] < num_chunks, body, init)
+    out = acc / jnp.maximum(l, 1e-30)[..., None]  # [NT, kvh, g, Bq, D]
+    out = out.transpose(0, 3, 1, 2, 4).reshape(NT * Bq, num_heads, head_dim).astype(q.dtype)
+    # Scatter tiles back to flat tokens; empty slots point at row T and are dropped.
+    flat = jnp.zeros((T + 1, num_heads, head_dim), q.dtype).at[tile_tokens.reshape(-1)].set(out)
+    return flat[:T]
