@@ -69,10 +69,15 @@ class LLM:
         path = override or src.tokenizer_path
         if path is None:
             return None
-        gen = src.generation_config
-        if path.endswith(".gguf"):
-            import os
+        import os
 
+        gen = src.generation_config
+        if override is None and os.path.isdir(path) and not any(
+                os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json",
+                                                                 "tokenizer.model")):
+            log.warning("no tokenizer files in %s: prompts must be token ids and outputs have no text", path)
+            return None
+        if path.endswith(".gguf"):
             return Tokenizer.from_pretrained(os.path.dirname(path) or ".", gguf_file=os.path.basename(path),
                                              generation_config=gen)
         return Tokenizer.from_pretrained(path, generation_config=gen)

@@ -1,0 +1,113 @@
+"""The `jaxinfer` command line: generate, info (and serve, once the server lands).
+
+  jaxinfer generate "PROMPT" [--model PATH] [--max-tokens N] [--temperature T] [--seed S] [--chat]
+  jaxinfer info [MODEL]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+
+def _add_model_args(p: argparse.ArgumentParser):
+    p.add_argument("--model", default=None,
+                   help="checkpoint dir, *.gguf file, hub id, or preset (with --load-format dummy); "
+                        "default: SmolLM2-135M-Instruct")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--num-pages", type=int, default=None)
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+
+
+def _engine_kwargs(a) -> dict:
+    return dict(dtype=a.dtype, load_format=a.load_format, max_model_len=a.max_model_len, num_pages=a.num_pages,
+                page_size=a.page_size, max_num_seqs=a.max_num_seqs,
+                max_num_batched_tokens=a.max_num_batched_tokens, gpu_memory_utilization=a.gpu_memory_utilization)
+
+
+def cmd_generate(a) -> int:
+    from jaxinfer import LLM, SamplingParams
+
+    params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
+                            seed=a.seed)
+    llm = LLM(a.model, progress=not a.quiet, **_engine_kwargs(a))
+    if a.chat:
+        if llm.tokenizer is None:
+            raise ValueError("--chat needs a model with a tokenizer and chat template")
+        prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": a.prompt}])
+    else:
+        prompt = a.prompt
+    printed = 0
+    for out in llm.stream(prompt, params):
+        text = out.outputs[0].text
+        sys.stdout.write(text[printed:])
+        sys.stdout.flush()
+        printed = len(text)
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_info(a) -> int:
+    from jaxinfer.config import ModelConfig
+    from jaxinfer.models.loader import resolve_model
+
+    src = resolve_model(a.model or a.model_pos, a.load_format)
+    cfg = ModelConfig.from_hf(src.hf_config)
+    n = cfg.num_params()
+    info = {
+        "model": src.name, "source": src.kind, "path": src.path, "config": {
+            k: getattr(cfg, k) for k in ("model_type", "vocab_size", "hidden_size", "intermediate_size",
+                                         "num_layers", "num_heads", "num_kv_heads", "head_dim", "rope_theta",
+                                         "max_position_embeddings", "tie_word_embeddings", "qkv_bias",
+                                         "qk_norm", "sliding_window")},
+        "rope_scaling": None if cfg.rope_scaling is None else vars(cfg.rope_scaling),
+        "parameters": n,
+        "weights_bf16_GB": round(n * 2 / 1e9, 3),
+        "weights_f32_GB": round(n * 4 / 1e9, 3),
+        "kv_cache_bf16_bytes_per_token": cfg.kv_bytes_per_token(2),
+    }
+    print(json.dumps(info, indent=2, default=str))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="jaxinfer", description="LLM inference on JAX/XLA")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate", help="generate text from a prompt, streamed to stdout")
+    g.add_argument("prompt")
+    _add_model_args(g)
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=-1)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--quiet", action="store_true", help="no progress bars or logs")
+    g.set_defaults(fn=cmd_generate)
+    i = sub.add_parser("info", help="print a model's config, parameter count and memory")
+    i.add_argument("model_pos", nargs="?", default=None, metavar="MODEL")
+    i.add_argument("--model", default=None)
+    i.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    i.set_defaults(fn=cmd_info)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if getattr(args, "quiet", False) else logging.INFO,
+                        format="%(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return args.fn(args)
+    except (ValueError, TypeError, FileNotFoundError, MemoryError) as e:
+        print(f"jaxinfer: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The jnp ragged paged attention (the kernel's specification) against dense float64 attention in numpy."""
+import numpy as np
+import pytest
+import jax.numpy as jnp
+
+from jaxinfer.runner.batch import SeqInput, pack
+from jaxinfer.runner.buckets import BucketLadder
+from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference, write_kv_pages
+
+
+def _dense_reference(q, k_all, v_all, q_pos, scale, window):
+    """q: [n, H, D]; k_all/v_all: [ctx, KVH, D] of one sequence; causal (+ window) by absolute position."""
+    H, KVH = q.shape[1], k_all.shape[1]
+    g = H // KVH
+    out = np.zeros(q.shape, np.float64)
+    for h in range(H):
+        s = q[:, h, :] @ k_all[:, h // g, :].T * scale  # [n, ctx]
+        kv_pos = np.arange(k_all.shape[0])
+        mask = kv_pos[None, :] <= q_pos[:, None]
+        if window is not None:
+            mask &= kv_pos[None, :] > q_pos[:, None] - window
+        s = np.where(mask, s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        out[:, h, :] = p @ v_all[:, h // g, :]
+    return out
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim,page_size", [
+    (4, 4, 64, 16),    # MHA
+    (8, 2, 64, 32),    # GQA 4
+    (8, 1, 128, 16),   # MQA / GQA 8
+])
+@pytest.mark.parametrize("window", [None, 20])
+def test_ragged_mix_matches_dense(heads, kv_heads, head_dim, page_size, window):
+    rng = np.random.default_rng(heads * 100 + head_dim + page_size + (window or 0))
+    ps = page_size
+    # (context already in the cache, new tokens this step): decodes, prefill chunks on top of context, and
+    # lengths 1, page-1, page, page+1 and long.
+    cases = [(0, 1), (ps - 2, 1), (0, ps - 1), (0, ps), (0, ps + 1), (ps + 3, 1), (2 * ps, ps + 5), (0, 3 * ps + 7),
+             (5 * ps - 1, 1)]
+    num_pages = 64
+    perm = rng.permutation(np.arange(1, num_pages))  # shuffled page tables, page 0 reserved
+    k_pages = rng.standard_normal((num_pages, ps, kv_heads, head_dim)).astype(np.float32)
+    v_pages = rng.standard_normal((num_pages, ps, kv_heads, head_dim)).astype(np.float32)
+    seqs, full_k, full_v, cursor = [], [], [], 0
+    for ctx, n in cases:
+        total = ctx + n
+        npages = -(-total // ps)
+        table = perm[cursor:cursor + npages].tolist()
+        cursor += npages
+        kk = rng.standard_normal((total, kv_heads, head_dim)).astype(np.float32)
+        vv = rng.standard_normal((total, kv_heads, head_dim)).astype(np.float32)
+        for p in range(ctx):  # the cached context is already in the pages
+            k_pages[table[p // ps], p % ps] = kk[p]
+            v_pages[table[p // ps], p % ps] = vv[p]
+        seqs.append(SeqInput(token_ids=[0] * n, start_pos=ctx, page_table=table))
+        full_k.append(kk)
+        full_v.append(vv)
+    n_tok = sum(n for _, n in cases)
+    ladder = BucketLadder.build(max_num_batched_tokens=256, max_num_seqs=16, max_model_len=8 * ps * 4,
+                                page_size=ps, query_tile=8, kv_chunk_pages=2)
+    batch = pack(seqs, ladder.pick(n_tok, len(seqs)), ps)
+    a = batch.arrays
+    T = batch.bucket.num_tokens
+    q = rng.standard_normal((T, heads, head_dim)).astype(np.float32)
+    k_new = np.zeros((T, kv_heads, head_dim), np.float32)
+    v_new = np.zeros((T, kv_heads, head_dim), np.float32)
+    for i, (ctx, n) in enumerate(cases):
+        s0 = batch.token_offsets[i]
+        k_new[s0:s0 + n] = full_k[i][ctx:]
+        v_new[s0:s0 + n] = full_v[i][ctx:]
+    before = k_pages.copy()
+    kp, vp = write_kv_pages(jnp.asarray(k_pages), jnp.asarray(v_pages), k_new, v_new, a["slot_mapping"])
+    scale = head_dim ** -0.5
+    out = np.asarray(ragged_paged_attention_reference(
+        jnp.asarray(q), kp, vp, a["positions"], a["tile_tokens"], a["tile_seq"], a["tile_kv_len"],
+        a["page_tables"], sm_scale=scale, kv_chunk_pages=2, sliding_window=window))
+    for i, (ctx, n) in enumerate(cases):
+        s0 = batch.token_offsets[i]
+        ref = _dense_reference(q[s0:s0 + n].astype(np.float64), full_k[i].astype(np.float64),
+                               full_v[i].astype(np.float64), np.arange(ctx, ctx + n), scale, window)
+        np.testing.assert_allclose(out[s0:s0 + n], ref, rtol=2e-5, atol=2e-5, err_msg=f"sequence {i} {ctx, n}")
+    # Only the step's slots changed, apart from page 0 (the padding tokens' trash page).
+    changed = np.argwhere(np.any(np.asarray(kp) != before, axis=(2, 3)))
+    written = {(int(s) // ps, int(s) % ps) for s in a["slot_mapping"][:n_tok]}
+    assert {(int(p), int(o)) for p, o in changed if p != 0} <= written
+
+
+def test_bf16_within_tolerance():
+    rng = np.random.default_rng(1)
+    ps, H, KVH, D = 16, 8, 2, 64
+    k_pages = rng.standard_normal((8, ps, KVH, D)).astype(np.float32)
+    v_pages = rng.standard_normal((8, ps, KVH, D)).astype(np.float32)
+    n = 40
+    seqs = [SeqInput(token_ids=[0] * n, start_pos=0, page_table=[5, 2, 7])]
+    ladder = BucketLadder.build(max_num_batched_tokens=64, max_num_seqs=4, max_model_len=128, page_size=ps,
+                                query_tile=16, kv_chunk_pages=2)
+    a = pack(seqs, ladder.pick(n, 1), ps).arrays
+    T = a["input_ids"].shape[0]
+    q = rng.standard_normal((T, H, D)).astype(np.float32)
+    kn = rng.standard_normal((T, KVH, D)).astype(np.float32)
+    vn = rng.standard_normal((T, KVH, D)).astype(np.float32)
+    outs = []
+    for dt in (jnp.float32, jnp.bfloat16):
+        kp, vp = write_kv_pages(jnp.asarray(k_pages, dt), jnp.asarray(v_pages, dt), jnp.asarray(kn, dt),
+                                jnp.asarray(vn, dt), a["slot_mapping"])
+        outs.append(np.asarray(ragged_paged_attention_reference(
+            jnp.asarray(q, dt), kp, vp, a["positions"], a["tile_tokens"], a["tile_seq"], a["tile_kv_len"],
+            a["page_tables"], sm_scale=D ** -0.5, kv_chunk_pages=2), np.float32)[:n])
+    rel = np.linalg.norm(outs[1] - outs[0]) / np.linalg.norm(outs[0])
+    assert rel < 1e-2, rel
