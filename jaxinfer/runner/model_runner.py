@@ -21,6 +21,7 @@ from jaxinfer.config import EngineConfig
 from jaxinfer.models.loader import LoadedModel
 from jaxinfer.runner.batch import HostBatch, SeqInput, pack
 from jaxinfer.runner.buckets import BucketLadder
+from jaxinfer.models.attention import AttentionOptions
 from jaxinfer.runner.step import make_prompt_logprobs_fn, make_step_fn
 
 log = logging.getLogger("jaxinfer")
@@ -68,7 +69,8 @@ class ModelRunner:
             max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
             max_model_len=max_model_len, page_size=self.page_size, query_tile=config.query_tile,
             kv_chunk_pages=kv_chunk)
-        self._step = make_step_fn(loaded, kv_chunk)
+        static = config.kv_loop == "static" or (config.kv_loop == "auto" and jax.default_backend() != "cpu")
+        self._step = make_step_fn(loaded, AttentionOptions(kv_chunk, static))
         self._prompt_logprobs = make_prompt_logprobs_fn(loaded)
 
     # ---- memory -------------------------------------------------------------------------------------------

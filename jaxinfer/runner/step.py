@@ -11,7 +11,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxinfer.models.attention import AttentionMetadata
+from jaxinfer.models.attention import AttentionMetadata, AttentionOptions
 from jaxinfer.runner.sampler import MAX_LOGPROBS, SamplingTensors, sample
 
 
@@ -35,12 +35,12 @@ def _sampling(b: dict) -> SamplingTensors:
         step=b["step"], presence_penalty=zeros, frequency_penalty=zeros, repetition_penalty=zeros + 1.0)
 
 
-def make_step_fn(loaded, kv_chunk_pages: int):
+def make_step_fn(loaded, opts: AttentionOptions):
     """Build the jitted step for a LoadedModel. The graphdef/treedef are closed over (static)."""
 
     def step(params, kv_caches, batch: dict):
         model = loaded.module(params)
-        hidden, kv_caches = model(batch["input_ids"], kv_caches, _metadata(batch), kv_chunk_pages)
+        hidden, kv_caches = model(batch["input_ids"], kv_caches, _metadata(batch), opts)
         logits = model.logits(hidden[batch["sample_idx"]])  # [S, V] f32
         out = sample(logits, _sampling(batch))
         return kv_caches, StepOutput(out.tokens, out.logprobs, out.top_ids, out.top_logprobs), hidden

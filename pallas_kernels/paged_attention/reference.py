@@ -49,7 +49,11 @@ def ragged_paged_attention_reference(
     kv_chunk_pages: int,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    static_loop: bool = False,
 ):
+    """static_loop=False: a while loop that stops after the longest context (cheapest on CPU). True: a Python
+    loop over every chunk of the page-table width — no data-dependent control flow, which on GPU would force
+    a device-to-host sync per layer (measured on the H200: 83 vs 222 tok/s at batch 1)."""
     T, num_heads, head_dim = q.shape
     _, page_size, kv_heads, _ = k_pages.shape
     NT, Bq = tile_tokens.shape
@@ -96,7 +100,13 @@ def ragged_paged_attention_reference(
         jnp.zeros((NT, kv_heads, group, Bq), jnp.float32),
         jnp.zeros((NT, kv_heads, group, Bq, head_dim), jnp.float32),
     )
-    _, _, l, acc = jax.lax.while_loop(lambda c: c[0] < num_chunks, body, init)
+    if static_loop:
+        carry = init
+        for _ in range(W // kv_chunk_pages):
+            carry = body(carry)
+        _, _, l, acc = carry
+    else:
+        _, _, l, acc = jax.lax.while_loop(lambda c: c[0] < num_chunks, body, init)
     out = acc / jnp.maximum(l, 1e-30)[..., None]  # [NT, kvh, g, Bq, D]
     out = out.transpose(0, 3, 1, 2, 4).reshape(NT * Bq, num_heads, head_dim).astype(q.dtype)
     # Scatter tiles back to flat tokens; empty slots point at row T and are dropped.

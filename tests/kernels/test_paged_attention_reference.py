@@ -31,8 +31,8 @@ def _dense_reference(q, k_all, v_all, q_pos, scale, window):
     (8, 2, 64, 32),    # GQA 4
     (8, 1, 128, 16),   # MQA / GQA 8
 ])
-@pytest.mark.parametrize("window", [None, 20])
-def test_ragged_mix_matches_dense(heads, kv_heads, head_dim, page_size, window):
+@pytest.mark.parametrize("window,static_loop", [(None, False), (20, False), (None, True)])
+def test_ragged_mix_matches_dense(heads, kv_heads, head_dim, page_size, window, static_loop):
     rng = np.random.default_rng(heads * 100 + head_dim + page_size + (window or 0))
     ps = page_size
     # (context already in the cache, new tokens this step): decodes, prefill chunks on top of context, and
@@ -75,7 +75,8 @@ def test_ragged_mix_matches_dense(heads, kv_heads, head_dim, page_size, window):
     scale = head_dim ** -0.5
     out = np.asarray(ragged_paged_attention_reference(
         jnp.asarray(q), kp, vp, a["positions"], a["tile_tokens"], a["tile_seq"], a["tile_kv_len"],
-        a["page_tables"], sm_scale=scale, kv_chunk_pages=2, sliding_window=window))
+        a["page_tables"], sm_scale=scale, kv_chunk_pages=2, sliding_window=window,
+        static_loop=static_loop))
     for i, (ctx, n) in enumerate(cases):
         s0 = batch.token_offsets[i]
         ref = _dense_reference(q[s0:s0 + n].astype(np.float64), full_k[i].astype(np.float64),

@@ -1,0 +1,66 @@
+"""Shared benchmark plumbing: device ceilings measured in-process, result files, profiling."""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import subprocess
+import time
+
+import jax
+import jax.numpy as jnp
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def device_name() -> str:
+    d = jax.devices()[0]
+    return getattr(d, "device_kind", d.platform)
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
+                                       cwd=os.path.dirname(RESULTS_DIR)).strip()
+    except Exception:
+        return os.environ.get("JAXINFER_COMMIT", "unknown")
+
+
+def measure_hbm_bandwidth(gib: float = 2.0, iters: int = 20) -> float:
+    """Bytes/s of an XLA elementwise pass (read + write) over `gib` GiB: the practical memory ceiling."""
+    n = int(gib * 2**30) // 4
+    x = jnp.ones((n,), jnp.float32)
+    f = jax.jit(lambda a: a * 2.0)
+    f(x).block_until_ready()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        y = f(x)
+    y.block_until_ready()
+    dt = (time.perf_counter() - t0) / iters
+    del x, y
+    return 2 * n * 4 / dt
+
+
+def write_result(name: str, payload: dict) -> str:
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    payload = {"benchmark": name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "device": device_name(), "jax": jax.__version__, "commit": git_commit(), **payload}
+    stamp = datetime.date.today().isoformat()
+    path = os.path.join(RESULTS_DIR, f"{name}-{stamp}.json")
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2)
+    out = os.environ.get("OUT")
+    if out:  # device machine: also hand the file back
+        with open(os.path.join(out, os.path.basename(path)), "w") as f:
+            json.dump(payload, f, indent=2)
+    return path
+
+
+@contextlib.contextmanager
+def maybe_profile(profile_dir: str | None):
+    if not profile_dir:
+        yield
+        return
+    with jax.profiler.trace(profile_dir):
+        yield

@@ -1,0 +1,118 @@
+"""Decode latency of the engine: batch-1 tok/s (prompt 128, 256 new), time to first token, batch-N decode,
+host overhead, beside the HBM roofline and a plain-XLA decode loop on the same weights (same process).
+
+  python benchmarks/latency.py --model llama3-8b --load-format dummy [--batch 1 16 64] [--profile DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks.common import maybe_profile, measure_hbm_bandwidth, write_result  # noqa: E402
+from jaxinfer import LLM, SamplingParams  # noqa: E402
+
+
+def run_batch(llm, batch: int, prompt_len: int, new_tokens: int, seed: int = 0):
+    """Returns (ttft_s of the first request, decode tok/s over all requests after their first token)."""
+    eng = llm.engine
+    rng = np.random.default_rng(seed)
+    vocab = llm.model_config.vocab_size
+    sp = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    t_add = time.perf_counter()
+    for i in range(batch):
+        eng.add_request(f"b{batch}-{i}", rng.integers(0, vocab, prompt_len).tolist(), sp)
+    t_first, counts = None, 0
+    step_times = []
+    while eng.has_unfinished():
+        t0 = time.perf_counter()
+        outs = eng.step()
+        t1 = time.perf_counter()
+        if t_first is None and outs:
+            t_first = t1
+        elif t_first is not None:
+            step_times.append(t1 - t0)
+    decode_s = sum(step_times)
+    tokens = batch * (new_tokens - 1)
+    return t_first - t_add, tokens / decode_s, float(np.median(step_times))
+
+
+def device_only_step_s(llm, batch: int, iters: int = 20) -> float:
+    """Time of the compiled decode step alone for `batch` decode rows (no host work between steps)."""
+    from jaxinfer.runner.batch import SeqInput, pack
+
+    r = llm.runner
+    ctx = 256
+    pages = [list(range(1 + i * (ctx // r.page_size + 1), 1 + (i + 1) * (ctx // r.page_size + 1)))
+             for i in range(batch)]
+    seqs = [SeqInput(token_ids=[1], start_pos=ctx, page_table=p) for p in pages]
+    hb = pack(seqs, r.ladder.pick(batch, batch), r.page_size)
+    dev = jax.device_put(hb.arrays)
+    for _ in range(3):
+        r.kv_caches, out, _ = r._step(r.loaded.params, r.kv_caches, dev)
+    jax.block_until_ready(out)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        r.kv_caches, out, _ = r._step(r.loaded.params, r.kv_caches, dev)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - t0) / iters
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="llama3-8b")
+    ap.add_argument("--load-format", default="dummy")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=256)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.6)
+    ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--profile", default=None, help="write a jax.profiler trace of the batch-1 run here")
+    a = ap.parse_args()
+
+    bw = measure_hbm_bandwidth()
+    t0 = time.perf_counter()
+    llm = LLM(a.model, load_format=a.load_format, max_model_len=a.max_model_len,
+              max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=max(a.batch),
+              gpu_memory_utilization=a.gpu_memory_utilization)
+    startup = time.perf_counter() - t0
+    weight_bytes = llm.model.num_bytes
+    roof = bw / weight_bytes
+    print(f"device {jax.devices()[0].device_kind}; HBM {bw / 1e12:.2f} TB/s; weights {weight_bytes / 1e9:.2f} GB; "
+          f"batch-1 roofline {roof:.0f} tok/s; startup {startup:.1f} s")
+    rows = []
+    for b in a.batch:
+        with maybe_profile(a.profile if b == a.batch[0] else None):
+            ttft, tps, step_med = run_batch(llm, b, a.prompt_len, a.new_tokens)
+        dev = device_only_step_s(llm, b)
+        peer = None if a.no_peer else plain_decode(llm, b)
+        row = dict(batch=b, ttft_ms=ttft * 1e3, decode_tok_s=tps, step_ms_median=step_med * 1e3,
+                   device_step_ms=dev * 1e3, host_overhead=max(0.0, 1 - dev / step_med),
+                   pct_roofline=100 * tps / (roof * b) if b == 1 else None,
+                   weight_TBps=tps / b * weight_bytes / 1e12, plain_xla_tok_s=peer)
+        rows.append(row)
+        print(f"batch {b:3d}: decode {tps:8.1f} tok/s ({tps / b:6.1f}/user, {row['weight_TBps']:.2f} TB/s of "
+              f"weights) | TTFT {ttft * 1e3:7.1f} ms | step {step_med * 1e3:.2f} ms, device-only {dev * 1e3:.2f} ms "
+              f"-> host overhead {100 * row['host_overhead']:.1f}% | plain XLA {peer or float('nan'):.1f} tok/s")
+    path = write_result("latency", dict(model=a.model, prompt_len=a.prompt_len, new_tokens=a.new_tokens,
+                                        hbm_TBps=bw / 1e12, weight_GB=weight_bytes / 1e9, startup_s=startup,
+                                        rows=rows))
+    print("wrote", path)
+
+
+def plain_decode(llm, batch):
+    from benchmarks.peers.plain_xla import plain_decode_tokens_per_s
+
+    return plain_decode_tokens_per_s(llm.model, batch, context=512)
+
+
+if __name__ == "__main__":
+    main()

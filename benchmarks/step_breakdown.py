@@ -1,0 +1,132 @@
+"""Where does the step's time go? Times the pieces of one decode step in isolation on the device:
+the whole step, the forward pass without sampling, one layer's attention, the KV write, the sampler, and the
+plain matmuls of one layer, each as its own jitted program.
+
+  python benchmarks/step_breakdown.py --model llama3-8b --batch 1 64
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from jaxinfer import LLM  # noqa: E402
+from jaxinfer.models.attention import AttentionMetadata  # noqa: E402
+from jaxinfer.runner.batch import SeqInput, pack  # noqa: E402
+from jaxinfer.runner.sampler import SamplingTensors, sample  # noqa: E402
+from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference, write_kv_pages  # noqa
+
+
+def timeit(f, *args, iters=20):
+    out = f(*args)
+    jax.block_until_ready(out)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        out = f(*args)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - t0) / iters * 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="llama3-8b")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--max-model-len", type=int, default=1024)
+    a = ap.parse_args()
+    llm = LLM(a.model, load_format="dummy", max_model_len=a.max_model_len, max_num_batched_tokens=256,
+              max_num_seqs=max(a.batch), gpu_memory_utilization=0.5)
+    r = llm.runner
+    cfg = llm.model_config
+    loaded = r.loaded
+    opts = r._step.__wrapped__ if hasattr(r._step, "__wrapped__") else None
+    for b in a.batch:
+        npg = a.context // r.page_size + 1
+        seqs = [SeqInput(token_ids=[1], start_pos=a.context, page_table=list(range(1 + i * npg, 1 + (i + 1) * npg)))
+                for i in range(b)]
+        hb = pack(seqs, r.ladder.pick(b, b), r.page_size)
+        dev = jax.device_put(hb.arrays)
+        rows = {}
+
+        def whole(params, kv, d):
+            return r._step(params, kv, d)
+
+        kv = r.kv_caches
+        out = r._step(loaded.params, kv, dev)
+        r.kv_caches = kv = out[0]
+        t0 = time.perf_counter()
+        for _ in range(20):
+            kv, o, h = r._step(loaded.params, kv, dev)
+        jax.block_until_ready(o)
+        rows["whole step"] = (time.perf_counter() - t0) / 20 * 1e3
+        r.kv_caches = kv
+
+        md = AttentionMetadata(dev["positions"], dev["slot_mapping"], dev["tile_tokens"], dev["tile_seq"],
+                               dev["tile_kv_len"], dev["page_tables"])
+        from jaxinfer.models.attention import AttentionOptions
+
+        aopts = AttentionOptions(min(32, a.max_model_len // r.page_size), True)
+
+        def forward_only(params, kv, d):
+            m = loaded.module(params)
+            hidden, kv = m(d["input_ids"], kv, md, aopts)
+            return kv, jnp.argmax(m.logits(hidden[d["sample_idx"]]), -1)
+
+        fwd = jax.jit(forward_only, donate_argnums=(1,))
+        kv, o = fwd(loaded.params, kv, dev)
+        t0 = time.perf_counter()
+        for _ in range(20):
+            kv, o = fwd(loaded.params, kv, dev)
+        jax.block_until_ready(o)
+        rows["forward+argmax (no sampler)"] = (time.perf_counter() - t0) / 20 * 1e3
+        r.kv_caches = kv
+
+        T = hb.bucket.num_tokens
+        q = jax.random.normal(jax.random.key(0), (T, cfg.num_heads, cfg.head_dim), loaded.dtype)
+        knew = jax.random.normal(jax.random.key(1), (T, cfg.num_kv_heads, cfg.head_dim), loaded.dtype)
+        kp, vp = kv[0]
+        attn = jax.jit(lambda q, kp, vp: ragged_paged_attention_reference(
+            q, kp, vp, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,
+            sm_scale=0.088, kv_chunk_pages=aopts.kv_chunk_pages, static_loop=True))
+        rows["attention, one layer (x32)"] = timeit(attn, q, kp, vp) * 32
+        write = jax.jit(lambda kp, vp, k: write_kv_pages(kp, vp, k, k, md.slot_mapping), donate_argnums=(0, 1))
+        kp2, vp2 = jnp.copy(kp), jnp.copy(vp)
+        t0 = time.perf_counter()
+        for _ in range(20):
+            kp2, vp2 = write(kp2, vp2, knew)
+        jax.block_until_ready(kp2)
+        rows["kv write, one layer (x32)"] = (time.perf_counter() - t0) / 20 * 1e3 * 32
+        del kp2, vp2
+        S = hb.bucket.num_seqs
+        logits = jax.random.normal(jax.random.key(2), (S, cfg.vocab_size), jnp.float32)
+        z = jnp.zeros((S,), jnp.float32)
+        for name, temp in (("sampler greedy", 0.0), ("sampler T=1 top_p=0.9", 1.0)):
+            st = SamplingTensors(temperature=z + temp, top_k=jnp.full((S,), -1, jnp.int32), top_p=z + 0.9,
+                                 min_p=z, seed=jnp.zeros((S,), jnp.uint32), step=jnp.zeros((S,), jnp.int32),
+                                 presence_penalty=z, frequency_penalty=z, repetition_penalty=z + 1)
+            rows[name] = timeit(jax.jit(sample), logits, st)
+        rows["lax.top_k(256) alone"] = timeit(jax.jit(lambda x: jax.lax.top_k(x, 256)), logits)
+        rows["lax.top_k(20) alone"] = timeit(jax.jit(lambda x: jax.lax.top_k(x, 20)), logits)
+        x = jax.random.normal(jax.random.key(3), (T, cfg.hidden_size), loaded.dtype)
+        m = loaded.module()
+        lay = m.layers[0]
+        mats = jax.jit(lambda x, a, b, c, d: ((x @ a)[:, :cfg.hidden_size] @ b + (
+            (x @ c)[:, :cfg.intermediate_size] @ d)))
+        rows["4 matmuls of one layer (x32)"] = timeit(
+            mats, x, lay.attn.qkv.w[...], lay.attn.o.w[...], lay.mlp.gate_up.w[...], lay.mlp.down.w[...]) * 32
+        head = jax.jit(lambda h: m.logits(h))
+        rows["final norm + lm_head"] = timeit(head, x[:S])
+        print(f"--- batch {b} (bucket T={T}, S={S}, tiles={hb.bucket.num_tiles}, width={hb.bucket.table_width})")
+        for k, v in rows.items():
+            print(f"  {k:45s} {v:8.3f} ms")
+
+
+if __name__ == "__main__":
+    main()

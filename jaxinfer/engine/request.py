@@ -1,0 +1,119 @@
+"""Request: the host-side state of one generation request (plain Python, never imports jax).
+
+The scheduler "speaks tokens, not phases": a request is just a token list (prompt + outputs so far) and a
+counter `num_computed_tokens` of how many of them already have KV entries in the cache. Prefill, chunked
+prefill, decode, recompute after preemption (and later prefix-cache hits / speculative tokens) are all the
+same case: compute tokens [num_computed_tokens, num_tokens).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"            # queued, holds no KV pages
+    RUNNING = "running"            # admitted, holds KV pages for (at least) its computed tokens
+    PREEMPTED = "preempted"        # evicted from the cache; queued again (front), will recompute prompt+outputs
+    FINISHED_STOPPED = "finished_stopped"  # eos / stop token / stop string
+    FINISHED_LENGTH = "finished_length"    # max_tokens or max_model_len reached
+    FINISHED_ABORTED = "finished_aborted"  # aborted by the user / engine
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISHED
+
+
+_FINISHED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
+                       RequestStatus.FINISHED_ABORTED})
+
+# OpenAI / vLLM finish_reason strings.
+_FINISH_REASON = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass(eq=False)  # identity equality: two requests are never "equal"
+class Request:
+    """Host state of one sequence.
+
+    `sampling` is any object with `.max_tokens` (int | None), `.stop_token_ids` (list[int] | None) and
+    `.ignore_eos` (bool) — normally a SamplingParams; the scheduler reads nothing else from it
+    (plus an optional `.min_tokens`, default 0).
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: Any
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0          # tokens of all_token_ids whose KV is in the cache
+    status: RequestStatus = RequestStatus.WAITING
+    arrival_index: int = -1               # set by Scheduler.add_request (monotonic admission order)
+    num_preemptions: int = 0
+    stop_reason: int | str | None = None  # stop token id or stop string that ended it (None for eos/length)
+
+    def __post_init__(self) -> None:
+        self.prompt_token_ids = list(self.prompt_token_ids)
+        self.output_token_ids = list(self.output_token_ids)
+
+    # ---- token views -------------------------------------------------------------------------------
+    @property
+    def all_token_ids(self) -> list[int]:
+        """prompt + outputs (a new list each call; use num_tokens for the length)."""
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_slice(self, start: int, stop: int) -> list[int]:
+        """all_token_ids[start:stop] without building the whole concatenation."""
+        p = len(self.prompt_token_ids)
+        if stop <= p:
+            return self.prompt_token_ids[start:stop]
+        if start >= p:
+            return self.output_token_ids[start - p:stop - p]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:stop - p]
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    # ---- sampling knobs the scheduler uses ---------------------------------------------------------
+    @property
+    def max_tokens(self) -> int | None:
+        return getattr(self.sampling, "max_tokens", None)
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return list(getattr(self.sampling, "stop_token_ids", None) or ())
+
+    @property
+    def ignore_eos(self) -> bool:
+        return bool(getattr(self.sampling, "ignore_eos", False))
+
+    @property
+    def min_tokens(self) -> int:
+        return int(getattr(self.sampling, "min_tokens", 0) or 0)
+
+    # ---- status ------------------------------------------------------------------------------------
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        """'stop' | 'length' | 'abort' once finished, else None."""
+        return _FINISH_REASON.get(self.status)
+
+    def __repr__(self) -> str:  # short: requests hold long token lists
+        return (f"Request({self.request_id!r}, status={self.status.name}, prompt={self.num_prompt_tokens}, "
+                f"outputs={self.num_output_tokens}, computed={self.num_computed_tokens})")

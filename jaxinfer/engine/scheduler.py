@@ -1,0 +1,310 @@
+"""Scheduler: continuous batching over a paged KV cache, vLLM v1 style (plain Python, never imports jax).
+
+The scheduler speaks tokens, not phases. Each request has num_computed_tokens catching up to num_tokens
+(= prompt + outputs). Every step it hands out up to max_num_batched_tokens tokens:
+
+  1. running requests, in order: n = num_tokens - num_computed_tokens (1 for a decode, the rest of the
+     prompt for an unfinished prefill), capped by the remaining budget (chunked prefill) and by
+     long_prefill_token_threshold. If its pages cannot be allocated, the most recently started running
+     request (the last in running order, possibly this one) is preempted — pages freed,
+     num_computed_tokens = 0, put at the FRONT of the waiting queue, outputs kept (it recomputes
+     prompt + outputs when readmitted) — and the allocation is retried.
+  2. if nothing was preempted this step: waiting requests in FIFO order while budget > 0,
+     len(running) < max_num_seqs and their pages can be allocated; the first one that does not fit stops
+     admission (no skipping ahead).
+
+Protocol: out = schedule(); run the model on out.scheduled; update(out, sampled). schedule() does not
+advance num_computed_tokens, update() does, so the two must alternate. abort()/finish() may be called at
+any time (also between schedule and update: update then skips that request).
+
+No deadlock: add_request rejects any request whose whole lifetime (prompt + max_tokens, or max_model_len
+when max_tokens is None) does not fit an empty cache, and waiting requests hold no pages, so the oldest
+running request can always allocate by preempting the others, and with nothing running the head of the
+waiting queue always fits.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from jaxinfer.engine.kv_cache import KVCacheManager
+from jaxinfer.engine.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class ScheduledSeq:
+    """One request's work this step: compute `token_ids` at positions start_pos .. start_pos+n-1."""
+
+    request_id: str
+    token_ids: list[int]      # all_token_ids[start_pos : start_pos + n], n >= 1
+    start_pos: int            # = num_computed_tokens when scheduled
+    page_table: list[int]     # all pages of the request after allocation; covers start_pos + n tokens
+    sample: bool              # True iff the chunk ends at the last known token -> sample a new token
+    is_prefill: bool          # n > 1 or first chunk (start_pos == 0)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq]             # batch order
+    preempted_ids: list[str]                  # preempted during this schedule() (none of them is in `scheduled`)
+    num_batched_tokens: int                   # sum of len(token_ids) over `scheduled`
+    finished_ids: list[str] = field(default_factory=list)  # finished/aborted since the previous schedule()
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    num_running: int
+    num_waiting: int
+    num_free_pages: int
+    num_used_pages: int
+    num_preemptions_total: int
+
+
+_FINISH_STATUS = {
+    "stop": RequestStatus.FINISHED_STOPPED,
+    "length": RequestStatus.FINISHED_LENGTH,
+    "abort": RequestStatus.FINISHED_ABORTED,
+}
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
+                 eos_token_ids: set[int] | None = None, long_prefill_token_threshold: int | None = None) -> None:
+        for name, v in (("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs),
+                        ("max_model_len", max_model_len)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r} must be an int >= 1")
+        if long_prefill_token_threshold is not None and (
+                not isinstance(long_prefill_token_threshold, int) or long_prefill_token_threshold < 1):
+            raise ValueError(f"long_prefill_token_threshold={long_prefill_token_threshold!r} must be None (off) "
+                             f"or an int >= 1")
+        self.kv = kv
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids or ())
+        self.long_prefill_token_threshold = long_prefill_token_threshold
+
+        self.waiting: deque[Request] = deque()   # FIFO; preempted requests go to the front; hold no pages
+        self.running: list[Request] = []         # start order; the last one is preempted first
+        self._requests: dict[str, Request] = {}  # all unfinished requests (waiting + running)
+        self._next_arrival = 0
+        self._num_preemptions_total = 0
+        self._finished_ids: list[str] = []       # since the previous schedule()
+
+    # ---- admission ---------------------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        """Queue a request (FIFO). ValueError if it could never run: too long for max_model_len or the cache."""
+        rid = req.request_id
+        if rid in self._requests:
+            raise ValueError(f"request {rid!r} is already queued or running; request ids must be unique")
+        if req.status is not RequestStatus.WAITING or req.num_computed_tokens != 0:
+            raise ValueError(f"request {rid!r} must be new (status WAITING, num_computed_tokens 0), got "
+                             f"status {req.status.name}, num_computed_tokens {req.num_computed_tokens}")
+        p = req.num_prompt_tokens
+        if p == 0:
+            raise ValueError(f"request {rid!r} has an empty prompt; pass at least one prompt token")
+        mt = req.max_tokens
+        if mt is not None:
+            total = p + mt
+            what = f"prompt {p} + max_tokens {mt}"
+            if total > self.max_model_len:
+                raise ValueError(f"request {rid!r} needs {total} tokens ({what}) but max_model_len is "
+                                 f"{self.max_model_len}; shorten the prompt or lower max_tokens")
+        else:
+            # max_tokens=None: generate until the context window is full.
+            total = self.max_model_len
+            what = f"prompt {p}, max_tokens=None runs to max_model_len {self.max_model_len}"
+            if p >= self.max_model_len:
+                raise ValueError(f"request {rid!r} has a prompt of {p} tokens but max_model_len is "
+                                 f"{self.max_model_len}, leaving no room to generate; shorten the prompt")
+        if not self.kv.can_fit_ever(total):
+            usable, ps = self.kv.num_usable_pages, self.kv.page_size
+            raise ValueError(f"request {rid!r} needs {self.kv.pages_needed(total)} KV pages ({total} tokens: "
+                             f"{what}) but the cache has only {usable} usable pages of {ps} tokens "
+                             f"({usable * ps} tokens); raise gpu_memory_utilization/num_pages or shorten "
+                             f"the request")
+        req.arrival_index = self._next_arrival
+        self._next_arrival += 1
+        self._requests[rid] = req
+        self.waiting.append(req)
+
+    # ---- one step ----------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledSeq] = []
+        preempted: list[str] = []
+
+        # 1. running requests first, in start order.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = self._chunk(req, budget)
+            if n <= 0:  # nothing to compute (only if update() was not given its sampled token)
+                i += 1
+                continue
+            if not self._allocate_or_preempt(req, n, preempted):
+                break  # req was the last running request and preempted itself
+            scheduled.append(self._make_seq(req, n))
+            budget -= n
+            i += 1
+
+        # 2. admit waiting requests FIFO (not in a step that preempted: the pages are too tight).
+        if not preempted:
+            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+                req = self.waiting[0]
+                n = self._chunk(req, budget)
+                assert n > 0, f"waiting {req!r} has nothing to compute"
+                if self.kv.allocate(req.request_id, req.num_computed_tokens + n) is None:
+                    break  # FIFO fairness: never skip the head
+                self.waiting.popleft()
+                req.status = RequestStatus.RUNNING
+                self.running.append(req)
+                scheduled.append(self._make_seq(req, n))
+                budget -= n
+
+        finished_ids, self._finished_ids = self._finished_ids, []
+        return SchedulerOutput(scheduled=scheduled, preempted_ids=preempted,
+                               num_batched_tokens=self.max_num_batched_tokens - budget, finished_ids=finished_ids)
+
+    def _chunk(self, req: Request, budget: int) -> int:
+        n = min(req.num_tokens - req.num_computed_tokens, budget)
+        if self.long_prefill_token_threshold is not None:
+            n = min(n, self.long_prefill_token_threshold)
+        return n
+
+    def _allocate_or_preempt(self, req: Request, n: int, preempted: list[str]) -> bool:
+        """Allocate pages for req's next n tokens, preempting from the back of `running` as needed.
+        False iff req itself got preempted (it was the last running request)."""
+        while self.kv.allocate(req.request_id, req.num_computed_tokens + n) is None:
+            victim = self.running.pop()
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+            if victim is req:
+                return False
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.free(req.request_id)
+        req.num_computed_tokens = 0           # recompute prompt + outputs (outputs are kept)
+        req.status = RequestStatus.PREEMPTED
+        req.num_preemptions += 1
+        self._num_preemptions_total += 1
+        self.waiting.appendleft(req)
+
+    def _make_seq(self, req: Request, n: int) -> ScheduledSeq:
+        start = req.num_computed_tokens
+        return ScheduledSeq(request_id=req.request_id, token_ids=req.token_slice(start, start + n), start_pos=start,
+                            page_table=self.kv.page_table(req.request_id), sample=start + n == req.num_tokens,
+                            is_prefill=n > 1 or start == 0)
+
+    def update(self, output: SchedulerOutput, sampled: dict[str, list[int]]) -> list[Request]:
+        """Apply a finished step: advance num_computed_tokens, append sampled tokens, check stops.
+
+        sampled[request_id] is the list of new tokens (one normally; several with speculative decoding)
+        for every seq with sample=True; entries for other seqs are ignored. Requests aborted/finished since
+        schedule() are skipped. Tokens after a stop are dropped. Returns the requests finished here.
+        """
+        live = []
+        for seq in output.scheduled:  # validate everything first so a bad call changes nothing
+            req = self._requests.get(seq.request_id)
+            if req is None or req.status is not RequestStatus.RUNNING:
+                continue
+            if req.num_computed_tokens != seq.start_pos:
+                raise RuntimeError(f"request {seq.request_id!r}: update() got a chunk starting at {seq.start_pos} "
+                                   f"but the request has {req.num_computed_tokens} computed tokens; call "
+                                   f"update() exactly once per schedule(), in order")
+            if seq.sample and not sampled.get(seq.request_id):
+                raise ValueError(f"request {seq.request_id!r} was scheduled with sample=True but sampled has no "
+                                 f"token for it; pass sampled[{seq.request_id!r}] = [token_id, ...]")
+            live.append((seq, req))
+
+        finished: list[Request] = []
+        for seq, req in live:
+            req.num_computed_tokens += len(seq.token_ids)
+            if not seq.sample:
+                continue
+            for tok in sampled[seq.request_id]:
+                tok = int(tok)
+                req.output_token_ids.append(tok)
+                stop = self._check_stop(req, tok)
+                if stop is not None:
+                    self._finish(req, *stop)
+                    finished.append(req)
+                    break  # tokens after a stop are dropped
+        return finished
+
+    def _check_stop(self, req: Request, tok: int) -> tuple[RequestStatus, int | None] | None:
+        if req.num_output_tokens >= req.min_tokens:
+            if tok in req.stop_token_ids:
+                return RequestStatus.FINISHED_STOPPED, tok
+            if not req.ignore_eos and tok in self.eos_token_ids:
+                return RequestStatus.FINISHED_STOPPED, None  # vLLM: stop_reason None means eos
+        mt = req.max_tokens
+        if mt is not None and req.num_output_tokens >= mt:
+            return RequestStatus.FINISHED_LENGTH, None
+        if req.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH, None
+        return None
+
+    # ---- ending requests from outside --------------------------------------------------------------
+    def abort(self, request_id: str) -> Request | None:
+        """Abort a waiting or running request; frees its pages. Returns it, or None if unknown/finished."""
+        req = self._requests.get(request_id)
+        if req is None:
+            return None
+        self._finish(req, RequestStatus.FINISHED_ABORTED, None)
+        return req
+
+    def finish(self, request_id: str, reason: str = "stop", stop_reason: int | str | None = None) -> Request | None:
+        """End a request for a reason found outside the scheduler (e.g. the detokenizer matched stop string
+        `stop_reason`). reason: 'stop' | 'length' | 'abort'. Returns it, or None if unknown/finished."""
+        status = _FINISH_STATUS.get(reason)
+        if status is None:
+            raise ValueError(f"reason={reason!r} must be one of {sorted(_FINISH_STATUS)}")
+        req = self._requests.get(request_id)
+        if req is None:
+            return None
+        self._finish(req, status, stop_reason)
+        return req
+
+    def _finish(self, req: Request, status: RequestStatus, stop_reason: int | str | None) -> None:
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        else:  # WAITING / PREEMPTED
+            self.waiting.remove(req)
+        self.kv.free(req.request_id)
+        req.status = status
+        req.stop_reason = stop_reason
+        del self._requests[req.request_id]
+        self._finished_ids.append(req.request_id)
+
+    # ---- queries -----------------------------------------------------------------------------------
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def get(self, request_id: str) -> Request | None:
+        """The unfinished request with this id (finished ones are returned by update/abort/finish instead)."""
+        return self._requests.get(request_id)
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(num_running=len(self.running), num_waiting=len(self.waiting),
+                              num_free_pages=self.kv.num_free_pages, num_used_pages=self.kv.num_used_pages,
+                              num_preemptions_total=self._num_preemptions_total)

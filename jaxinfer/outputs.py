@@ -1,0 +1,47 @@
+"""What `generate()` / `LLM.generate()` return: plain dataclasses shaped like vLLM's outputs (no jax, no numpy).
+
+One RequestOutput per prompt; it holds `n` CompletionOutputs. While streaming, a RequestOutput is a snapshot
+of the request so far (`finished=False`); the last one has `finished=True` and every completion's
+`finish_reason` set.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass
+class Logprob:
+    """Log-probability of one token (under the model's unmodified distribution, log_softmax of the logits)."""
+    logprob: float
+    rank: int | None = None           # 1 = the most likely token; None when unknown
+    decoded_token: str | None = None  # the token's text, when detokenized
+
+
+@dataclasses.dataclass
+class CompletionOutput:
+    """One generated sequence of a request."""
+    index: int                      # which of the request's n completions (0..n-1)
+    text: str                       # generated text (stop string removed unless include_stop_str_in_output)
+    token_ids: list[int]            # generated token ids (including a final EOS / stop token, if any)
+    cumulative_logprob: float | None = None  # sum of the sampled tokens' logprobs (None if not computed)
+    # per generated token: {token_id: Logprob} for the sampled token plus the top-N (None unless requested)
+    logprobs: list[dict[int, Logprob]] | None = None
+    finish_reason: str | None = None  # "stop" | "length" | "abort"; None while still running
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it; None for eos/length
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclasses.dataclass
+class RequestOutput:
+    """All completions of one prompt (a snapshot while streaming, final when `finished`)."""
+    request_id: str
+    prompt: str | None               # the prompt text, when the request was given as text
+    prompt_token_ids: list[int]
+    # per prompt token: {token_id: Logprob} or None (the first token has no logprob); None unless requested
+    prompt_logprobs: list[dict[int, Logprob] | None] | None
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: dict[str, Any] | None = None  # timings (e.g. arrival/first-token/finish times), when recorded

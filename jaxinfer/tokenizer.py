@@ -1,0 +1,149 @@
+"""Tokenizer: a thin wrapper over a Hugging Face tokenizer with the few calls the engine needs.
+
+Why a wrapper: the engine wants plain `list[int]` in and `str` out, one set of EOS ids (the tokenizer's plus
+the model's generation_config.json, which for e.g. Llama 3 lists several), chat templates that always come back
+as token ids (transformers 5 returns a BatchEncoding by default), and a fast decode path — the incremental
+detokenizer decodes a small window every step, so we call the Rust `tokenizers` backend directly when there is one.
+
+Decoding never applies `clean_up_tokenization_spaces` (a WordPiece-era heuristic that deletes spaces before
+punctuation): it corrupts LLM output and makes decode(a + b) differ from the incremental deltas.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable, Sequence
+
+NO_CHAT_TEMPLATE_MSG = "this tokenizer has no chat template; pass a raw prompt or a model with a chat template"
+
+
+class Tokenizer:
+    """Wraps a transformers tokenizer (`.hf`). Build with `Tokenizer.from_pretrained(...)`."""
+
+    def __init__(self, hf_tokenizer: Any, generation_config: dict | None = None):
+        self.hf = hf_tokenizer
+        # The Rust tokenizer behind a fast/"TokenizersBackend" tokenizer, or None for a pure-Python one.
+        self._backend = getattr(hf_tokenizer, "backend_tokenizer", None)
+        self.generation_config = dict(generation_config or {})
+        self.eos_token_ids: set[int] = self._collect_eos_ids()
+
+    # ---- construction -------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, gguf_file: str | None = None,
+                        generation_config: dict | None = None, **hf_kwargs: Any) -> "Tokenizer":
+        """Load from a model directory / hub id, or from a GGUF file.
+
+        `path` may itself be a `.gguf` file (then `gguf_file` is its basename); `gguf_file` may be a basename
+        inside `path` or an absolute path. `generation_config` (a dict like generation_config.json) defaults to
+        the `generation_config.json` next to the tokenizer when there is one; its `eos_token_id` (int or list)
+        is added to `eos_token_ids`.
+        """
+        from transformers import AutoTokenizer  # heavy import, only when loading
+
+        path = os.fspath(path)
+        if gguf_file is None and path.endswith(".gguf") and os.path.isfile(path):
+            path, gguf_file = os.path.split(os.path.abspath(path))
+        elif gguf_file is not None and os.path.isabs(gguf_file):
+            path, gguf_file = os.path.split(gguf_file)
+        if gguf_file is not None:
+            hf_kwargs["gguf_file"] = gguf_file
+        try:
+            hf = AutoTokenizer.from_pretrained(path, **hf_kwargs)
+        except Exception as e:  # re-raise with the path: transformers' messages often omit it
+            what = f"{path!r}" + (f" (gguf_file={gguf_file!r})" if gguf_file else "")
+            raise OSError(f"could not load a tokenizer from {what}: {e}") from e
+
+        if generation_config is None and os.path.isdir(path):
+            gc_path = os.path.join(path, "generation_config.json")
+            if os.path.isfile(gc_path):
+                with open(gc_path, encoding="utf-8") as f:
+                    generation_config = json.load(f)
+        return cls(hf, generation_config)
+
+    def _collect_eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        if self.hf.eos_token_id is not None:
+            ids.add(int(self.hf.eos_token_id))
+        gen_eos = self.generation_config.get("eos_token_id")
+        if isinstance(gen_eos, int):
+            ids.add(gen_eos)
+        elif isinstance(gen_eos, (list, tuple)):
+            ids.update(int(i) for i in gen_eos)
+        return ids
+
+    # ---- properties ---------------------------------------------------------------------------------
+    @property
+    def bos_token_id(self) -> int | None:
+        return self.hf.bos_token_id
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The tokenizer's own EOS id (see `eos_token_ids` for every id that ends generation)."""
+        return self.hf.eos_token_id
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids the tokenizer knows, added tokens included (the model's embedding may be larger)."""
+        return len(self.hf)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.hf, "chat_template", None))
+
+    # ---- encode / decode ----------------------------------------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"encode() takes a str, got {type(text).__name__}")
+        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Token ids -> text. Ids unknown to the tokenizer (padded embedding rows) decode to nothing."""
+        if type(ids) is not list:
+            ids = [int(i) for i in ids]
+        if self._backend is not None:
+            try:
+                return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
+            except TypeError:  # e.g. numpy ints inside a list
+                return self._backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
+
+    def convert_ids_to_tokens(self, ids: int | Iterable[int]) -> str | list[str]:
+        """Raw vocabulary pieces (e.g. 'Ġworld', '<0xE4>'), not text; one str for one id."""
+        if isinstance(ids, int):
+            return self.hf.convert_ids_to_tokens(ids)
+        return list(self.hf.convert_ids_to_tokens([int(i) for i in ids]))
+
+    # ---- chat templates -----------------------------------------------------------------------------
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            **kwargs: Any) -> list[int]:
+        """Render `messages` ([{"role": ..., "content": ...}, ...]) with the chat template -> prompt token ids.
+
+        Special tokens come from the template itself (no extra BOS is added). Extra kwargs (e.g. `tools`,
+        `enable_thinking`) go to the template.
+        """
+        self._require_chat_template()
+        out = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
+                                          return_dict=False, **kwargs)
+        # transformers 5 may still hand back a BatchEncoding / dict (e.g. if a caller's kwargs ask for one).
+        if isinstance(out, dict) or hasattr(out, "input_ids"):
+            out = out["input_ids"]
+        if out and isinstance(out[0], (list, tuple)):  # batched form for a single conversation
+            if len(out) != 1:
+                raise ValueError(f"expected one conversation, the chat template returned {len(out)}")
+            out = out[0]
+        return [int(i) for i in out]
+
+    def render_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                             **kwargs: Any) -> str:
+        """The chat template's text for `messages` (what `apply_chat_template` tokenizes)."""
+        self._require_chat_template()
+        return self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
+                                           **kwargs)
+
+    def _require_chat_template(self) -> None:
+        if not self.has_chat_template:
+            raise ValueError(NO_CHAT_TEMPLATE_MSG)
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer({type(self.hf).__name__}, vocab_size={self.vocab_size}, "
+                f"eos_token_ids={sorted(self.eos_token_ids)}, bos_token_id={self.bos_token_id})")

@@ -1,0 +1,61 @@
+"""The real model: SmolLM2-135M-Instruct from its GGUF, greedy continuations equal transformers' (float32)."""
+import os
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import jaxinfer
+from jaxinfer import SamplingParams
+
+CHATS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "You are a terse assistant."},
+     {"role": "user", "content": "Name three primary colors."}],
+]
+RAW = ["The quick brown fox", "def fibonacci(n):\n    "]
+N_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2_gguf):
+    return jaxinfer.LLM(smollm2_gguf, dtype="float32", num_pages=256, max_model_len=512,
+                        max_num_batched_tokens=128, max_num_seqs=8, progress=False)
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_gguf):
+    d, f = os.path.split(smollm2_gguf)
+    return AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+
+
+def _reference_greedy(model, ids):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             do_sample=False, max_new_tokens=N_NEW, pad_token_id=2)
+    return out[0, len(ids):].tolist()
+
+
+def test_greedy_matches_transformers(llm, reference):
+    tok = llm.tokenizer
+    prompts = [tok.apply_chat_template(c) for c in CHATS] + [tok.encode(t) for t in RAW]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=N_NEW), use_tqdm=False)
+    for ids, out in zip(prompts, outs):
+        ref = _reference_greedy(reference, ids)
+        got = out.outputs[0].token_ids
+        # transformers stops at eos too; compare up to and including it
+        assert got == ref[:len(got)] and (len(got) == len(ref) or got[-1] in tok.eos_token_ids), (
+            tok.decode(got), tok.decode(ref))
+        assert out.outputs[0].text == tok.decode([t for t in got if t not in tok.eos_token_ids])
+
+
+def test_chat_api_answers(llm):
+    out = llm.chat(CHATS[0], SamplingParams(temperature=0, max_tokens=16))[0]
+    assert "Paris" in out.outputs[0].text
+
+
+def test_stop_string_is_cut(llm):
+    full = llm.chat(CHATS[0], SamplingParams(temperature=0, max_tokens=16))[0].outputs[0].text
+    stop_at = full.index("Paris")
+    cut = llm.chat(CHATS[0], SamplingParams(temperature=0, max_tokens=16, stop=["Paris"]))[0].outputs[0]
+    assert cut.text == full[:stop_at] and cut.finish_reason == "stop" and cut.stop_reason == "Paris"
