@@ -234,7 +234,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     query_tile: int = 16
-    kv_chunk_pages: int = 32
+    kv_chunk_pages: int = 128
     kv_loop: str = "auto"
     seed: int = 0
     enforce_eager: bool = False

@@ -25,7 +25,7 @@ class AttentionMetadata(NamedTuple):
     tile_tokens: jax.Array   # i32[NT, Bq]  flat token indices of each query tile (T = empty slot)
     tile_seq: jax.Array      # i32[NT]      sequence (row of page_tables) of each tile
     tile_kv_len: jax.Array   # i32[NT]      KV tokens visible to each tile
-    page_tables: jax.Array   # i32[S, W]    KV pages of each sequence
+    page_tables: jax.Array   # i32[S + 1, W] KV pages of each sequence; row S is all zeros (empty tiles)
 
 
 def paged_attention(q, k, v, k_pages, v_pages, md: AttentionMetadata, opts: AttentionOptions, *,

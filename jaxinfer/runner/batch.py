@@ -51,9 +51,11 @@ def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
     input_ids = np.zeros(T, np.int32)
     positions = np.zeros(T, np.int32)
     slot_mapping = np.zeros(T, np.int32)  # padding -> slot 0 of the reserved page 0
-    page_tables = np.zeros((S, W), np.int32)
+    # Row S stays all zeros: empty tiles point at it, so they gather only the reserved page 0 (L2-resident)
+    # instead of re-reading a real sequence's pages.
+    page_tables = np.zeros((S + 1, W), np.int32)
     tile_tokens = np.full((NT, Bq), T, np.int32)
-    tile_seq = np.zeros(NT, np.int32)
+    tile_seq = np.full(NT, S, np.int32)
     tile_kv_len = np.zeros(NT, np.int32)
     sample_idx = np.zeros(S, np.int32)
     temperature = np.zeros(S, np.float32)

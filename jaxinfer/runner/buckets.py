@@ -3,13 +3,19 @@
 A step with n tokens of m sequences runs in the smallest bucket whose token count T >= n; its other shapes
 follow from T, so the ladder is one list of ints and warm-up compiles exactly len(ladder) step programs:
   S  = min(T, max_num_seqs)           sampled rows / page-table rows (every sequence has >= 1 token)
-  NT = ceil(T / query_tile) + S       query tiles (a sequence of n tokens needs ceil(n / query_tile) tiles)
+  Bq = 4 if T <= max_num_seqs else query_tile
+                                      query tile: small buckets are mostly decodes (one query per sequence),
+                                      where a wide tile only multiplies padding work
+  NT = ceil(T / Bq) + S               query tiles (a sequence of n tokens needs ceil(n / Bq) tiles)
   W  = pages of max_model_len, rounded up to a multiple of kv_chunk_pages (page-table width)
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+
+
+_DECODE_TILE = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +45,8 @@ class BucketLadder:
         buckets = []
         for t in sizes:
             s = min(t, max_num_seqs)
-            buckets.append(Bucket(t, s, math.ceil(t / query_tile) + s, query_tile, width))
+            bq = min(query_tile, _DECODE_TILE) if t <= max_num_seqs else query_tile
+            buckets.append(Bucket(t, s, math.ceil(t / bq) + s, bq, width))
         return cls(tuple(buckets))
 
     def pick(self, num_tokens: int, num_seqs: int) -> Bucket:

@@ -17,6 +17,7 @@ from jaxinfer.runner.sampler import (
     MAX_LOGPROBS,
     MAX_TOP_K_FAST,
     SamplingTensors,
+    _top_k,
     apply_penalties,
     sample,
 )
@@ -343,6 +344,26 @@ def test_common_path_has_no_sort(with_penalties):
     assert ("sort", False) not in prims, "a sort runs outside the lax.cond fallback"
     assert ("sort", True) in prims, "the exact fallback (sort under cond) is missing"
     assert ("top_k", False) in prims
+
+
+@pytest.mark.parametrize("V,k", [(8192, 256), (5003, 256), (5003, 20), (128, 20)])
+def test_chunked_top_k_is_exact(V, k):
+    """_top_k (chunk maxima, then the best chunks) returns the exact top-k values, descending, at distinct ids
+    holding those values; rows with ties, -inf entries and fewer than k finite values included."""
+    rng = np.random.default_rng(9)
+    x = rng.normal(0, 2, (6, V)).astype(np.float32)
+    x[1] = np.round(x[1])  # many ties
+    x[2, rng.choice(V, V // 2, replace=False)] = -np.inf
+    x[3, :] = -np.inf
+    x[3, :5] = [1, 2, 3, 4, 5]  # fewer than k finite values
+    vals, ids = jax.jit(_top_k, static_argnums=1)(jnp.asarray(x), k)
+    vals, ids = np.asarray(vals), np.asarray(ids)
+    np.testing.assert_array_equal(vals, -np.sort(-x, axis=-1)[:, :k])
+    assert ids.min() >= 0 and ids.max() < V
+    np.testing.assert_array_equal(np.take_along_axis(x, ids, -1)[np.isfinite(vals)], vals[np.isfinite(vals)])
+    for r in range(6):
+        fin = np.isfinite(vals[r])
+        assert len(set(ids[r][fin].tolist())) == fin.sum()
 
 
 def test_penalties_match_numpy():

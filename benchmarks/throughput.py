@@ -1,0 +1,147 @@
+"""Offline throughput: N requests submitted at once, run to completion by the continuous-batching engine.
+
+Workloads (fixed seed, random token ids, ignore_eos so every request produces exactly its output length):
+  fixed     : --num-requests prompts of --prompt-len tokens, --output-len new tokens each (default 1000 x 512/256)
+  sharegpt  : a ShareGPT-like mix, log-normal lengths (mean ~220 in / ~200 out), clipped to
+              [4, min(1024, max_model_len / 2)]
+
+  python benchmarks/throughput.py --model llama3-8b --load-format dummy [--workload fixed sharegpt]
+         [--hf-baseline]   # transformers eager generate on the same shapes, in a subprocess of this call
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+
+def make_workload(kind: str, n: int, prompt_len: int, output_len: int, vocab: int, max_len: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    if kind == "fixed":
+        lens = [(prompt_len, output_len)] * n
+    elif kind == "sharegpt":
+        # log-normal with sigma 0.9: mean = exp(mu + sigma^2 / 2)
+        sig = 0.9
+        pin = rng.lognormal(np.log(220) - sig**2 / 2, sig, n)
+        pout = rng.lognormal(np.log(200) - sig**2 / 2, sig, n)
+        cap = min(1024, max_len // 2)
+        lens = [(int(np.clip(a, 4, cap)), int(np.clip(b, 4, cap))) for a, b in zip(pin, pout)]
+    else:
+        raise ValueError(f"unknown workload {kind!r}")
+    return [(rng.integers(0, vocab, a).tolist(), b) for a, b in lens]
+
+
+def run_engine(llm, work, profile_dir=None):
+    from jaxinfer import SamplingParams
+    from benchmarks.common import maybe_profile
+
+    params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for _, m in work]
+    t0 = time.perf_counter()
+    with maybe_profile(profile_dir):
+        outs = llm.generate([p for p, _ in work], params, use_tqdm=False)
+    dt = time.perf_counter() - t0
+    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    n_in = sum(len(p) for p, _ in work)
+    assert n_out == sum(m for _, m in work), "every request must produce exactly max_tokens tokens"
+    return dict(requests=len(work), seconds=dt, req_per_s=len(work) / dt, output_tok_per_s=n_out / dt,
+                total_tok_per_s=(n_in + n_out) / dt, prompt_tokens=n_in, output_tokens=n_out)
+
+
+HF_SCRIPT = r"""
+import json, sys, time, torch, transformers as tf
+cfg = json.loads(sys.argv[1]); batch, plen, olen = map(int, sys.argv[2:5])
+torch.set_default_dtype(torch.bfloat16)
+with torch.device("cuda"):
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(**cfg)).eval()
+ids = torch.randint(0, cfg["vocab_size"], (batch, plen), device="cuda")
+gen = dict(do_sample=False, max_new_tokens=olen, min_new_tokens=olen, pad_token_id=0,
+           attention_mask=torch.ones_like(ids))
+model.generate(ids[:, :16], **{**gen, "max_new_tokens": 4, "min_new_tokens": 4, "attention_mask": torch.ones_like(ids[:, :16])})
+torch.cuda.synchronize(); t0 = time.perf_counter()
+with torch.no_grad():
+    out = model.generate(ids, **gen)
+torch.cuda.synchronize(); dt = time.perf_counter() - t0
+print(json.dumps(dict(batch=batch, prompt_len=plen, output_len=olen, seconds=dt,
+                      output_tok_per_s=batch * olen / dt, transformers=tf.__version__, torch=torch.__version__)))
+"""
+
+
+def hf_baseline(hf_cfg: dict, batch: int, prompt_len: int, output_len: int) -> dict | None:
+    """transformers eager generate at one batch of the fixed workload's shapes (subprocess, before JAX)."""
+    cfg = {k: v for k, v in hf_cfg.items() if k not in ("architectures", "model_type", "torch_dtype")}
+    try:
+        out = subprocess.run([sys.executable, "-c", HF_SCRIPT, json.dumps(cfg), str(batch), str(prompt_len),
+                              str(output_len)], capture_output=True, text=True, timeout=400)
+        line = [l for l in out.stdout.splitlines() if l.startswith("{")]
+        if not line:
+            print("transformers baseline failed:", out.stderr[-2000:])
+            return None
+        return json.loads(line[-1])
+    except Exception as e:  # report, never hide
+        print("transformers baseline failed:", e)
+        return None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="llama3-8b")
+    ap.add_argument("--load-format", default="dummy")
+    ap.add_argument("--workload", nargs="+", default=["fixed", "sharegpt"])
+    ap.add_argument("--num-requests", type=int, default=1000)
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    ap.add_argument("--hf-baseline", action="store_true")
+    ap.add_argument("--hf-batch", type=int, default=64)
+    ap.add_argument("--profile", default=None)
+    a = ap.parse_args()
+
+    from jaxinfer.models.registry import PRESETS
+
+    hf = None
+    if a.hf_baseline and a.model in PRESETS:
+        hf = hf_baseline(PRESETS[a.model], a.hf_batch, a.prompt_len, a.output_len)
+        print("transformers eager generate:", hf)
+
+    import jax
+    from benchmarks.common import measure_hbm_bandwidth, write_result
+    from jaxinfer import LLM
+
+    bw = measure_hbm_bandwidth()
+    t0 = time.perf_counter()
+    llm = LLM(a.model, load_format=a.load_format, max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
+              max_num_batched_tokens=a.max_num_batched_tokens, gpu_memory_utilization=a.gpu_memory_utilization)
+    startup = time.perf_counter() - t0
+    weight_bytes = llm.model.num_bytes
+    print(f"device {jax.devices()[0].device_kind}; HBM {bw / 1e12:.2f} TB/s; startup {startup:.1f} s; "
+          f"KV pages {llm.runner.num_pages}")
+    results = {}
+    for kind in a.workload:
+        work = make_workload(kind, a.num_requests, a.prompt_len, a.output_len, llm.model_config.vocab_size,
+                             llm.max_model_len)
+        r = run_engine(llm, work, a.profile if kind == a.workload[0] else None)
+        # Roofline for decode: every step streams all weights once; with B sequences per step the best case is
+        # B tokens per weight pass. Report the achieved weight-stream rate at the mean batch as a sanity figure.
+        results[kind] = r
+        peer = f" | transformers eager {hf['output_tok_per_s']:.0f} tok/s (batch {hf['batch']})" if (
+            hf and kind == "fixed") else ""
+        print(f"{kind:9s}: {r['requests']} req in {r['seconds']:.1f} s = {r['req_per_s']:.2f} req/s, "
+              f"{r['output_tok_per_s']:.0f} output tok/s, {r['total_tok_per_s']:.0f} total tok/s{peer}")
+    path = write_result("throughput", dict(model=a.model, startup_s=startup, hbm_TBps=bw / 1e12,
+                                           weight_GB=weight_bytes / 1e9, config=vars(a), results=results,
+                                           transformers_baseline=hf))
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
