@@ -55,11 +55,11 @@ def device_only_step_s(llm, batch: int, iters: int = 20) -> float:
     hb = pack(seqs, r.ladder.pick(batch, batch), r.page_size)
     dev = jax.device_put(hb.arrays)
     for _ in range(3):
-        r.kv_caches, out, _ = r._step(r.loaded.params, r.kv_caches, dev)
+        r.kv_caches, out, _ = r._step(r.loaded.params, r.kv_caches, dev, r._no_prev)
     jax.block_until_ready(out)
     t0 = time.perf_counter()
     for _ in range(iters):
-        r.kv_caches, out, _ = r._step(r.loaded.params, r.kv_caches, dev)
+        r.kv_caches, out, _ = r._step(r.loaded.params, r.kv_caches, dev, r._no_prev)
     jax.block_until_ready(out)
     return (time.perf_counter() - t0) / iters
 

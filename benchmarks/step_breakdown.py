@@ -59,11 +59,11 @@ def main():
             return r._step(params, kv, d)
 
         kv = r.kv_caches
-        out = r._step(loaded.params, kv, dev)
+        out = r._step(loaded.params, kv, dev, r._no_prev)
         r.kv_caches = kv = out[0]
         t0 = time.perf_counter()
         for _ in range(20):
-            kv, o, h = r._step(loaded.params, kv, dev)
+            kv, o, h = r._step(loaded.params, kv, dev, r._no_prev)
         jax.block_until_ready(o)
         rows["whole step"] = (time.perf_counter() - t0) / 20 * 1e3
         r.kv_caches = kv

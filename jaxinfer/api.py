@@ -57,7 +57,7 @@ class LLM:
         self.engine = LLMEngine(
             self.runner, self.tokenizer, max_num_batched_tokens=self.config.max_num_batched_tokens,
             max_num_seqs=self.config.max_num_seqs, max_model_len=max_len, eos_token_ids=eos,
-            vocab_size=cfg.vocab_size, seed=self.config.seed)
+            vocab_size=cfg.vocab_size, seed=self.config.seed, async_scheduling=self.config.async_scheduling)
         if warmup:
             self.runner.warmup(progress=progress)
         self.startup_seconds = time.perf_counter() - t0

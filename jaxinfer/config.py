@@ -222,6 +222,7 @@ class EngineConfig:
     max_num_batched_tokens: token budget of one step. max_num_seqs: sequences in one step.
     query_tile: attention query tile (tokens of one sequence per tile) of the reference attention.
     kv_chunk_pages: pages of KV processed per loop iteration by the reference attention.
+    async_scheduling: schedule and dispatch step n+1 while step n runs on the device (hides host work).
     kv_loop: "static" (unrolled over the page-table width; no device-to-host syncs: GPU), "dynamic" (while loop
         up to the longest context: CPU) or "auto".
     """
@@ -236,6 +237,7 @@ class EngineConfig:
     query_tile: int = 16
     kv_chunk_pages: int = 128
     kv_loop: str = "auto"
+    async_scheduling: bool = True
     seed: int = 0
     enforce_eager: bool = False
     compilation_cache_dir: str | None = None

@@ -2,10 +2,16 @@
 
 step():
   1 Scheduler.schedule()             -> which tokens of which requests run now (chunked prefill + decodes)
-  2 runner.execute(seq inputs)       -> sampled token ids (+ logprobs); the runner owns all device state
-  3 Scheduler.update(...)            -> append tokens; eos / stop tokens / max_tokens; free pages
-  4 detokenize incrementally         -> stop strings end the request and never leak into the text
-  5 RequestOutput for every request that progressed (cumulative text and token ids, like vLLM)
+  2 runner.dispatch(seq inputs)      -> launch the step on the device; returns at once
+  3 finish the PREVIOUS step: runner.fetch (waits for it), Scheduler.update (append tokens; eos / stop
+    tokens / max_tokens; free pages), incremental detokenization (stop strings end the request and never
+    leak into the text)
+  4 RequestOutput for every request that progressed (cumulative text and token ids, like vLLM)
+
+Pipelining: step n+1 is scheduled, packed and dispatched while step n runs on the device. Decode tokens that
+step n is still sampling are placeholders that the device fills from step n's output. A request that stops
+at step n (eos, stop string) may have computed one extra token in step n+1; it is discarded. With
+`async_scheduling=False` each step is finished before the next is scheduled.
 """
 from __future__ import annotations
 
@@ -28,7 +34,19 @@ class Runner(Protocol):
     num_pages: int
     page_size: int
 
-    def execute(self, seqs: Sequence[SeqInput], prompt_logprob_targets: dict[int, Any] | None = None): ...
+    def dispatch(self, seqs: Sequence[SeqInput], prev: Any = None,
+                 prompt_logprob_targets: dict[int, Any] | None = None) -> Any: ...
+
+    def fetch(self, flight: Any): ...
+
+
+@dataclasses.dataclass
+class _Step:
+    """A dispatched step: what was scheduled and the runner's handle to its results."""
+
+    sched: Any
+    flight: Any
+    rows: dict[str, int]  # request id -> output row, for sequences that sample
 
 
 @dataclasses.dataclass
@@ -57,7 +75,8 @@ class _Group:
 
 class LLMEngine:
     def __init__(self, runner: Runner, tokenizer, *, max_num_batched_tokens: int, max_num_seqs: int,
-                 max_model_len: int, eos_token_ids: set[int], vocab_size: int, seed: int = 0):
+                 max_model_len: int, eos_token_ids: set[int], vocab_size: int, seed: int = 0,
+                 async_scheduling: bool = True):
         self.runner = runner
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
@@ -69,6 +88,8 @@ class LLMEngine:
         self._groups: dict[str, _Group] = {}
         self._rng = random.Random(seed)
         self._ids = itertools.count()
+        self.async_scheduling = async_scheduling
+        self._in_flight: _Step | None = None
 
     # ---- requests -----------------------------------------------------------------------------------------
     def add_request(self, request_id: str | None, prompt: str | Sequence[int],
@@ -126,56 +147,85 @@ class LLMEngine:
         return True
 
     def has_unfinished(self) -> bool:
-        return bool(self._groups)
+        return bool(self._groups) or self._in_flight is not None
 
     # ---- the loop -----------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        sched = self.scheduler.schedule()
+        launched = self._launch(self.scheduler.schedule())
+        outputs = []
+        if self._in_flight is not None:
+            outputs = self._finish_step(self._in_flight)
+        self._in_flight = launched
+        if launched is not None and not self.async_scheduling:
+            self._in_flight = None
+            outputs += self._finish_step(launched)
+        return outputs
+
+    def _launch(self, sched) -> _Step | None:
         if not sched.scheduled:
-            return []
-        inputs, lp_targets = [], {}
+            return None
+        prev_rows = self._in_flight.rows if self._in_flight is not None else {}
+        inputs, lp_targets, rows = [], {}, {}
         for i, s in enumerate(sched.scheduled):
             st = self._seqs[s.request_id]
             p = st.params
+            prev_row = -1
+            if s.num_placeholders:
+                assert s.num_placeholders == 1 and s.request_id in prev_rows, "placeholder without a step in flight"
+                prev_row = prev_rows[s.request_id]
             inputs.append(SeqInput(
                 token_ids=s.token_ids, start_pos=s.start_pos, page_table=s.page_table,
                 temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
-                seed=st.seed, step=len(st.request.output_token_ids)))
+                seed=st.seed, step=s.output_index, prev_row=prev_row))
+            if s.sample:
+                rows[s.request_id] = i
             tgt = self._prompt_logprob_targets(st, s)
             if tgt is not None:
                 lp_targets[i] = tgt
-        out = self.runner.execute(inputs, lp_targets or None)
+        prev = self._in_flight.flight if self._in_flight is not None else None
+        return _Step(sched, self.runner.dispatch(inputs, prev, lp_targets or None), rows)
+
+    def _finish_step(self, done: _Step) -> list[RequestOutput]:
+        out = self.runner.fetch(done.flight)
+        sched = done.sched
         sampled: dict[str, list[int]] = {}
         for i, s in enumerate(sched.scheduled):
-            st = self._seqs[s.request_id]
+            st = self._seqs.get(s.request_id)
+            if st is None or st.request.is_finished:
+                continue  # aborted or stopped while this step ran: its results are dropped
             if i in out.prompt_logprobs:
                 self._record_prompt_logprobs(st, s, out.prompt_logprobs[i])
             if s.sample:
                 tok = int(out.tokens[i])
                 sampled[s.request_id] = [tok]
-                st.cumulative_logprob += float(out.logprobs[i])
-                if st.logprobs is not None:
-                    st.logprobs.append(self._logprob_dict(tok, float(out.logprobs[i]), out.top_ids[i],
-                                                          out.top_logprobs[i], st.params.logprobs))
         finished = {r.request_id for r in self.scheduler.update(sched, sampled)}
         touched = set()
-        for sid, toks in sampled.items():
+        for i, s in enumerate(sched.scheduled):
+            sid = s.request_id
+            if sid not in sampled:
+                continue
             st = self._seqs[sid]
+            if len(st.request.output_token_ids) <= s.output_index:
+                continue  # dropped by the scheduler (preempted in between, or after a stop)
+            tok = sampled[sid][0]
+            st.cumulative_logprob += float(out.logprobs[i])
+            if st.logprobs is not None:
+                st.logprobs.append(self._logprob_dict(tok, float(out.logprobs[i]), out.top_ids[i],
+                                                      out.top_logprobs[i], st.params.logprobs))
             if st.detok is not None:
-                _, stop = st.detok.append(toks)
-                if stop is not None and sid not in finished:
-                    self.scheduler.finish(sid, "stop", stop)
-                    finished.add(sid)
-                elif stop is not None:
-                    st.request.stop_reason = stop
-                    st.request.status = type(st.request.status).FINISHED_STOPPED
+                _, stop = st.detok.append([tok])
+                if stop is not None:
+                    if sid in finished:  # finished for another reason in the same token: the stop string wins
+                        st.request.status = type(st.request.status).FINISHED_STOPPED
+                        st.request.stop_reason = stop
+                    else:
+                        self.scheduler.finish(sid, "stop", stop)
+                        finished.add(sid)
             touched.add(sid)
         for sid in finished:
             st = self._seqs[sid]
             if st.detok is not None:
                 st.detok.flush()
-            # Extra tokens sampled after a stop string are cut from the ids too.
-            # (The detokenizer already truncated the text.)
         return self._outputs(touched | finished)
 
     # ---- outputs ------------------------------------------------------------------------------------------

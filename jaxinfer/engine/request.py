@@ -50,7 +50,8 @@ class Request:
     prompt_token_ids: list[int]
     sampling: Any
     output_token_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0          # tokens of all_token_ids whose KV is in the cache
+    num_computed_tokens: int = 0          # tokens whose KV is in the cache or being computed by a step in flight
+    num_pending_tokens: int = 0           # tokens sampled by a step in flight, not yet known on the host
     status: RequestStatus = RequestStatus.WAITING
     arrival_index: int = -1               # set by Scheduler.add_request (monotonic admission order)
     num_preemptions: int = 0
@@ -74,6 +75,11 @@ class Request:
         if start >= p:
             return self.output_token_ids[start - p:stop - p]
         return self.prompt_token_ids[start:] + self.output_token_ids[:stop - p]
+
+    @property
+    def num_tokens_with_pending(self) -> int:
+        """Known tokens plus those a step in flight is sampling (their ids arrive with update())."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending_tokens
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -40,8 +40,12 @@ class ScheduledSeq:
     token_ids: list[int]      # all_token_ids[start_pos : start_pos + n], n >= 1
     start_pos: int            # = num_computed_tokens when scheduled
     page_table: list[int]     # all pages of the request after allocation; covers start_pos + n tokens
-    sample: bool              # True iff the chunk ends at the last known token -> sample a new token
+    sample: bool              # True iff the chunk ends at the last token -> sample a new token
     is_prefill: bool          # n > 1 or first chunk (start_pos == 0)
+    # Pipelining: the last `num_placeholders` entries of token_ids are -1 — tokens the previous step (still in
+    # flight) is sampling; the runner takes them from that step's device output. 0 when nothing is in flight.
+    num_placeholders: int = 0
+    output_index: int = 0     # index (in the request's outputs) of the token this chunk samples
 
     @property
     def num_tokens(self) -> int:
@@ -177,7 +181,9 @@ class Scheduler:
                                num_batched_tokens=self.max_num_batched_tokens - budget, finished_ids=finished_ids)
 
     def _chunk(self, req: Request, budget: int) -> int:
-        n = min(req.num_tokens - req.num_computed_tokens, budget)
+        if self._reached_length(req):
+            return 0  # the token in flight is its last one: nothing more to compute
+        n = min(req.num_tokens_with_pending - req.num_computed_tokens, budget)
         if self.long_prefill_token_threshold is not None:
             n = min(n, self.long_prefill_token_threshold)
         return n
@@ -196,33 +202,53 @@ class Scheduler:
     def _preempt(self, req: Request) -> None:
         self.kv.free(req.request_id)
         req.num_computed_tokens = 0           # recompute prompt + outputs (outputs are kept)
+        req.num_pending_tokens = 0            # a token sampled in flight is dropped; it is sampled again later
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
         self._num_preemptions_total += 1
         self.waiting.appendleft(req)
 
+    def _reached_length(self, req: Request) -> bool:
+        """True if the tokens known plus pending already hit max_tokens or max_model_len."""
+        mt = req.max_tokens
+        return (req.num_pending_tokens > 0 and (
+            (mt is not None and req.num_output_tokens + req.num_pending_tokens >= mt)
+            or req.num_tokens_with_pending >= self.max_model_len))
+
     def _make_seq(self, req: Request, n: int) -> ScheduledSeq:
+        """Schedule tokens [start, start+n) of req and advance its counters now (not at update), so the next
+        schedule() can run while this step is still on the device."""
         start = req.num_computed_tokens
-        return ScheduledSeq(request_id=req.request_id, token_ids=req.token_slice(start, start + n), start_pos=start,
-                            page_table=self.kv.page_table(req.request_id), sample=start + n == req.num_tokens,
-                            is_prefill=n > 1 or start == 0)
+        known_end = min(start + n, req.num_tokens)
+        placeholders = start + n - known_end
+        sample = start + n == req.num_tokens_with_pending
+        seq = ScheduledSeq(request_id=req.request_id, token_ids=req.token_slice(start, known_end) + [-1] * placeholders,
+                           start_pos=start, page_table=self.kv.page_table(req.request_id), sample=sample,
+                           is_prefill=n > 1 or start == 0, num_placeholders=placeholders,
+                           output_index=req.num_output_tokens + req.num_pending_tokens)
+        req.num_computed_tokens += n
+        if sample:
+            req.num_pending_tokens += 1
+        return seq
 
     def update(self, output: SchedulerOutput, sampled: dict[str, list[int]]) -> list[Request]:
         """Apply a finished step: advance num_computed_tokens, append sampled tokens, check stops.
 
         sampled[request_id] is the list of new tokens (one normally; several with speculative decoding)
-        for every seq with sample=True; entries for other seqs are ignored. Requests aborted/finished since
-        schedule() are skipped. Tokens after a stop are dropped. Returns the requests finished here.
+        for every seq with sample=True; entries for other seqs are ignored. Requests aborted/finished/preempted
+        since schedule() are skipped. Tokens after a stop are dropped. Returns the requests finished here.
+        num_computed_tokens was already advanced by schedule(); update() may lag one schedule() behind
+        (pipelining), but outputs must be applied in schedule order.
         """
         live = []
         for seq in output.scheduled:  # validate everything first so a bad call changes nothing
             req = self._requests.get(seq.request_id)
             if req is None or req.status is not RequestStatus.RUNNING:
                 continue
-            if req.num_computed_tokens != seq.start_pos:
-                raise RuntimeError(f"request {seq.request_id!r}: update() got a chunk starting at {seq.start_pos} "
-                                   f"but the request has {req.num_computed_tokens} computed tokens; call "
-                                   f"update() exactly once per schedule(), in order")
+            if seq.sample and seq.output_index != req.num_output_tokens:
+                raise RuntimeError(f"request {seq.request_id!r}: update() got the sample for output {seq.output_index} "
+                                   f"but the request has {req.num_output_tokens} outputs; call update() exactly "
+                                   f"once per schedule(), in order")
             if seq.sample and not sampled.get(seq.request_id):
                 raise ValueError(f"request {seq.request_id!r} was scheduled with sample=True but sampled has no "
                                  f"token for it; pass sampled[{seq.request_id!r}] = [token_id, ...]")
@@ -230,9 +256,9 @@ class Scheduler:
 
         finished: list[Request] = []
         for seq, req in live:
-            req.num_computed_tokens += len(seq.token_ids)
             if not seq.sample:
                 continue
+            req.num_pending_tokens -= 1
             for tok in sampled[seq.request_id]:
                 tok = int(tok)
                 req.output_token_ids.append(tok)

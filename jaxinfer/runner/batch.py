@@ -25,6 +25,8 @@ class SeqInput:
     min_p: float = 0.0
     seed: int = 0
     step: int = 0              # index of the token being sampled (number generated so far)
+    prev_row: int = -1         # >= 0: the last token is a placeholder (-1), sampled by the previous step (still in
+                               # flight) in its output row `prev_row`; the device fills it in
 
 
 @dataclasses.dataclass
@@ -49,6 +51,7 @@ def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
         raise ValueError(f"{n_tok} tokens do not fit bucket {bucket}")
 
     input_ids = np.zeros(T, np.int32)
+    prev_src = np.full(T, -1, np.int32)  # row of the previous step's tokens that fills a placeholder
     positions = np.zeros(T, np.int32)
     slot_mapping = np.zeros(T, np.int32)  # padding -> slot 0 of the reserved page 0
     # Row S stays all zeros: empty tiles point at it, so they gather only the reserved page 0 (L2-resident)
@@ -70,6 +73,9 @@ def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
         a, b = int(offsets[i]), int(offsets[i + 1])
         n = b - a
         input_ids[a:b] = s.token_ids
+        if s.prev_row >= 0:
+            input_ids[b - 1] = 0
+            prev_src[b - 1] = s.prev_row
         pos = np.arange(s.start_pos, s.start_pos + n, dtype=np.int32)
         positions[a:b] = pos
         pt = np.asarray(s.page_table, np.int32)
@@ -96,7 +102,7 @@ def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
     if tile > NT:
         raise AssertionError(f"{tile} query tiles exceed the bucket's {NT}")  # impossible by construction
     arrays: dict[str, Any] = dict(
-        input_ids=input_ids, positions=positions, slot_mapping=slot_mapping, page_tables=page_tables,
+        input_ids=input_ids, prev_src=prev_src, positions=positions, slot_mapping=slot_mapping, page_tables=page_tables,
         tile_tokens=tile_tokens, tile_seq=tile_seq, tile_kv_len=tile_kv_len, sample_idx=sample_idx,
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, step=step,
     )

@@ -10,7 +10,7 @@ import logging
 import math
 import os
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from jaxinfer.config import EngineConfig
 from jaxinfer.models.loader import LoadedModel
-from jaxinfer.runner.batch import HostBatch, SeqInput, pack
+from jaxinfer.runner.batch import SeqInput, pack
 from jaxinfer.runner.buckets import BucketLadder
 from jaxinfer.models.attention import AttentionOptions
 from jaxinfer.runner.step import make_prompt_logprobs_fn, make_step_fn
@@ -70,7 +70,8 @@ class ModelRunner:
             max_model_len=max_model_len, page_size=self.page_size, query_tile=config.query_tile,
             kv_chunk_pages=kv_chunk)
         static = config.kv_loop == "static" or (config.kv_loop == "auto" and jax.default_backend() != "cpu")
-        self._step = make_step_fn(loaded, AttentionOptions(kv_chunk, static))
+        self._step = make_step_fn(loaded, AttentionOptions(kv_chunk, static), config.max_num_seqs)
+        self._no_prev = jnp.zeros((config.max_num_seqs,), jnp.int32)
         self._prompt_logprobs = make_prompt_logprobs_fn(loaded)
 
     # ---- memory -------------------------------------------------------------------------------------------
@@ -105,36 +106,56 @@ class ModelRunner:
         t0 = time.perf_counter()
         for b in tqdm(self.ladder.buckets, desc="compiling buckets", disable=not progress, leave=False):
             seqs = [SeqInput(token_ids=[0], start_pos=0, page_table=[0])]
-            batch = pack(seqs, b, self.page_size)
-            out, hidden = self._run(batch)
-            self._prompt_logprobs(self.loaded.params, hidden, jnp.zeros((b.num_tokens,), jnp.int32))
-            jax.block_until_ready(out)
+            flight = self.dispatch(seqs, None, {0: np.zeros(b.num_tokens, np.int32)}, bucket=b)
+            jax.block_until_ready(flight.out)
         log.info("compiled %d buckets in %.1f s", len(self.ladder.buckets), time.perf_counter() - t0)
 
     # ---- run ----------------------------------------------------------------------------------------------
-    def _run(self, batch: HostBatch):
-        dev = jax.device_put(batch.arrays)
-        self.kv_caches, out, hidden = self._step(self.loaded.params, self.kv_caches, dev)
-        return out, hidden
-
-    def execute(self, seqs: Sequence[SeqInput], prompt_logprob_targets: dict[int, np.ndarray] | None = None
-                ) -> RunnerOutput:
-        """Run one step. prompt_logprob_targets: seq index -> the next-token ids of that sequence's tokens."""
+    def dispatch(self, seqs: Sequence[SeqInput], prev: "InFlight | None" = None,
+                 prompt_logprob_targets: dict[int, np.ndarray] | None = None, *, bucket=None) -> "InFlight":
+        """Pack and launch one step without waiting for it. `prev`: the step still in flight whose sampled
+        tokens fill this step's placeholders. prompt_logprob_targets: seq index -> next-token ids of that
+        sequence's tokens (their log-probs are computed on the device too)."""
         n_tok = sum(len(s.token_ids) for s in seqs)
-        bucket = self.ladder.pick(n_tok, len(seqs))
+        bucket = bucket or self.ladder.pick(n_tok, len(seqs))
         batch = pack(seqs, bucket, self.page_size)
-        out, hidden = self._run(batch)
-        prompt_lp = {}
+        dev = jax.device_put(batch.arrays)
+        prev_tokens = prev.out.tokens if prev is not None else self._no_prev
+        self.kv_caches, out, hidden = self._step(self.loaded.params, self.kv_caches, dev, prev_tokens)
+        prompt = None
         if prompt_logprob_targets:
             targets = np.zeros(bucket.num_tokens, np.int32)
             for i, tgt in prompt_logprob_targets.items():
                 a = int(batch.token_offsets[i])
                 targets[a:a + len(tgt)] = tgt
-            lp, ids, top = jax.device_get(self._prompt_logprobs(self.loaded.params, hidden, targets))
-            for i, tgt in prompt_logprob_targets.items():
-                a = int(batch.token_offsets[i])
-                prompt_lp[i] = (lp[a:a + len(tgt)], ids[a:a + len(tgt)], top[a:a + len(tgt)])
-        n = len(seqs)
+            prompt = self._prompt_logprobs(self.loaded.params, hidden, targets)
+        return InFlight(out, prompt, dict(prompt_logprob_targets or {}), batch.token_offsets, len(seqs))
+
+    def fetch(self, flight: "InFlight") -> RunnerOutput:
+        """Wait for a dispatched step and copy its (small) results to the host."""
+        n = flight.num_seqs
         tokens, logprobs, top_ids, top_lp = jax.device_get(
-            (out.tokens, out.logprobs, out.top_ids, out.top_logprobs))
+            (flight.out.tokens, flight.out.logprobs, flight.out.top_ids, flight.out.top_logprobs))
+        prompt_lp = {}
+        if flight.prompt is not None:
+            lp, ids, top = jax.device_get(flight.prompt)
+            for i, tgt in flight.prompt_targets.items():
+                a = int(flight.token_offsets[i])
+                prompt_lp[i] = (lp[a:a + len(tgt)], ids[a:a + len(tgt)], top[a:a + len(tgt)])
         return RunnerOutput(tokens[:n], logprobs[:n], top_ids[:n], top_lp[:n], prompt_lp)
+
+    def execute(self, seqs: Sequence[SeqInput], prompt_logprob_targets: dict[int, np.ndarray] | None = None
+                ) -> RunnerOutput:
+        """Run one step and wait for it (no placeholders allowed)."""
+        return self.fetch(self.dispatch(seqs, None, prompt_logprob_targets))
+
+
+@dataclasses.dataclass
+class InFlight:
+    """A dispatched step: device arrays not yet copied to the host."""
+
+    out: Any                    # StepOutput of device arrays
+    prompt: Any                 # (lp, top ids, top lp) device arrays, or None
+    prompt_targets: dict[int, np.ndarray]
+    token_offsets: np.ndarray
+    num_seqs: int

@@ -1,8 +1,12 @@
-"""The jitted step: (params, kv_caches, batch) -> (kv_caches, sampled tokens, logprobs, hidden).
+"""The jitted step: (params, kv_caches, batch, prev_tokens) -> (kv_caches, sampled tokens, logprobs, hidden).
 
 One program per bucket. The KV cache (a list of per-layer (k_pages, v_pages)) is donated and updated in place;
 nothing else is donated. Only small arrays (token ids, logprobs) are meant to travel back to the host; the
 final hidden states stay on the device for the (rare) prompt-logprob pass.
+
+Pipelining: decode tokens sampled by the previous step (still in flight when this step was packed) are taken
+from that step's device output `prev_tokens` (i32[max_num_seqs]) through `batch["prev_src"]`, so the host never
+waits for step n before dispatching step n+1. Sampled tokens are padded to max_num_seqs rows for that reason.
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from jaxinfer.runner.sampler import MAX_LOGPROBS, SamplingTensors, sample
 
 
 class StepOutput(NamedTuple):
-    tokens: jax.Array        # i32[S]
+    tokens: jax.Array        # i32[max_num_seqs] (rows >= S are padding)
     logprobs: jax.Array      # f32[S]   log-prob of the sampled token (raw model distribution)
     top_ids: jax.Array       # i32[S, MAX_LOGPROBS]
     top_logprobs: jax.Array  # f32[S, MAX_LOGPROBS]
@@ -35,15 +39,18 @@ def _sampling(b: dict) -> SamplingTensors:
         step=b["step"], presence_penalty=zeros, frequency_penalty=zeros, repetition_penalty=zeros + 1.0)
 
 
-def make_step_fn(loaded, opts: AttentionOptions):
+def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int):
     """Build the jitted step for a LoadedModel. The graphdef/treedef are closed over (static)."""
 
-    def step(params, kv_caches, batch: dict):
+    def step(params, kv_caches, batch: dict, prev_tokens):
         model = loaded.module(params)
-        hidden, kv_caches = model(batch["input_ids"], kv_caches, _metadata(batch), opts)
+        src = batch["prev_src"]
+        input_ids = jnp.where(src >= 0, prev_tokens[jnp.maximum(src, 0)], batch["input_ids"])
+        hidden, kv_caches = model(input_ids, kv_caches, _metadata(batch), opts)
         logits = model.logits(hidden[batch["sample_idx"]])  # [S, V] f32
         out = sample(logits, _sampling(batch))
-        return kv_caches, StepOutput(out.tokens, out.logprobs, out.top_ids, out.top_logprobs), hidden
+        tokens = jnp.zeros((max_num_seqs,), jnp.int32).at[: out.tokens.shape[0]].set(out.tokens)
+        return kv_caches, StepOutput(tokens, out.logprobs, out.top_ids, out.top_logprobs), hidden
 
     return jax.jit(step, donate_argnums=(1,))
 

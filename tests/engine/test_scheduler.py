@@ -355,7 +355,28 @@ def test_update_requires_a_sampled_token_and_changes_nothing_otherwise():
     out = s.schedule()
     with pytest.raises(ValueError, match="sampled has no token for it; pass sampled\\['b'\\]"):
         s.update(out, {"a": [TOK]})
-    assert s.get("a").num_computed_tokens == 0 and s.get("a").output_token_ids == []
+    # schedule() already advanced the counters; the failed update() changed nothing further.
+    a = s.get("a")
+    assert a.num_computed_tokens == 5 and a.num_pending_tokens == 1 and a.output_token_ids == []
     s.update(out, {"a": [TOK], "b": [TOK]})
+    assert a.num_pending_tokens == 0 and a.output_token_ids == [TOK]
     with pytest.raises(RuntimeError, match="update\\(\\) exactly once per schedule"):
         s.update(out, {"a": [TOK], "b": [TOK]})
+
+
+def test_pipelined_schedule_uses_placeholders_and_stops_at_max_tokens():
+    """With one step in flight, the next schedule() runs before update(): decodes carry a -1 placeholder for
+    the token being sampled, and a request whose in-flight token is its last is not scheduled again."""
+    s = make()
+    s.add_request(req("a", 5, max_tokens=2))
+    out1 = s.schedule()
+    assert [(q.request_id, q.token_ids, q.sample, q.output_index) for q in out1.scheduled] == [
+        ("a", [100, 101, 102, 103, 104], True, 0)]
+    out2 = s.schedule()  # step 1 still in flight
+    (q2,) = out2.scheduled
+    assert q2.start_pos == 5 and q2.token_ids == [-1] and q2.num_placeholders == 1 and q2.output_index == 1
+    assert s.schedule().scheduled == []  # outputs 0 and 1 are in flight: max_tokens=2 reached
+    assert s.update(out1, {"a": [TOK]}) == []
+    (fin,) = s.update(out2, {"a": [TOK + 1]})
+    assert fin.output_token_ids == [TOK, TOK + 1] and fin.finish_reason == "length"
+    assert s.kv.num_used_pages == 0

@@ -135,7 +135,7 @@ class Harness:
             assert r.status is RequestStatus.RUNNING and n >= 1
             if s.long_prefill_token_threshold is not None:
                 assert n <= s.long_prefill_token_threshold
-            assert q.start_pos == r.num_computed_tokens
+            assert q.start_pos + n == r.num_computed_tokens  # advanced by schedule() itself
             assert q.token_ids == r.all_token_ids[q.start_pos:q.start_pos + n]
             assert len(q.page_table) * kv.page_size >= q.start_pos + n
             assert q.page_table == kv.page_table(q.request_id) and 0 not in q.page_table
