@@ -24,6 +24,7 @@ def git_commit() -> str:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
                                        cwd=os.path.dirname(RESULTS_DIR)).strip()
     except Exception:
+        # the device machine gets the tree without .git: pass JAXINFER_COMMIT=$(git rev-parse --short HEAD)
         return os.environ.get("JAXINFER_COMMIT", "unknown")
 
 

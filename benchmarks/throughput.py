@@ -137,10 +137,11 @@ def main():
             hf and kind == "fixed") else ""
         print(f"{kind:9s}: {r['requests']} req in {r['seconds']:.1f} s = {r['req_per_s']:.2f} req/s, "
               f"{r['output_tok_per_s']:.0f} output tok/s, {r['total_tok_per_s']:.0f} total tok/s{peer}")
-    path = write_result("throughput", dict(model=a.model, startup_s=startup, hbm_TBps=bw / 1e12,
-                                           weight_GB=weight_bytes / 1e9, config=vars(a), results=results,
-                                           transformers_baseline=hf))
-    print("wrote", path)
+        # written after every workload, so a run cut short still leaves its finished figures
+        path = write_result("throughput", dict(model=a.model, startup_s=startup, hbm_TBps=bw / 1e12,
+                                               weight_GB=weight_bytes / 1e9, config=vars(a), results=results,
+                                               transformers_baseline=hf))
+        print("wrote", path)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,45 @@
+"""Start-up time: from `LLM(...)` to the first generated token, in a fresh process.
+
+Run it twice: the first run compiles every bucket (cold, unless the persistent cache already holds them), the
+second loads the programs from JAX's persistent compilation cache (warm).
+
+  python benchmarks/startup.py --model llama3-8b --load-format dummy [--label warm]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+t_process = time.perf_counter()
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="llama3-8b")
+    ap.add_argument("--load-format", default="dummy")
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--label", default="run")
+    a = ap.parse_args()
+    t0 = time.perf_counter()
+    from jaxinfer import LLM, SamplingParams
+    from benchmarks.common import write_result
+
+    llm = LLM(a.model, load_format=a.load_format, max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
+              max_num_batched_tokens=a.max_num_batched_tokens, progress=False)
+    t_ready = time.perf_counter()
+    llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=1), use_tqdm=False)
+    t_first = time.perf_counter()
+    r = dict(label=a.label, import_s=t0 - t_process, llm_init_s=t_ready - t0, to_first_token_s=t_first - t0,
+             buckets=len(llm.runner.ladder.buckets))
+    print(f"startup ({a.label}): LLM() {r['llm_init_s']:.1f} s, to first token {r['to_first_token_s']:.1f} s "
+          f"({r['buckets']} buckets)")
+    write_result(f"startup-{a.label}", dict(model=a.model, config=vars(a), **r))
+
+
+if __name__ == "__main__":
+    main()
