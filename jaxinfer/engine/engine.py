@@ -110,8 +110,10 @@ class LLMEngine:
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
-        if params.prompt_logprobs is not None and params.n > 1:
-            pass  # computed once per sample; harmless duplication
+        for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
+            if getattr(params, name) != neutral:
+                raise ValueError(f"{name}={getattr(params, name)} is not supported yet (the sampler implements it, "
+                                 f"the engine does not feed it token counts); leave it at {neutral}")
         seq_ids = [request_id if params.n == 1 else f"{request_id}#{i}" for i in range(params.n)]
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(31)
         new_states = []
@@ -120,7 +122,8 @@ class LLMEngine:
             detok = None
             if self.tokenizer is not None:
                 detok = IncrementalDetokenizer(self.tokenizer, list(ids), params.skip_special_tokens,
-                                               list(params.stop or []), params.include_stop_str_in_output)
+                                               list(params.stop or []), params.include_stop_str_in_output,
+                                               min_tokens=params.min_tokens)
             new_states.append(_SeqState(req, params, base_seed + i, detok,
                                         [] if params.logprobs is not None else None,
                                         prompt_logprobs=[None] if params.prompt_logprobs is not None else None))
@@ -213,7 +216,9 @@ class LLMEngine:
                 st.logprobs.append(self._logprob_dict(tok, float(out.logprobs[i]), out.top_ids[i],
                                                       out.top_logprobs[i], st.params.logprobs))
             if st.detok is not None:
-                _, stop = st.detok.append([tok])
+                # eos / a stop token id ended it: its text is not part of the output (vLLM semantics)
+                by_token = sid in finished and st.request.finish_reason == "stop"
+                _, stop = st.detok.append([tok], stop_terminated=by_token)
                 if stop is not None:
                     if sid in finished:  # finished for another reason in the same token: the stop string wins
                         st.request.status = type(st.request.status).FINISHED_STOPPED

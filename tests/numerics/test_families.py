@@ -63,3 +63,21 @@ def test_family_matches_transformers(name, tmp_path_factory):
     assert out.prompt_logprobs[0] is None
     np.testing.assert_allclose(got_lp, ref_lp, atol=1e-4, rtol=0)
     assert out.outputs[0].token_ids == ref_gen
+
+
+def test_sharded_safetensors_with_index(tmp_path_factory):
+    """A checkpoint split over several *.safetensors files with model.safetensors.index.json loads the same."""
+    model, _ = _build("llama3-gqa", tmp_path_factory)
+    path = tmp_path_factory.mktemp("sharded")
+    model.save_pretrained(path, max_shard_size="100KB")
+    shards = sorted(p.name for p in path.glob("*.safetensors"))
+    assert len(shards) > 2 and (path / "model.safetensors.index.json").exists()
+    prompt = list(range(3, 40))
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0].double()
+        ref_lp = torch.log_softmax(logits, -1)[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].numpy()
+    llm = jaxinfer.LLM(str(path), dtype="float32", num_pages=32, max_model_len=256, max_num_batched_tokens=64,
+                       max_num_seqs=4, progress=False)
+    out = llm.generate([prompt], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
+    got = np.array([d[t].logprob for d, t in zip(out.prompt_logprobs[1:], prompt[1:])])
+    np.testing.assert_allclose(got, ref_lp, atol=1e-4, rtol=0)
