@@ -45,10 +45,13 @@ class Tokenizer:
             path, gguf_file = os.path.split(os.path.abspath(path))
         elif gguf_file is not None and os.path.isabs(gguf_file):
             path, gguf_file = os.path.split(gguf_file)
-        if gguf_file is not None:
-            hf_kwargs["gguf_file"] = gguf_file
         try:
-            hf = AutoTokenizer.from_pretrained(path, **hf_kwargs)
+            if gguf_file is not None:  # built from the GGUF metadata without torch (see models/gguf_tokenizer.py)
+                from jaxinfer.models.gguf_loader import load_gguf_tokenizer
+
+                hf = load_gguf_tokenizer(os.path.join(path, gguf_file))
+            else:
+                hf = AutoTokenizer.from_pretrained(path, **hf_kwargs)
         except Exception as e:  # re-raise with the path: transformers' messages often omit it
             what = f"{path!r}" + (f" (gguf_file={gguf_file!r})" if gguf_file else "")
             raise OSError(f"could not load a tokenizer from {what}: {e}") from e

@@ -61,6 +61,7 @@ class _SeqState:
     cumulative_logprob: float = 0.0
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     num_prompt_logprobs_done: int = 0  # prompt positions whose logprob is known (survives preemption)
+    group_id: str = ""  # the user's request id (several sequences when n > 1)
 
 
 @dataclasses.dataclass
@@ -126,7 +127,8 @@ class LLMEngine:
                                                min_tokens=params.min_tokens)
             new_states.append(_SeqState(req, params, base_seed + i, detok,
                                         [] if params.logprobs is not None else None,
-                                        prompt_logprobs=[None] if params.prompt_logprobs is not None else None))
+                                        prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
+                                        group_id=request_id))
         # Validate all before queueing any (add_request raises on oversize requests).
         for k, st in enumerate(new_states):
             try:
@@ -236,8 +238,9 @@ class LLMEngine:
     # ---- outputs ------------------------------------------------------------------------------------------
     def _outputs(self, seq_ids: set[str]) -> list[RequestOutput]:
         groups = []
-        for sid in seq_ids:
-            parent = sid.split("#", 1)[0] if sid not in self._groups else sid
+        for sid in sorted(seq_ids):
+            st = self._seqs.get(sid)
+            parent = st.group_id if st is not None else None
             if parent in self._groups and parent not in groups:
                 groups.append(parent)
         outs = []

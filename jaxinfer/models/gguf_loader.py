@@ -363,17 +363,11 @@ def iter_gguf_tensors(path: GGUFReader | str | os.PathLike) -> Iterator[tuple[st
 
 
 def load_gguf_tokenizer(path: str | os.PathLike):
-    """transformers tokenizer built from the GGUF's embedded vocabulary, merges, special tokens and chat template."""
-    from transformers import AutoTokenizer  # heavy import, only when a tokenizer is wanted
+    """transformers tokenizer built from the GGUF's embedded vocabulary, merges, special tokens and chat template
+    (without torch for byte-level BPE vocabularies: see gguf_tokenizer.py)."""
+    from jaxinfer.models.gguf_tokenizer import build_gguf_tokenizer
 
     path = os.path.abspath(os.fspath(path))
     if not os.path.isfile(path):
         raise FileNotFoundError(f"GGUF file {path!r} does not exist; pass the path of a .gguf file.")
-    tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-    if not getattr(tokenizer, "chat_template", None):
-        # transformers 5 copies tokenizer.chat_template itself; older versions dropped it. Only re-read the
-        # metadata when needed: opening a GGUFReader parses the whole vocabulary again (~3 s for 49k tokens).
-        template = _field(_open(path), "tokenizer.chat_template")
-        if template:
-            tokenizer.chat_template = template
-    return tokenizer
+    return build_gguf_tokenizer(path)

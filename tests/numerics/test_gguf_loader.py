@@ -485,3 +485,29 @@ def test_restore_of_incomplete_checkpoint_is_explained(tmp_path):
     (tmp_path / "state").mkdir()
     with pytest.raises(FileNotFoundError, match="not a complete jaxinfer checkpoint"):
         checkpoint.restore_checkpoint(tmp_path, None)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=60)
+       | st.sampled_from(["<|im_start|>user\nhi<|im_end|>", "x = 12345 + 67", "  a\n\n\tb  "]))
+def test_torch_free_gguf_tokenizer_equals_transformers(smol_tokenizer, smol_hf_tokenizer, text):
+    """Our tokenizer (built from the GGUF metadata without torch) encodes and decodes like transformers'."""
+    ids = smol_tokenizer.encode(text)
+    assert ids == smol_hf_tokenizer.encode(text)
+    assert smol_tokenizer.decode(ids) == smol_hf_tokenizer.decode(ids)
+
+
+@pytest.fixture(scope="module")
+def smol_hf_tokenizer(smol_path):
+    from transformers import AutoTokenizer
+
+    d, f = os.path.split(smol_path)
+    return AutoTokenizer.from_pretrained(d, gguf_file=f)  # transformers' GGUF reader (needs torch: tests have it)
+
+
+def test_torch_free_gguf_tokenizer_chat_template(smol_tokenizer, smol_hf_tokenizer):
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    assert smol_tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) == \
+        smol_hf_tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    assert (smol_tokenizer.bos_token, smol_tokenizer.eos_token) == (smol_hf_tokenizer.bos_token,
+                                                                    smol_hf_tokenizer.eos_token)
