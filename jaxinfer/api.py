@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import numbers
 import time
 from typing import Iterator, Sequence
 
@@ -148,7 +149,8 @@ class LLM:
              use_tqdm: bool = True) -> list[RequestOutput]:
         """messages: one conversation (list of {"role", "content"}) or a list of conversations."""
         if self.tokenizer is None:
-            raise ValueError("this model has no tokenizer (dummy weights); chat needs a chat template")
+            raise ValueError("this model has no tokenizer (dummy weights, or no tokenizer files in the checkpoint); "
+                             "chat needs a tokenizer with a chat template: pass tokenizer=PATH")
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=True) for c in convs]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
@@ -164,14 +166,25 @@ class LLM:
                         self.tokenizer.hf if self.tokenizer is not None else None)
 
 
+def _is_token_id(t) -> bool:
+    return isinstance(t, numbers.Integral) and not isinstance(t, bool)
+
+
 def _as_prompt_list(prompts) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
+    if hasattr(prompts, "tolist") and not isinstance(prompts, (list, tuple)):  # numpy array of token ids
+        prompts = prompts.tolist()
+    if not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts must be a string or a list of token ids (or a list of those); got "
+                        f"{type(prompts).__name__}")
     prompts = list(prompts)
-    if prompts and all(isinstance(t, int) for t in prompts):
-        return [prompts]  # one prompt given as token ids
+    if prompts and all(_is_token_id(t) for t in prompts):
+        return [[int(t) for t in prompts]]  # one prompt given as token ids
     for i, p in enumerate(prompts):
-        if not isinstance(p, str) and not (isinstance(p, (list, tuple)) and all(isinstance(t, int) for t in p)):
+        if hasattr(p, "tolist") and not isinstance(p, str):
+            p = prompts[i] = p.tolist()
+        if not isinstance(p, str) and not (isinstance(p, (list, tuple)) and all(_is_token_id(t) for t in p)):
             raise TypeError(f"prompt {i} must be a string or a list of token ids, got {type(p).__name__}")
     return prompts
 

@@ -36,7 +36,8 @@ def cmd_generate(a) -> int:
 
     params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
                             seed=a.seed)
-    llm = LLM(a.model, progress=not a.quiet, **_engine_kwargs(a))
+    # One prompt needs two or three of the buckets: compile those on first use instead of all at start.
+    llm = LLM(a.model, progress=not a.quiet, warmup=False, **_engine_kwargs(a))
     if a.chat:
         if llm.tokenizer is None:
             raise ValueError("--chat needs a model with a tokenizer and chat template")

@@ -221,7 +221,8 @@ class EngineConfig:
     max_model_len: context window (defaults to the model's max_position_embeddings, capped at 8192 on CPU).
     max_num_batched_tokens: token budget of one step. max_num_seqs: sequences in one step.
     query_tile: attention query tile (tokens of one sequence per tile) of the reference attention.
-    kv_chunk_pages: pages of KV processed per loop iteration by the reference attention.
+    kv_chunk_pages: pages of KV processed per loop iteration by the reference attention (default: 128 with the
+        static loop, 16 with the dynamic one, which then stops close to the longest context).
     async_scheduling: schedule and dispatch step n+1 while step n runs on the device (hides host work).
     kv_loop: "static" (unrolled over the page-table width; no device-to-host syncs: GPU), "dynamic" (while loop
         up to the longest context: CPU) or "auto".
@@ -235,7 +236,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     query_tile: int = 16
-    kv_chunk_pages: int = 128
+    kv_chunk_pages: int | None = None
     kv_loop: str = "auto"
     async_scheduling: bool = True
     seed: int = 0

@@ -102,7 +102,8 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use; pick a unique request_id")
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError("this model has no tokenizer (dummy weights); pass prompts as lists of token ids")
+                raise ValueError("this model has no tokenizer (dummy weights, or no tokenizer files in the checkpoint); "
+                                 "pass prompts as lists of token ids, or load it with tokenizer=PATH")
             prompt_text, ids = prompt, self.tokenizer.encode(prompt)
         else:
             prompt_text, ids = None, [int(t) for t in prompt]

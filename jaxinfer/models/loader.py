@@ -279,10 +279,19 @@ def _assemble(cfg: ModelConfig, tensors, dtype, *, progress: bool, desc: str) ->
         q, k, v = q.reshape(kvh, g, hd), k.reshape(kvh, 1, hd), v.reshape(kvh, 1, hd)
         return np.concatenate([q, k, v], axis=1).reshape(cfg.qkv_size)
 
+    expected = _hf_shapes(cfg)
     bar = tqdm(tensors, desc=desc, unit="tensor", disable=not progress, leave=False)
     for name, arr in bar:
         if name.endswith(_IGNORED):
             continue
+        key = _LAYER_RE.sub(r"\2", name)
+        want = expected.get(key)
+        if want is not None and tuple(arr.shape) != want:
+            raise ValueError(
+                f"tensor {name!r} has shape {tuple(arr.shape)} but config.json implies {want} (hidden_size="
+                f"{cfg.hidden_size}, num_attention_heads={cfg.num_heads}, num_key_value_heads={cfg.num_kv_heads}, "
+                f"head_dim={cfg.head_dim}, intermediate_size={cfg.intermediate_size}, vocab_size={cfg.vocab_size})"
+                "; config.json does not match the weights")
         if name == "model.embed_tokens.weight":
             put(("embed",), arr)
             continue
@@ -333,6 +342,21 @@ def _assemble(cfg: ModelConfig, tensors, dtype, *, progress: bool, desc: str) ->
     if pending:
         raise ValueError(f"checkpoint is incomplete: unmatched fused pieces {sorted(pending)}")
     return _unflatten(flat)
+
+
+def _hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Shapes the config implies for Hugging Face tensor names (layer prefix stripped)."""
+    h, q, kv, i, v = (cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim,
+                      cfg.intermediate_size, cfg.vocab_size)
+    return {
+        "model.embed_tokens.weight": (v, h), "lm_head.weight": (v, h), "model.norm.weight": (h,),
+        "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
+        "self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h), "self_attn.v_proj.weight": (kv, h),
+        "self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,),
+        "self_attn.o_proj.weight": (h, q), "self_attn.o_proj.bias": (h,),
+        "self_attn.q_norm.weight": (cfg.head_dim,), "self_attn.k_norm.weight": (cfg.head_dim,),
+        "mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h), "mlp.down_proj.weight": (h, i),
+    }
 
 
 def _check_complete(abs_state, pure: dict, src: ModelSource):

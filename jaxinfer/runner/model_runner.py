@@ -64,14 +64,16 @@ class ModelRunner:
         self.kv_caches = [(zeros(), zeros()) for _ in range(cfg.num_layers)]
         log.info("KV cache: %d pages x %d tokens = %d tokens (%.2f GiB)", self.num_pages, self.page_size,
                  (self.num_pages - 1) * self.page_size, self.kv_cache_bytes / 2**30)
-        kv_chunk = min(config.kv_chunk_pages, math.ceil(max_model_len / self.page_size))
+        static = config.kv_loop == "static" or (config.kv_loop == "auto" and jax.default_backend() != "cpu")
+        chunk = config.kv_chunk_pages or (128 if static else 16)
+        kv_chunk = min(chunk, math.ceil(max_model_len / self.page_size))
         self.ladder = BucketLadder.build(
             max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
             max_model_len=max_model_len, page_size=self.page_size, query_tile=config.query_tile,
             kv_chunk_pages=kv_chunk)
-        static = config.kv_loop == "static" or (config.kv_loop == "auto" and jax.default_backend() != "cpu")
         self._step = make_step_fn(loaded, AttentionOptions(kv_chunk, static), config.max_num_seqs)
         self._no_prev = jnp.zeros((config.max_num_seqs,), jnp.int32)
+        self._compiled: dict = {}  # Bucket -> (step, prompt_logprobs) executables
         self._prompt_logprobs = make_prompt_logprobs_fn(loaded)
 
     # ---- memory -------------------------------------------------------------------------------------------
@@ -102,33 +104,48 @@ class ModelRunner:
 
     # ---- compile ------------------------------------------------------------------------------------------
     def warmup(self, progress: bool = True):
-        """Compile (or load from the persistent cache) the step and prompt-logprob programs of every bucket."""
+        """Compile (or load from the persistent cache) the step and prompt-logprob programs of every bucket,
+        ahead of time: nothing is run, so warm-up costs compilation only."""
         t0 = time.perf_counter()
         for b in tqdm(self.ladder.buckets, desc="compiling buckets", disable=not progress, leave=False):
-            seqs = [SeqInput(token_ids=[0], start_pos=0, page_table=[0])]
-            flight = self.dispatch(seqs, None, {0: np.zeros(b.num_tokens, np.int32)}, bucket=b)
-            jax.block_until_ready(flight.out)
+            self._programs(b)
         log.info("compiled %d buckets in %.1f s", len(self.ladder.buckets), time.perf_counter() - t0)
+
+    def _programs(self, bucket):
+        """(step, prompt_logprobs) executables of a bucket, compiled on first use (warm-up does all)."""
+        progs = self._compiled.get(bucket)
+        if progs is None:
+            ints, floats = pack([SeqInput(token_ids=[0], start_pos=0, page_table=[0])], bucket,
+                                self.page_size).flat()
+            spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731
+            step = self._step.lower(self.loaded.params, self.kv_caches, spec(ints), spec(floats), self._no_prev,
+                                    bucket=bucket).compile()
+            hidden = jax.ShapeDtypeStruct((bucket.num_tokens, self.loaded.cfg.hidden_size), self.loaded.dtype)
+            targets = jax.ShapeDtypeStruct((bucket.num_tokens,), jnp.int32)
+            prompt = self._prompt_logprobs.lower(self.loaded.params, hidden, targets).compile()
+            progs = self._compiled[bucket] = (step, prompt)
+        return progs
 
     # ---- run ----------------------------------------------------------------------------------------------
     def dispatch(self, seqs: Sequence[SeqInput], prev: "InFlight | None" = None,
-                 prompt_logprob_targets: dict[int, np.ndarray] | None = None, *, bucket=None) -> "InFlight":
+                 prompt_logprob_targets: dict[int, np.ndarray] | None = None) -> "InFlight":
         """Pack and launch one step without waiting for it. `prev`: the step still in flight whose sampled
         tokens fill this step's placeholders. prompt_logprob_targets: seq index -> next-token ids of that
         sequence's tokens (their log-probs are computed on the device too)."""
         n_tok = sum(len(s.token_ids) for s in seqs)
-        bucket = bucket or self.ladder.pick(n_tok, len(seqs))
+        bucket = self.ladder.pick(n_tok, len(seqs))
+        step, prompt_fn = self._programs(bucket)
         batch = pack(seqs, bucket, self.page_size)
-        dev = jax.device_put(batch.arrays)
+        ints, floats = jax.device_put(batch.flat())
         prev_tokens = prev.out.tokens if prev is not None else self._no_prev
-        self.kv_caches, out, hidden = self._step(self.loaded.params, self.kv_caches, dev, prev_tokens)
+        self.kv_caches, out, hidden = step(self.loaded.params, self.kv_caches, ints, floats, prev_tokens)
         prompt = None
         if prompt_logprob_targets:
             targets = np.zeros(bucket.num_tokens, np.int32)
             for i, tgt in prompt_logprob_targets.items():
                 a = int(batch.token_offsets[i])
                 targets[a:a + len(tgt)] = tgt
-            prompt = self._prompt_logprobs(self.loaded.params, hidden, targets)
+            prompt = prompt_fn(self.loaded.params, hidden, targets)
         return InFlight(out, prompt, dict(prompt_logprob_targets or {}), batch.token_offsets, len(seqs))
 
     def fetch(self, flight: "InFlight") -> RunnerOutput:

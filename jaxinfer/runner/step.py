@@ -1,4 +1,4 @@
-"""The jitted step: (params, kv_caches, batch, prev_tokens) -> (kv_caches, sampled tokens, logprobs, hidden).
+"""The jitted step: (params, kv_caches, ints, floats, prev_tokens) -> (kv_caches, sampled tokens, logprobs, hidden).
 
 One program per bucket. The KV cache (a list of per-layer (k_pages, v_pages)) is donated and updated in place;
 nothing else is donated. Only small arrays (token ids, logprobs) are meant to travel back to the host; the
@@ -10,12 +10,14 @@ waits for step n before dispatching step n+1. Sampled tokens are padded to max_n
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from jaxinfer.models.attention import AttentionMetadata, AttentionOptions
+from jaxinfer.runner.batch import FLOAT_FIELDS, INT_FIELDS, field_shapes
 from jaxinfer.runner.sampler import MAX_LOGPROBS, SamplingTensors, sample
 
 
@@ -39,10 +41,29 @@ def _sampling(b: dict) -> SamplingTensors:
         step=b["step"], presence_penalty=zeros, frequency_penalty=zeros, repetition_penalty=zeros + 1.0)
 
 
-def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int):
-    """Build the jitted step for a LoadedModel. The graphdef/treedef are closed over (static)."""
+def unflatten_batch(ints, floats, bucket) -> dict:
+    """Split the two transfer buffers (runner/batch.py) back into named fields; static slices, free in XLA."""
+    shapes = field_shapes(bucket)
+    out, off = {}, 0
+    for name in INT_FIELDS:
+        size = math.prod(shapes[name])
+        out[name] = ints[off:off + size].reshape(shapes[name])
+        off += size
+    out["seed"] = jax.lax.bitcast_convert_type(out["seed"], jnp.uint32)
+    off = 0
+    for name in FLOAT_FIELDS:
+        size = math.prod(shapes[name])
+        out[name] = floats[off:off + size].reshape(shapes[name])
+        off += size
+    return out
 
-    def step(params, kv_caches, batch: dict, prev_tokens):
+
+def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int):
+    """Build the jitted step for a LoadedModel. The graphdef/treedef are closed over (static); so is the bucket,
+    which fixes the layout of the two transfer buffers."""
+
+    def step(params, kv_caches, ints, floats, prev_tokens, bucket):
+        batch = unflatten_batch(ints, floats, bucket)
         model = loaded.module(params)
         src = batch["prev_src"]
         input_ids = jnp.where(src >= 0, prev_tokens[jnp.maximum(src, 0)], batch["input_ids"])
@@ -52,7 +73,7 @@ def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int):
         tokens = jnp.zeros((max_num_seqs,), jnp.int32).at[: out.tokens.shape[0]].set(out.tokens)
         return kv_caches, StepOutput(tokens, out.logprobs, out.top_ids, out.top_logprobs), hidden
 
-    return jax.jit(step, donate_argnums=(1,))
+    return jax.jit(step, donate_argnums=(1,), static_argnames=("bucket",))
 
 
 def make_prompt_logprobs_fn(loaded):
