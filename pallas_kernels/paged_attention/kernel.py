@@ -1,0 +1,341 @@
+"""Ragged paged attention as a Pallas GPU kernel (Triton backend): a drop-in for
+`reference.ragged_paged_attention_reference`. Same arguments, same metadata (built by `jaxinfer.runner.batch.pack`),
+same semantics: causal by absolute position, optional sliding window and soft cap, rows that no tile references come
+back as zeros.
+
+Why the Triton backend of Pallas (not Mosaic GPU, not a TPU-style kernel):
+  * `interpret=True` runs the very same kernel body on CPU, so the kernel is tested against the reference in CI
+    without a GPU.
+  * The kernel reads the page table itself with dynamic indices (`page_tables_ref[tile_seq[i], j]`): the Triton
+    backend has no scalar prefetch, but any ref can be loaded at a dynamic scalar / vector index, which lowers to
+    plain pointer arithmetic. The K/V page of the loop iteration is then loaded at that dynamic page index.
+  * Mosaic GPU (warp-specialised TMA pipelines) is the follow-up if this version wins against the jnp reference
+    and is then limited by latency rather than bandwidth.
+
+Work decomposition:
+  grid = (NT, KVH, kv_splits): one program per (query tile, KV head, KV split).
+  The wrapper (plain jnp, outside the kernel) gathers the tile's queries into tile order:
+      qt = q_pad[tile_tokens]  [NT, Bq, KVH, g, D]  ->  [NT, KVH, R, D],  R = Bq * g padded to a power of two >= 16
+  so one program owns all g = H / KVH query heads of its KV head for the Bq tokens of its tile (GQA: K/V are read
+  once for the g heads). Row r of the block is token r // g, head r % g; padding rows have position -1.
+
+Block shapes seen by one program:
+  q block           [R, D]                 (R = next_pow2(max(16, Bq * g)); Triton dots need every dim >= 16)
+  query positions   [R] int32
+  K / V pool        [num_pages, page_size, D] of its KV head (KV-head dim squeezed by the BlockSpec; the page axis
+                    stays whole and is indexed dynamically)
+  K / V per step    [C, D] with C = pages_per_block * page_size (pages_per_block pages gathered by a vector of page
+                    ids, as in jax's own Triton paged_attention kernel)
+  output            [R, D] (kv_splits == 1), else float32 partials [R, D] + row max / row sum [R]
+All of R, C and D must be powers of two (Triton tensor sizes) and >= 16 (tl.dot operands).
+
+The KV loop is a `fori_loop` over ceil(tile_kv_len / C) blocks (dynamic trip count: cost follows the real
+lengths); with a sliding window it starts at the first block any query of the tile can see. Scores are float32
+(`dot_general(..., preferred_element_type=float32)`), masked BY VALUE with `jnp.where` (causal, window, kv_len);
+the probabilities are masked again before the PV dot, and V rows at or past tile_kv_len are zeroed, so stale or
+garbage (even NaN) contents of the unused part of the last page never reach the output. Online softmax with
+float32 running max / sum / accumulator, identical in structure to the reference (mask value -1e30).
+
+With kv_splits > 1 the blocks of a tile are divided between kv_splits programs (split-K / flash-decoding), each
+writing unnormalised float32 partials that the wrapper merges in jnp: this fills the GPU when there are few
+sequences (decode at small batch), at the cost of a small float32 round trip through HBM.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+try:  # Triton backend of Pallas: present in jax 0.4.3x ... 0.11.
+    from jax.experimental.pallas import triton as plgpu
+except ImportError:  # pragma: no cover - a jax without the Triton backend module
+    plgpu = None
+
+# jax 0.10 / 0.11 name it `CompilerParams`; older releases called it `TritonCompilerParams`.
+_TritonCompilerParams = None
+if plgpu is not None:
+    _TritonCompilerParams = getattr(plgpu, "CompilerParams", None) or getattr(plgpu, "TritonCompilerParams", None)
+
+# float32 inputs: full-precision dots (Triton otherwise uses TF32, ~3e-4 relative error measured on the H200);
+# bf16 inputs are unaffected.
+_PRECISION = lax.Precision.HIGHEST
+_MASKED = -1e30  # same finite mask value as the reference: fully-masked rows never compute inf - inf
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and (n & (n - 1)) == 0
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Kernel body
+# --------------------------------------------------------------------------------------------------------------
+def _attention_kernel(
+    tile_seq_ref,     # i32[NT]          whole array
+    tile_kv_len_ref,  # i32[NT]          whole array
+    tile_lo_ref,      # i32[NT]          whole array: first KV block a query of the tile can see (window)
+    page_tables_ref,  # i32[S + 1, W']   whole array (W' a multiple of pages_per_block)
+    qpos_ref,         # i32[R]           position of each query row; -1 = padding
+    q_ref,            # [R, D]
+    k_ref,            # [num_pages, page_size, D]  (KV head squeezed)
+    v_ref,            # [num_pages, page_size, D]
+    *out_refs,        # o [R, D] (+ m [R], l [R] when split)
+    sm_scale: float,
+    sliding_window: int | None,
+    soft_cap: float | None,
+    pages_per_block: int,
+    kv_splits: int,
+):
+    i = pl.program_id(0)
+    _, page_size, head_dim = k_ref.shape
+    num_rows = q_ref.shape[0]
+    width = page_tables_ref.shape[1]
+    P = pages_per_block
+    C = P * page_size
+
+    seq = tile_seq_ref[i]
+    kv_len = tile_kv_len_ref[i]
+    q = q_ref[...]                      # [R, D]
+    q_pos = qpos_ref[...]               # [R]
+
+    n_pages = jnp.minimum(lax.div(kv_len + (page_size - 1), page_size), width)
+    n_blocks = lax.div(n_pages + (P - 1), P)
+    lo = jnp.minimum(tile_lo_ref[i], n_blocks)
+    if kv_splits > 1:
+        s = pl.program_id(2)
+        per_split = lax.div(n_blocks - lo + (kv_splits - 1), kv_splits)
+        start = lo + s * per_split
+        end = jnp.minimum(start + per_split, n_blocks)
+    else:
+        start, end = lo, n_blocks
+
+    def body(j, carry):
+        m, l, acc = carry
+        if P == 1:
+            page = page_tables_ref[seq, j]                   # scalar load at a dynamic index
+            k = k_ref[page]                                  # [page_size, D]
+            v = v_ref[page]
+        else:
+            pages = page_tables_ref[seq, pl.ds(j * P, P)]    # [P] page ids
+            k = k_ref[pages].reshape(C, head_dim)            # gather P pages -> [C, D]
+            v = v_ref[pages].reshape(C, head_dim)
+        kv_pos = j * C + lax.broadcasted_iota(jnp.int32, (C,), 0)           # [C]
+        s_ = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=_PRECISION,
+                             preferred_element_type=jnp.float32) * sm_scale  # [R, C]
+        if soft_cap is not None:
+            s_ = soft_cap * jnp.tanh(s_ / soft_cap)
+        kv_ok = kv_pos < kv_len                                              # [C]
+        visible = (kv_pos[None, :] <= q_pos[:, None]) & kv_ok[None, :]       # [R, C]
+        if sliding_window is not None:
+            visible = visible & (kv_pos[None, :] > q_pos[:, None] - sliding_window)
+        s_ = jnp.where(visible, s_, _MASKED)
+        m_new = jnp.maximum(m, jnp.max(s_, axis=1))
+        alpha = jnp.exp(m - m_new)
+        p = jnp.where(visible, jnp.exp(s_ - m_new[:, None]), 0.0)
+        l_new = alpha * l + jnp.sum(p, axis=1)
+        v = jnp.where(kv_ok[:, None], v, jnp.zeros_like(v))  # garbage/NaN past kv_len must not meet p = 0
+        pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=_PRECISION,
+                             preferred_element_type=jnp.float32)             # [R, D]
+        return m_new, l_new, alpha[:, None] * acc + pv
+
+    init = (jnp.full((num_rows,), _MASKED, jnp.float32), jnp.zeros((num_rows,), jnp.float32),
+            jnp.zeros((num_rows, head_dim), jnp.float32))
+    m, l, acc = lax.fori_loop(start, end, body, init)
+    if kv_splits == 1:
+        (o_ref,) = out_refs
+        o_ref[...] = (acc / jnp.maximum(l, 1e-30)[:, None]).astype(o_ref.dtype)
+    else:
+        o_ref, m_ref, l_ref = out_refs
+        o_ref[...] = acc
+        m_ref[...] = m
+        l_ref[...] = l
+
+
+# --------------------------------------------------------------------------------------------------------------
+# jitted implementation (no validation)
+# --------------------------------------------------------------------------------------------------------------
+@functools.partial(jax.jit, static_argnames=(
+    "sm_scale", "sliding_window", "soft_cap", "pages_per_block", "kv_splits", "num_warps", "num_stages",
+    "interpret"))
+def _ragged_paged_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, tile_kv_len, page_tables, *,
+                            sm_scale, sliding_window, soft_cap, pages_per_block, kv_splits, num_warps, num_stages,
+                            interpret):
+    T, H, D = q.shape
+    num_pages, page_size, KVH, _ = k_pages.shape
+    NT, Bq = tile_tokens.shape
+    g = H // KVH
+    R0 = Bq * g
+    R = _next_pow2(max(16, R0))
+    P = pages_per_block
+    C = P * page_size
+
+    # Queries in tile order, all g heads of a KV head together: [NT, KVH, R, D]; padding rows are zero.
+    q_pad = jnp.concatenate([q, jnp.zeros((1, H, D), q.dtype)], axis=0)
+    qt = q_pad[tile_tokens].reshape(NT, Bq, KVH, g, D).transpose(0, 2, 1, 3, 4).reshape(NT, KVH, R0, D)
+    pos_pad = jnp.concatenate([positions.astype(jnp.int32), jnp.full((1,), -1, jnp.int32)])
+    q_pos = pos_pad[tile_tokens]                         # [NT, Bq]; -1 for empty slots
+    qpos_rows = jnp.repeat(q_pos, g, axis=1)             # [NT, R0]: row b * g + h -> token b
+    if R != R0:
+        qt = jnp.pad(qt, ((0, 0), (0, 0), (0, R - R0), (0, 0)))
+        qpos_rows = jnp.pad(qpos_rows, ((0, 0), (0, R - R0)), constant_values=-1)
+
+    if sliding_window is not None:
+        # First KV position any query of the tile can see -> first KV block of the loop.
+        min_pos = jnp.min(jnp.where(q_pos >= 0, q_pos, jnp.iinfo(jnp.int32).max), axis=1)
+        first = jnp.maximum(min_pos - (sliding_window - 1), 0)
+        tile_lo = jnp.where(tile_kv_len > 0, first // C, 0).astype(jnp.int32)
+    else:
+        tile_lo = jnp.zeros((NT,), jnp.int32)
+
+    page_tables = page_tables.astype(jnp.int32)
+    W = page_tables.shape[1]
+    if W % P:  # every block of P page ids must be readable
+        page_tables = jnp.pad(page_tables, ((0, 0), (0, P - W % P)))
+
+    S = kv_splits
+    whole = pl.BlockSpec()  # the whole array, indexed dynamically inside the kernel
+    in_specs = [
+        whole, whole, whole, whole,
+        pl.BlockSpec((None, R), lambda i, h, s: (i, 0)),
+        pl.BlockSpec((None, None, R, D), lambda i, h, s: (i, h, 0, 0)),
+        pl.BlockSpec((num_pages, page_size, None, D), lambda i, h, s: (0, 0, h, 0)),
+        pl.BlockSpec((num_pages, page_size, None, D), lambda i, h, s: (0, 0, h, 0)),
+    ]
+    if S == 1:
+        out_shape = jax.ShapeDtypeStruct((NT, KVH, R, D), q.dtype)
+        out_specs = pl.BlockSpec((None, None, R, D), lambda i, h, s: (i, h, 0, 0))
+    else:
+        out_shape = (jax.ShapeDtypeStruct((S, NT, KVH, R, D), jnp.float32),
+                     jax.ShapeDtypeStruct((S, NT, KVH, R), jnp.float32),
+                     jax.ShapeDtypeStruct((S, NT, KVH, R), jnp.float32))
+        out_specs = (pl.BlockSpec((None, None, None, R, D), lambda i, h, s: (s, i, h, 0, 0)),
+                     pl.BlockSpec((None, None, None, R), lambda i, h, s: (s, i, h, 0)),
+                     pl.BlockSpec((None, None, None, R), lambda i, h, s: (s, i, h, 0)))
+    kernel = functools.partial(_attention_kernel, sm_scale=float(sm_scale), sliding_window=sliding_window,
+                               soft_cap=None if soft_cap is None else float(soft_cap), pages_per_block=P,
+                               kv_splits=S)
+    compiler_params = None
+    if not interpret and _TritonCompilerParams is not None:
+        compiler_params = _TritonCompilerParams(num_warps=num_warps, num_stages=num_stages)
+    out = pl.pallas_call(
+        kernel,
+        grid=(NT, KVH, S),
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        compiler_params=compiler_params,
+        interpret=interpret,
+        name=f"ragged_paged_attention_R{R}_C{C}_S{S}",
+    )(tile_seq.astype(jnp.int32), tile_kv_len.astype(jnp.int32), tile_lo, page_tables, qpos_rows, qt,
+      k_pages, v_pages)
+
+    if S == 1:
+        o = out
+    else:  # merge the split partials (flash-decoding)
+        o_s, m_s, l_s = out
+        m = jnp.max(m_s, axis=0)
+        w = jnp.exp(m_s - m[None])
+        l = jnp.sum(w * l_s, axis=0)
+        o = jnp.sum(w[..., None] * o_s, axis=0) / jnp.maximum(l, 1e-30)[..., None]
+        o = o.astype(q.dtype)
+    # [NT, KVH, R, D] -> [NT * Bq, H, D] in the reference's (token, kv head, group) head order.
+    o = o[:, :, :R0].reshape(NT, KVH, Bq, g, D).transpose(0, 2, 1, 3, 4).reshape(NT * Bq, H, D)
+    # Scatter tiles back to flat tokens; empty slots point at row T and are dropped.
+    flat = jnp.zeros((T + 1, H, D), q.dtype).at[tile_tokens.reshape(-1)].set(o)
+    return flat[:T]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Public entry point
+# --------------------------------------------------------------------------------------------------------------
+def _check_int32(name, x, ndim):
+    if jnp.dtype(x.dtype) != jnp.int32:
+        raise TypeError(f"{name} must be int32, got {x.dtype}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(x.shape)}")
+
+
+def ragged_paged_attention(
+    q,            # [T, num_heads, head_dim]
+    k_pages,      # [num_pages, page_size, kv_heads, head_dim]
+    v_pages,      # [num_pages, page_size, kv_heads, head_dim]
+    positions,    # i32[T]
+    tile_tokens,  # i32[NT, Bq]  flat token index per tile slot; T = empty
+    tile_seq,     # i32[NT]      row of page_tables for the tile
+    tile_kv_len,  # i32[NT]      KV tokens visible to the tile; 0 = empty tile
+    page_tables,  # i32[S + 1, W]
+    *,
+    sm_scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    pages_per_block: int = 1,
+    kv_splits: int = 1,
+    num_warps: int = 4,
+    num_stages: int = 2,
+    interpret: bool = False,
+):
+    """Pallas (Triton) ragged paged attention; same contract as `ragged_paged_attention_reference`.
+
+    pages_per_block: KV pages loaded per loop iteration (power of two; C = pages_per_block * page_size keys).
+    kv_splits: programs sharing one tile's KV range (split-K), merged in jnp; 1 = no split.
+    num_warps / num_stages: Triton compiler parameters (ignored in interpret mode). The pipelined K/V blocks
+      take about num_stages * 2 * C * D * itemsize bytes of shared memory (227 KB per block on H100/H200): with
+      D = 128 and page 16, bf16 fits up to pages_per_block 8, float32 up to 4 (measured from the compiled
+      kernels: 147 KB and 164 KB at R = 64; float32 with 8 pages needs ~290 KB and cannot launch).
+    interpret: run the kernel body with the Pallas interpreter (CPU tests).
+    """
+    if q.ndim != 3:
+        raise ValueError(f"q must be [T, num_heads, head_dim], got shape {tuple(q.shape)}")
+    if k_pages.ndim != 4:
+        raise ValueError(f"k_pages must be [num_pages, page_size, kv_heads, head_dim], got shape "
+                         f"{tuple(k_pages.shape)}")
+    if tuple(v_pages.shape) != tuple(k_pages.shape):
+        raise ValueError(f"v_pages shape {tuple(v_pages.shape)} != k_pages shape {tuple(k_pages.shape)}")
+    if jnp.dtype(v_pages.dtype) != jnp.dtype(k_pages.dtype):
+        raise TypeError(f"v_pages dtype {v_pages.dtype} != k_pages dtype {k_pages.dtype}")
+    if not jnp.issubdtype(q.dtype, jnp.floating) or not jnp.issubdtype(k_pages.dtype, jnp.floating):
+        raise TypeError(f"q and the KV pages must be floating point, got {q.dtype} and {k_pages.dtype}")
+    T, H, D = q.shape
+    num_pages, page_size, KVH, Dk = k_pages.shape
+    if Dk != D:
+        raise ValueError(f"head_dim of q ({D}) != head_dim of the KV pages ({Dk})")
+    if H % KVH:
+        raise ValueError(f"num_heads {H} must be a multiple of kv_heads {KVH}")
+    if not (_is_pow2(D) and D >= 16):
+        raise ValueError(f"head_dim must be a power of two >= 16 (Triton block shapes), got {D}")
+    if not _is_pow2(pages_per_block):
+        raise ValueError(f"pages_per_block must be a power of two, got {pages_per_block}")
+    if not _is_pow2(page_size) or page_size * pages_per_block < 16:
+        raise ValueError(f"page_size must be a power of two and page_size * pages_per_block >= 16, got "
+                         f"page_size {page_size}, pages_per_block {pages_per_block}")
+    if not isinstance(kv_splits, int) or kv_splits < 1:
+        raise ValueError(f"kv_splits must be a positive int, got {kv_splits!r}")
+    _check_int32("positions", positions, 1)
+    _check_int32("tile_tokens", tile_tokens, 2)
+    _check_int32("tile_seq", tile_seq, 1)
+    _check_int32("tile_kv_len", tile_kv_len, 1)
+    _check_int32("page_tables", page_tables, 2)
+    if positions.shape[0] != T:
+        raise ValueError(f"positions has {positions.shape[0]} entries but q has {T} tokens")
+    NT = tile_tokens.shape[0]
+    if tile_seq.shape[0] != NT or tile_kv_len.shape[0] != NT:
+        raise ValueError(f"tile_tokens has {NT} tiles but tile_seq has {tile_seq.shape[0]} and tile_kv_len has "
+                         f"{tile_kv_len.shape[0]}")
+    if sliding_window is not None and (int(sliding_window) != sliding_window or sliding_window < 1):
+        raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window!r}")
+    if soft_cap is not None and not soft_cap > 0:
+        raise ValueError(f"soft_cap must be positive or None, got {soft_cap!r}")
+    if not interpret and _TritonCompilerParams is None:
+        raise RuntimeError("this jax has no Pallas Triton backend (jax.experimental.pallas.triton); "
+                           "use interpret=True or the jnp reference")
+    return _ragged_paged_attention(
+        q, k_pages, v_pages, positions, tile_tokens, tile_seq, tile_kv_len, page_tables,
+        sm_scale=float(sm_scale), sliding_window=None if sliding_window is None else int(sliding_window),
+        soft_cap=None if soft_cap is None else float(soft_cap), pages_per_block=int(pages_per_block),
+        kv_splits=kv_splits, num_warps=int(num_warps), num_stages=int(num_stages), interpret=bool(interpret))

@@ -1,0 +1,264 @@
+"""The Pallas ragged paged attention kernel against the jnp reference (its specification).
+
+CPU: the kernel body runs in Pallas interpret mode (`interpret=True`) on small shapes. GPU (`pytest -m gpu`): the
+compiled Triton kernel at the Llama-3-8B attention shape.
+"""
+import numpy as np
+import pytest
+import jax
+import jax.numpy as jnp
+
+from jaxinfer.runner.batch import SeqInput, pack
+from jaxinfer.runner.buckets import BucketLadder
+from pallas_kernels.paged_attention.kernel import ragged_paged_attention
+from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference, write_kv_pages
+
+
+def _cases(ps):
+    """(context already in the cache, new tokens this step): decodes, prefill chunks on top of cached context,
+    and lengths 1, page-1, page, page+1 and long."""
+    return [(0, 1), (ps - 2, 1), (0, ps - 1), (0, ps), (0, ps + 1), (ps + 3, 1), (2 * ps, ps + 5), (0, 3 * ps + 7),
+            (5 * ps - 1, 1)]
+
+
+def _build(rng, cases, heads, kv_heads, head_dim, ps, *, num_pages=None, max_tokens=256, max_seqs=16,
+           query_tile=8, max_model_len=None, garbage=None):
+    """Pages with each sequence's context written, this step's K/V written through write_kv_pages, packed metadata.
+
+    garbage: None (unused pages random normal, as a pool with stale data) or a float: unused pages, the slots of a
+    sequence's last page past its length, the padding rows of q / positions and the unused page-table entries are
+    filled with values of that magnitude (and the packed page-table entries past a sequence with random page ids).
+    """
+    need = sum(-(-(c + n) // ps) for c, n in cases)
+    num_pages = num_pages or need + 8
+    perm = rng.permutation(np.arange(1, num_pages))  # shuffled page tables, page 0 reserved
+    shape = (num_pages, ps, kv_heads, head_dim)
+    if garbage is None:
+        k_pages = rng.standard_normal(shape).astype(np.float32)
+        v_pages = rng.standard_normal(shape).astype(np.float32)
+    else:
+        k_pages = (garbage * rng.uniform(-1, 1, shape)).astype(np.float32)
+        v_pages = (garbage * rng.uniform(-1, 1, shape)).astype(np.float32)
+    seqs, full_k, full_v, cursor = [], [], [], 0
+    for ctx, n in cases:
+        total = ctx + n
+        npages = -(-total // ps)
+        table = perm[cursor:cursor + npages].tolist()
+        cursor += npages
+        kk = rng.standard_normal((total, kv_heads, head_dim)).astype(np.float32)
+        vv = rng.standard_normal((total, kv_heads, head_dim)).astype(np.float32)
+        for p in range(ctx):
+            k_pages[table[p // ps], p % ps] = kk[p]
+            v_pages[table[p // ps], p % ps] = vv[p]
+        seqs.append(SeqInput(token_ids=[0] * n, start_pos=ctx, page_table=table))
+        full_k.append(kk)
+        full_v.append(vv)
+    n_tok = sum(n for _, n in cases)
+    ladder = BucketLadder.build(max_num_batched_tokens=max_tokens, max_num_seqs=max_seqs,
+                                max_model_len=max_model_len or 16 * ps, page_size=ps, query_tile=query_tile,
+                                kv_chunk_pages=2)
+    batch = pack(seqs, ladder.pick(max(n_tok, 1), max(len(seqs), 1)), ps)
+    a = dict(batch.arrays)
+    T = batch.bucket.num_tokens
+    q = rng.standard_normal((T, heads, head_dim)).astype(np.float32)
+    k_new = np.zeros((T, kv_heads, head_dim), np.float32)
+    v_new = np.zeros((T, kv_heads, head_dim), np.float32)
+    for i, (ctx, n) in enumerate(cases):
+        s0 = batch.token_offsets[i]
+        k_new[s0:s0 + n] = full_k[i][ctx:]
+        v_new[s0:s0 + n] = full_v[i][ctx:]
+    if garbage is not None:
+        q[n_tok:] = garbage * rng.uniform(-1, 1, q[n_tok:].shape)
+        a["positions"] = a["positions"].copy()
+        a["positions"][n_tok:] = rng.integers(0, 8 * ps, T - n_tok)
+        pt = a["page_tables"].copy()
+        for i, s in enumerate(seqs):  # entries past each sequence's pages: other sequences' pages
+            pt[i, len(s.page_table):] = rng.integers(0, num_pages, pt.shape[1] - len(s.page_table))
+        a["page_tables"] = pt
+    kp, vp = write_kv_pages(jnp.asarray(k_pages), jnp.asarray(v_pages), k_new, v_new, a["slot_mapping"])
+    if garbage is not None:
+        # Padding tokens wrote page 0; re-poison it and the slots past each sequence's end in its last page.
+        kp, vp = np.array(kp), np.array(vp)
+        kp[0] = garbage * rng.uniform(-1, 1, kp[0].shape)
+        vp[0] = garbage * rng.uniform(-1, 1, vp[0].shape)
+        for (ctx, n), s in zip(cases, seqs):
+            end = ctx + n
+            if end % ps:
+                kp[s.page_table[-1], end % ps:] = garbage
+                vp[s.page_table[-1], end % ps:] = -garbage
+        kp, vp = jnp.asarray(kp), jnp.asarray(vp)
+    return dict(q=jnp.asarray(q), kp=kp, vp=vp, a=a, batch=batch, n_tok=n_tok, seqs=seqs)
+
+
+def _args(d, dtype=jnp.float32):
+    a = d["a"]
+    return (d["q"].astype(dtype), d["kp"].astype(dtype), d["vp"].astype(dtype), jnp.asarray(a["positions"]),
+            jnp.asarray(a["tile_tokens"]), jnp.asarray(a["tile_seq"]), jnp.asarray(a["tile_kv_len"]),
+            jnp.asarray(a["page_tables"]))
+
+
+def _unreferenced(d):
+    T = d["batch"].bucket.num_tokens
+    ref = np.zeros(T + 1, bool)
+    ref[d["a"]["tile_tokens"].reshape(-1)] = True
+    return ~ref[:T]
+
+
+def _rel(x, y):
+    x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
+    return float(np.linalg.norm(x - y) / np.linalg.norm(y))
+
+
+# (heads, kv_heads, head_dim, page_size, window, soft_cap, pages_per_block, kv_splits)
+_CONFIGS = [
+    (4, 4, 64, 16, None, None, 1, 1),     # MHA
+    (8, 2, 64, 32, 20, None, 1, 2),       # GQA 4, page 32, sliding window, split-K
+    (8, 1, 128, 16, None, None, 2, 1),    # GQA 8 (MQA), head_dim 128, two pages per step
+    (8, 2, 128, 16, 37, 30.0, 4, 3),      # window + soft cap, 4 pages per step, 3 splits
+]
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim,ps,window,soft_cap,ppb,splits", _CONFIGS)
+def test_matches_reference(heads, kv_heads, head_dim, ps, window, soft_cap, ppb, splits):
+    rng = np.random.default_rng(heads * 1000 + head_dim + ps + (window or 0) + ppb)
+    d = _build(rng, _cases(ps), heads, kv_heads, head_dim, ps)
+    assert d["batch"].bucket.num_tiles > int((d["a"]["tile_kv_len"] > 0).sum())  # some tiles are empty
+    args = _args(d)
+    kw = dict(sm_scale=head_dim ** -0.5, sliding_window=window, soft_cap=soft_cap)
+    ref = np.asarray(ragged_paged_attention_reference(*args, kv_chunk_pages=2, **kw))
+    out = np.asarray(ragged_paged_attention(*args, pages_per_block=ppb, kv_splits=splits, interpret=True, **kw))
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+    assert np.all(out[_unreferenced(d)] == 0)
+
+
+@pytest.mark.parametrize("heads,kv_heads,ppb,splits,window", [(4, 4, 1, 4, None), (8, 2, 2, 2, 5)])
+def test_decode_bucket(heads, kv_heads, ppb, splits, window):
+    """Decode-only step: the small-bucket query tile (Bq = 4, one token per tile), padded rows up to 16."""
+    ps, D = 16, 64
+    rng = np.random.default_rng(heads + ppb)
+    d = _build(rng, [(c, 1) for c in (0, 14, 15, 16, 17, 40, 70, 99)], heads, kv_heads, D, ps)
+    assert d["batch"].bucket.query_tile == 4
+    args = _args(d)
+    kw = dict(sm_scale=D ** -0.5, sliding_window=window)
+    ref = np.asarray(ragged_paged_attention_reference(*args, kv_chunk_pages=2, **kw))
+    out = np.asarray(ragged_paged_attention(*args, pages_per_block=ppb, kv_splits=splits, interpret=True, **kw))
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+    assert np.all(out[_unreferenced(d)] == 0)
+
+
+def test_bf16_within_tolerance():
+    rng = np.random.default_rng(7)
+    H, KVH, D, ps = 8, 2, 64, 16
+    d = _build(rng, _cases(ps)[3:], H, KVH, D, ps)
+    kw = dict(sm_scale=D ** -0.5)
+    ref32 = np.asarray(ragged_paged_attention_reference(*_args(d, jnp.float32), kv_chunk_pages=2, **kw))
+    ref16 = np.asarray(ragged_paged_attention_reference(*_args(d, jnp.bfloat16), kv_chunk_pages=2, **kw),
+                       np.float32)
+    out = ragged_paged_attention(*_args(d, jnp.bfloat16), pages_per_block=2, kv_splits=2, interpret=True, **kw)
+    assert out.dtype == jnp.bfloat16
+    n = d["n_tok"]
+    assert _rel(out[:n], ref16[:n]) < 1e-2
+    assert _rel(out[:n], ref32[:n]) < 1e-2
+
+
+def test_poisoned_padding_and_unused_pages():
+    """Large garbage in unused pages, page 0, the tail of each last page, unused page-table entries and the
+    padding rows of q / positions: referenced rows still match the reference, the rest come back exactly zero.
+    NaN in the same places (the reference would turn 0 * NaN into NaN) changes nothing in the kernel's output."""
+    H, KVH, D, ps = 8, 2, 64, 16
+    kw = dict(sm_scale=D ** -0.5, pages_per_block=2, kv_splits=2, interpret=True)
+    cases = _cases(ps)[1:]  # 127 tokens in a 128-token bucket: one padding row
+    d = _build(np.random.default_rng(3), cases, H, KVH, D, ps, garbage=1e4)
+    args = _args(d)
+    ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=D ** -0.5, kv_chunk_pages=2))
+    out = np.asarray(ragged_paged_attention(*args, **kw))
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+    unref = _unreferenced(d)
+    assert unref.sum() > 0 and np.all(out[unref] == 0)
+
+    nan = _build(np.random.default_rng(3), cases, H, KVH, D, ps, garbage=np.nan)
+    out_nan = np.asarray(ragged_paged_attention(*_args(nan), **kw))
+    n = d["n_tok"]
+    assert np.all(np.isfinite(out_nan[:n]))
+    np.testing.assert_allclose(out_nan[:n], out[:n], rtol=2e-5, atol=2e-5)
+    assert np.all(out_nan[unref] == 0)  # NaN q / positions of padding rows are never read
+
+    # A step with no sequence at all (every tile empty, same bucket): all zeros.
+    empty = pack([], d["batch"].bucket, ps).arrays
+    q = jnp.full(d["q"].shape, 1e4, jnp.float32)
+    out = np.asarray(ragged_paged_attention(
+        q, args[1], args[2], jnp.asarray(empty["positions"]), jnp.asarray(empty["tile_tokens"]),
+        jnp.asarray(empty["tile_seq"]), jnp.asarray(empty["tile_kv_len"]), jnp.asarray(empty["page_tables"]), **kw))
+    assert np.all(out == 0)
+
+
+def test_validation_errors_name_the_values():
+    T, H, KVH, D, ps = 8, 8, 2, 64, 16
+    q = jnp.zeros((T, H, D), jnp.float32)
+    kp = jnp.zeros((4, ps, KVH, D), jnp.float32)
+    i32 = lambda *s: jnp.zeros(s, jnp.int32)  # noqa: E731
+    good = (q, kp, kp, i32(T), i32(3, 4), i32(3), i32(3), i32(2, 4))
+    kw = dict(sm_scale=1.0, interpret=True)
+
+    def call(*args, **extra):
+        return ragged_paged_attention(*args, **{**kw, **extra})
+
+    with pytest.raises(ValueError, match="num_heads 8 must be a multiple of kv_heads 3"):
+        call(good[0], jnp.zeros((4, ps, 3, D)), jnp.zeros((4, ps, 3, D)), *good[3:])
+    with pytest.raises(ValueError, match=r"head_dim of q \(64\) != head_dim of the KV pages \(128\)"):
+        call(good[0], jnp.zeros((4, ps, KVH, 128)), jnp.zeros((4, ps, KVH, 128)), *good[3:])
+    with pytest.raises(ValueError, match="head_dim must be a power of two >= 16.*96"):
+        call(jnp.zeros((T, H, 96)), jnp.zeros((4, ps, KVH, 96)), jnp.zeros((4, ps, KVH, 96)), *good[3:])
+    with pytest.raises(TypeError, match="tile_tokens must be int32, got float32"):
+        call(*good[:4], jnp.zeros((3, 4), jnp.float32), *good[5:])
+    with pytest.raises(ValueError, match="tile_tokens has 3 tiles but tile_seq has 5"):
+        call(*good[:5], i32(5), *good[6:])
+    with pytest.raises(ValueError, match="positions has 7 entries but q has 8 tokens"):
+        call(*good[:3], i32(7), *good[4:])
+    with pytest.raises(ValueError, match=r"v_pages shape \(4, 16, 2, 32\) != k_pages shape \(4, 16, 2, 64\)"):
+        call(good[0], kp, jnp.zeros((4, ps, KVH, 32)), *good[3:])
+    with pytest.raises(ValueError, match="pages_per_block must be a power of two, got 3"):
+        call(*good, pages_per_block=3)
+    with pytest.raises(ValueError, match="page_size must be a power of two.*page_size 8, pages_per_block 1"):
+        call(good[0], jnp.zeros((4, 8, KVH, D)), jnp.zeros((4, 8, KVH, D)), *good[3:])
+    with pytest.raises(ValueError, match="kv_splits must be a positive int, got 0"):
+        call(*good, kv_splits=0)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# GPU: the compiled Triton kernel at the Llama-3-8B attention shape (32 q heads / 8 KV heads / D 128, page 16).
+# ------------------------------------------------------------------------------------------------------------
+def _check_8b_shape(kind, interpret=False):
+    ps, H, KVH, D = 16, 32, 8, 128
+    rng = np.random.default_rng(11)
+    if kind == "decode":  # 24 decodes, contexts from 1 to ~2000 tokens
+        ctx = [0, 14, 15, 16, 17, 31, 100, 255, 256, 511, 777, 1024, 1500, 2000] + rng.integers(1, 2000, 10).tolist()
+        cases = [(int(c), 1) for c in ctx]
+        max_tokens = 64
+    else:  # prefill chunks on top of cached context, fresh prompts and decodes in one step
+        cases = [(0, 37), (300, 100), (1000, 16), (2 * 16 - 1, 50), (0, 1), (900, 1), (1999, 1), (64, 200)]
+        max_tokens = 512
+    for dtype, tol in ((jnp.bfloat16, 1e-2), (jnp.float32, 1e-4)):
+        d = _build(rng, cases, H, KVH, D, ps, max_tokens=max_tokens, max_seqs=32, query_tile=16,
+                   max_model_len=4096)
+        args = _args(d, dtype)
+        n = d["n_tok"]
+        with jax.default_matmul_precision("highest"):
+            ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=D ** -0.5, kv_chunk_pages=16),
+                             np.float32)
+        # f32 with 8 pages of 16 x 128 per step needs ~290 KB of shared memory with 2 pipeline stages (> 227 KB)
+        variants = ((1, 1), (4, 1), (4, 4), (8, 2)) if dtype == jnp.bfloat16 else ((1, 1), (4, 4))
+        for ppb, splits in variants:
+            out = np.asarray(ragged_paged_attention(*args, sm_scale=D ** -0.5, pages_per_block=ppb,
+                                                    kv_splits=splits, interpret=interpret), np.float32)
+            rel = _rel(out[:n], ref[:n])
+            assert rel < tol, (kind, dtype, ppb, splits, rel)
+            assert np.all(out[_unreferenced(d)] == 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
+@pytest.mark.parametrize("kind", ["decode", "mixed"])
+def test_gpu_compiled_matches_reference(kind):
+    """The compiled Triton kernel (interpret=False) at 32 q heads / 8 KV heads / D 128, page 16."""
+    _check_8b_shape(kind)
