@@ -224,6 +224,9 @@ class EngineConfig:
     kv_chunk_pages: pages of KV processed per loop iteration by the reference attention (default: 128 with the
         static loop, 16 with the dynamic one, which then stops close to the longest context).
     async_scheduling: schedule and dispatch step n+1 while step n runs on the device (hides host work).
+    attention_backend: "reference" (jnp), "pallas" (the Pallas kernel; interpret mode on CPU, slow) or "auto"
+        (the reference for now: the kernel beats it in isolation on the H200 but has not been measured inside
+        the engine yet).
     kv_loop: "static" (unrolled over the page-table width; no device-to-host syncs: GPU), "dynamic" (while loop
         up to the longest context: CPU) or "auto".
     """
@@ -239,6 +242,7 @@ class EngineConfig:
     kv_chunk_pages: int | None = None
     kv_loop: str = "auto"
     async_scheduling: bool = True
+    attention_backend: str = "auto"
     seed: int = 0
     enforce_eager: bool = False
     compilation_cache_dir: str | None = None
@@ -257,6 +261,9 @@ class EngineConfig:
             raise ConfigError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= query_tile "
                 f"({self.query_tile})")
+        if self.attention_backend not in ("auto", "reference", "pallas"):
+            raise ConfigError(
+                f"attention_backend must be 'auto', 'reference' or 'pallas', got {self.attention_backend!r}")
         if self.kv_loop not in ("auto", "static", "dynamic"):
             raise ConfigError(f"kv_loop must be 'auto', 'static' or 'dynamic', got {self.kv_loop!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -153,3 +153,13 @@ def test_n_samples_and_logprobs(llm):
             assert ranked[0][1] >= ranked[1][1] >= ranked[2][1]
         assert c.cumulative_logprob == pytest.approx(sum(d[t].logprob for t, d in zip(c.token_ids, c.logprobs)),
                                                      abs=1e-4)
+
+
+def test_pallas_attention_backend_matches_reference(tiny_llama_dir, llm):
+    """The engine with the Pallas kernel (interpret mode on CPU) gives the reference backend's greedy tokens."""
+    prompts, max_tokens = _workload(seed=9, n=6)
+    want = llm.generate(prompts, [SamplingParams(max_tokens=m, **GREEDY) for m in max_tokens], use_tqdm=False)
+    pallas = jaxinfer.LLM(tiny_llama_dir, num_pages=200, max_model_len=512, max_num_batched_tokens=128,
+                          max_num_seqs=16, attention_backend="pallas", warmup=False, progress=False)
+    got = pallas.generate(prompts, [SamplingParams(max_tokens=m, **GREEDY) for m in max_tokens], use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]

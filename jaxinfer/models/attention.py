@@ -9,14 +9,23 @@ from typing import NamedTuple
 
 import jax
 
+from pallas_kernels.paged_attention.kernel import ragged_paged_attention
 from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference, write_kv_pages
+
+
+def _pages_per_block(page_size: int) -> int:
+    """KV pages per kernel loop step: 64 tokens (best or near-best in the H200 sweep of
+    benchmarks/kernels/paged_attention.py at page 16)."""
+    return max(1, 64 // page_size)
 
 
 class AttentionOptions(NamedTuple):
     """Static (compile-time) attention settings."""
 
-    kv_chunk_pages: int       # KV pages per loop iteration
-    static_kv_loop: bool      # unrolled loop over the whole page-table width (GPU) vs while loop (CPU)
+    kv_chunk_pages: int       # reference: KV pages per loop iteration
+    static_kv_loop: bool      # reference: unrolled loop over the whole page-table width (GPU) vs while loop (CPU)
+    backend: str = "reference"  # "reference" (jnp) or "pallas" (pallas_kernels/paged_attention/kernel.py)
+    interpret: bool = False   # pallas on CPU: run the kernel body in interpret mode (tests)
 
 
 class AttentionMetadata(NamedTuple):
@@ -32,6 +41,12 @@ def paged_attention(q, k, v, k_pages, v_pages, md: AttentionMetadata, opts: Atte
                     sm_scale: float, sliding_window: int | None = None):
     """q: [T, H, D]; k, v: [T, KVH, D] (this step's new tokens). Returns (out [T, H, D], k_pages, v_pages)."""
     k_pages, v_pages = write_kv_pages(k_pages, v_pages, k, v, md.slot_mapping)
+    if opts.backend == "pallas":
+        out = ragged_paged_attention(
+            q, k_pages, v_pages, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,
+            sm_scale=sm_scale, sliding_window=sliding_window, pages_per_block=_pages_per_block(k_pages.shape[1]),
+            interpret=opts.interpret)
+        return out, k_pages, v_pages
     out = ragged_paged_attention_reference(
         q, k_pages, v_pages, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,
         sm_scale=sm_scale, kv_chunk_pages=opts.kv_chunk_pages, sliding_window=sliding_window,

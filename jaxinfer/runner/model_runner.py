@@ -71,7 +71,9 @@ class ModelRunner:
             max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
             max_model_len=max_model_len, page_size=self.page_size, query_tile=config.query_tile,
             kv_chunk_pages=kv_chunk)
-        self._step = make_step_fn(loaded, AttentionOptions(kv_chunk, static), config.max_num_seqs)
+        backend = "reference" if config.attention_backend == "auto" else config.attention_backend
+        opts = AttentionOptions(kv_chunk, static, backend, interpret=jax.default_backend() == "cpu")
+        self._step = make_step_fn(loaded, opts, config.max_num_seqs)
         self._no_prev = jnp.zeros((config.max_num_seqs,), jnp.int32)
         self._compiled: dict = {}  # Bucket -> (step, prompt_logprobs) executables
         self._prompt_logprobs = make_prompt_logprobs_fn(loaded)
