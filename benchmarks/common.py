@@ -48,7 +48,9 @@ def write_result(name: str, payload: dict) -> str:
     payload = {"benchmark": name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "device": device_name(), "jax": jax.__version__, "commit": git_commit(), **payload}
     stamp = datetime.date.today().isoformat()
-    path = os.path.join(RESULTS_DIR, f"{name}-{stamp}.json")
+    # CPU runs (smoke tests of the scripts) never overwrite the GPU results of the same day.
+    suffix = "" if jax.default_backend() == "gpu" else f"-{jax.default_backend()}"
+    path = os.path.join(RESULTS_DIR, f"{name}{suffix}-{stamp}.json")
     with open(path, "w") as f:
         json.dump(payload, f, indent=2)
     out = os.environ.get("OUT")

@@ -17,6 +17,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks.common import write_result  # noqa: E402
 from jaxinfer import LLM  # noqa: E402
 from jaxinfer.models.attention import AttentionMetadata  # noqa: E402
 from jaxinfer.runner.batch import SeqInput, pack  # noqa: E402
@@ -47,6 +48,7 @@ def main():
     cfg = llm.model_config
     loaded = r.loaded
     opts = r._step.__wrapped__ if hasattr(r._step, "__wrapped__") else None
+    results = {}
     for b in a.batch:
         npg = a.context // r.page_size + 1
         seqs = [SeqInput(token_ids=[1], start_pos=a.context, page_table=list(range(1 + i * npg, 1 + (i + 1) * npg)))
@@ -125,6 +127,9 @@ def main():
         print(f"--- batch {b} (bucket T={T}, S={S}, tiles={hb.bucket.num_tiles}, width={hb.bucket.table_width})")
         for k, v in rows.items():
             print(f"  {k:45s} {v:8.3f} ms")
+        results[b] = rows
+        write_result("step-breakdown", dict(model=a.model, context=a.context, max_model_len=a.max_model_len,
+                                            ms_by_batch=results))
 
 
 if __name__ == "__main__":
