@@ -1,7 +1,8 @@
 """Device side of the engine: weights, the paged KV cache, the compiled step per bucket.
 
 The engine (host) hands over a list of `SeqInput`; the runner packs it into the smallest bucket, copies it to the
-device in one transfer, runs the step and returns the sampled tokens as numpy arrays.
+device as two buffers (int32, float32), launches that bucket's ahead-of-time compiled step without waiting
+(`dispatch`), and later copies the sampled tokens back (`fetch`).
 """
 from __future__ import annotations
 
