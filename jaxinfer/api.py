@@ -58,7 +58,8 @@ class LLM:
         self.engine = LLMEngine(
             self.runner, self.tokenizer, max_num_batched_tokens=self.config.max_num_batched_tokens,
             max_num_seqs=self.config.max_num_seqs, max_model_len=max_len, eos_token_ids=eos,
-            vocab_size=cfg.vocab_size, seed=self.config.seed, async_scheduling=self.config.async_scheduling)
+            vocab_size=cfg.vocab_size, seed=self.config.seed, async_scheduling=self.config.async_scheduling,
+            enable_prefix_caching=self.config.enable_prefix_caching)  # prefix caching option passed through
         if warmup:
             self.runner.warmup(progress=progress)
         self.startup_seconds = time.perf_counter() - t0

@@ -224,6 +224,8 @@ class EngineConfig:
     kv_chunk_pages: pages of KV processed per loop iteration by the reference attention (default: 128 with the
         static loop, 16 with the dynamic one, which then stops close to the longest context).
     async_scheduling: schedule and dispatch step n+1 while step n runs on the device (hides host work).
+    enable_prefix_caching: reuse the KV of full pages whose (chained) token content matches an earlier
+        request's (vLLM automatic prefix caching); requests asking for prompt_logprobs bypass it.
     attention_backend: "reference" (jnp), "pallas" (the Pallas kernel; interpret mode on CPU, slow) or "auto"
         (the reference for now: the kernel beats it in isolation on the H200 but has not been measured inside
         the engine yet).
@@ -242,6 +244,7 @@ class EngineConfig:
     kv_chunk_pages: int | None = None
     kv_loop: str = "auto"
     async_scheduling: bool = True
+    enable_prefix_caching: bool = True
     attention_backend: str = "auto"
     seed: int = 0
     enforce_eager: bool = False

@@ -77,12 +77,15 @@ class _Group:
 class LLMEngine:
     def __init__(self, runner: Runner, tokenizer, *, max_num_batched_tokens: int, max_num_seqs: int,
                  max_model_len: int, eos_token_ids: set[int], vocab_size: int, seed: int = 0,
-                 async_scheduling: bool = True):
+                 async_scheduling: bool = True, enable_prefix_caching: bool = True):
         self.runner = runner
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
-        self.kv = KVCacheManager(runner.num_pages, runner.page_size)
+        # Prefix caching: page hashes are bound to the KV dtype (extra_key), so a cache can never serve KV of
+        # another dtype (matters once several configurations/adapters share a manager).
+        self.kv = KVCacheManager(runner.num_pages, runner.page_size, enable_prefix_caching=enable_prefix_caching,
+                                 extra_key=("kv_dtype", str(getattr(runner, "kv_dtype", None))))
         self.scheduler = Scheduler(self.kv, max_num_batched_tokens, max_num_seqs, max_model_len,
                                    set(eos_token_ids))
         self._seqs: dict[str, _SeqState] = {}
@@ -121,6 +124,8 @@ class LLMEngine:
         new_states = []
         for i, sid in enumerate(seq_ids):
             req = Request(sid, list(ids), params)
+            # prompt_logprobs need the logits of every prompt position: never start from cached pages.
+            req.use_prefix_cache = params.prompt_logprobs is None
             detok = None
             if self.tokenizer is not None:
                 detok = IncrementalDetokenizer(self.tokenizer, list(ids), params.skip_special_tokens,
@@ -154,6 +159,15 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return bool(self._groups) or self._in_flight is not None
+
+    def prefix_cache_stats(self) -> dict:
+        """Prefix-cache counters since start: enabled, queries / hits (prompt+output tokens looked up / found
+        cached at admission), hit_rate, hit_requests, cached_pages (pages holding a hash now), evictions."""
+        st = self.scheduler.stats()
+        return {"enabled": self.kv.enable_prefix_caching, "queries": st.prefix_cache_queries,
+                "hits": st.prefix_cache_hits, "hit_rate": st.prefix_cache_hit_rate,
+                "hit_requests": st.prefix_cache_hit_requests, "cached_pages": st.num_cached_pages,
+                "evictions": self.kv.num_evictions}
 
     # ---- the loop -----------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

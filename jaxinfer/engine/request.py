@@ -2,8 +2,9 @@
 
 The scheduler "speaks tokens, not phases": a request is just a token list (prompt + outputs so far) and a
 counter `num_computed_tokens` of how many of them already have KV entries in the cache. Prefill, chunked
-prefill, decode, recompute after preemption (and later prefix-cache hits / speculative tokens) are all the
-same case: compute tokens [num_computed_tokens, num_tokens).
+prefill, decode, recompute after preemption, prefix-cache hits (and later speculative tokens) are all the
+same case: compute tokens [num_computed_tokens, num_tokens). A prefix-cache hit simply starts a new request
+with num_computed_tokens > 0.
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ class Request:
     arrival_index: int = -1               # set by Scheduler.add_request (monotonic admission order)
     num_preemptions: int = 0
     stop_reason: int | str | None = None  # stop token id or stop string that ended it (None for eos/length)
+    # Prefix caching. use_prefix_cache=False: admission never looks the request up in the cache (it computes
+    # every token; the engine sets this for prompt_logprobs requests). Its finished pages are still cached.
+    use_prefix_cache: bool = True
+    # Chained hashes of the full pages of all_token_ids (filled lazily by the KVCacheManager; stable, since
+    # tokens are only ever appended — preemption keeps the outputs).
+    page_hashes: list = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)

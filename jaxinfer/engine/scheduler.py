@@ -13,9 +13,21 @@ The scheduler speaks tokens, not phases. Each request has num_computed_tokens ca
      len(running) < max_num_seqs and their pages can be allocated; the first one that does not fit stops
      admission (no skipping ahead).
 
-Protocol: out = schedule(); run the model on out.scheduled; update(out, sampled). schedule() does not
-advance num_computed_tokens, update() does, so the two must alternate. abort()/finish() may be called at
-any time (also between schedule and update: update then skips that request).
+Protocol: out = schedule(); run the model on out.scheduled; update(out, sampled). schedule() advances
+num_computed_tokens itself, so update() may lag one schedule() behind (pipelining), in order. abort()/finish()
+may be called at any time (also between schedule and update: update then skips that request).
+
+Prefix caching (when kv.enable_prefix_caching): a request admitted from waiting (new, or re-admitted after
+preemption) first looks up the longest chain of cached full pages of its known tokens and takes them
+(num_computed_tokens starts at the hit), capped at (num_tokens - 1) // page_size pages so at least one token
+is computed (the last one must run to produce logits). Pages become cacheable in update(), i.e. once the step
+that computed them has come back: for every seq of the finished step whose request is still running, the
+full pages below start_pos + n (all of those token ids are known by then) are registered. Registering at
+schedule() time is not possible with pipelining (the last token of a chunk may be a placeholder whose id is
+unknown until the previous step's update()), and registering only after the step came back is the
+conservative rule: a page is never offered to another request before its KV is known to be written (a
+request aborted or preempted before its step returns registers nothing). Nothing is ever written into a
+cached page: hits are whole pages and the computed rest goes into fresh pages (ref count 1, no hash).
 
 No deadlock: add_request rejects any request whose whole lifetime (prompt + max_tokens, or max_model_len
 when max_tokens is None) does not fit an empty cache, and waiting requests hold no pages, so the oldest
@@ -71,6 +83,15 @@ class SchedulerStats:
     num_free_pages: int
     num_used_pages: int
     num_preemptions_total: int
+    # prefix cache (counted once per admission that looked the cache up): tokens looked up and tokens hit
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_hit_requests: int = 0   # admissions with a hit of at least one page
+    num_cached_pages: int = 0            # pages holding a registered hash (in use or evictable)
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
 
 
 _FINISH_STATUS = {
@@ -104,6 +125,9 @@ class Scheduler:
         self._next_arrival = 0
         self._num_preemptions_total = 0
         self._finished_ids: list[str] = []       # since the previous schedule()
+        self._pc_queries = 0                     # prefix cache: tokens looked up at admission
+        self._pc_hits = 0                        # prefix cache: tokens found cached at admission
+        self._pc_hit_requests = 0
 
     # ---- admission ---------------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -166,11 +190,18 @@ class Scheduler:
         if not preempted:
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 req = self.waiting[0]
-                n = self._chunk(req, budget)
+                hit_pages = self._lookup(req)
+                hit = len(hit_pages) * self.kv.page_size
+                n = self._chunk(req, budget, start=hit)
                 assert n > 0, f"waiting {req!r} has nothing to compute"
-                if self.kv.allocate(req.request_id, req.num_computed_tokens + n) is None:
+                if self.kv.allocate(req.request_id, hit + n, cached_pages=hit_pages) is None:
                     break  # FIFO fairness: never skip the head
                 self.waiting.popleft()
+                req.num_computed_tokens = hit
+                if self.kv.enable_prefix_caching and req.use_prefix_cache:
+                    self._pc_queries += req.num_tokens
+                    self._pc_hits += hit
+                    self._pc_hit_requests += hit > 0
                 req.status = RequestStatus.RUNNING
                 self.running.append(req)
                 scheduled.append(self._make_seq(req, n))
@@ -180,10 +211,19 @@ class Scheduler:
         return SchedulerOutput(scheduled=scheduled, preempted_ids=preempted,
                                num_batched_tokens=self.max_num_batched_tokens - budget, finished_ids=finished_ids)
 
-    def _chunk(self, req: Request, budget: int) -> int:
+    def _lookup(self, req: Request) -> list[int]:
+        """Cached pages for the start of a waiting request (which holds no pages and has no token in flight).
+        At most (num_tokens - 1) // page_size pages: the last token is always computed, in a page of its own."""
+        if not (self.kv.enable_prefix_caching and req.use_prefix_cache):
+            return []
+        return self.kv.lookup(req.page_hashes, req.token_slice, (req.num_tokens - 1) // self.kv.page_size)
+
+    def _chunk(self, req: Request, budget: int, start: int | None = None) -> int:
         if self._reached_length(req):
             return 0  # the token in flight is its last one: nothing more to compute
-        n = min(req.num_tokens_with_pending - req.num_computed_tokens, budget)
+        if start is None:
+            start = req.num_computed_tokens
+        n = min(req.num_tokens_with_pending - start, budget)
         if self.long_prefill_token_threshold is not None:
             n = min(n, self.long_prefill_token_threshold)
         return n
@@ -253,6 +293,18 @@ class Scheduler:
                 raise ValueError(f"request {seq.request_id!r} was scheduled with sample=True but sampled has no "
                                  f"token for it; pass sampled[{seq.request_id!r}] = [token_id, ...]")
             live.append((seq, req))
+
+        if self.kv.enable_prefix_caching:
+            # The step is done: its tokens' KV is written, and every token id below the end of its chunks is
+            # known (a placeholder was filled by the previous update()). Register the full pages. A request
+            # preempted/aborted/finished since schedule() is not in `live`: nothing of it is registered.
+            ps = self.kv.page_size
+            for seq, req in live:
+                end = seq.start_pos + len(seq.token_ids)
+                if end // ps == seq.start_pos // ps:
+                    continue  # fast path (most decodes): this chunk filled no page
+                end = min(end, req.num_tokens, req.num_computed_tokens)
+                self.kv.cache_pages(req.request_id, req.page_hashes, req.token_slice, end // ps)
 
         finished: list[Request] = []
         for seq, req in live:
@@ -333,4 +385,7 @@ class Scheduler:
     def stats(self) -> SchedulerStats:
         return SchedulerStats(num_running=len(self.running), num_waiting=len(self.waiting),
                               num_free_pages=self.kv.num_free_pages, num_used_pages=self.kv.num_used_pages,
-                              num_preemptions_total=self._num_preemptions_total)
+                              num_preemptions_total=self._num_preemptions_total,
+                              prefix_cache_queries=self._pc_queries, prefix_cache_hits=self._pc_hits,
+                              prefix_cache_hit_requests=self._pc_hit_requests,
+                              num_cached_pages=self.kv.num_cached_pages)
