@@ -2,6 +2,7 @@
 
   jaxinfer generate "PROMPT" [--model PATH] [--max-tokens N] [--temperature T] [--seed S] [--chat]
   jaxinfer info [MODEL]
+  jaxinfer serve [--model M] [--host 127.0.0.1] [--port 8000] [--max-waiting N] [engine options]
 """
 from __future__ import annotations
 
@@ -96,10 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--model", default=None)
     i.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     i.set_defaults(fn=cmd_info)
+    sub.add_parser("serve", help="OpenAI-compatible HTTP server (see `jaxinfer serve --help`)", add_help=False)
     return p
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "serve":  # the server owns its parser (serving/server.py) and its event loop
+        from serving.server import main as serve_main
+
+        return serve_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if getattr(args, "quiet", False) else logging.INFO,
                         format="%(name)s: %(message)s", stream=sys.stderr)

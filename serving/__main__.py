@@ -1,0 +1,5 @@
+import sys
+
+from serving.server import main
+
+sys.exit(main())

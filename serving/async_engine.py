@@ -1,0 +1,222 @@
+"""AsyncEngine: one LLMEngine driven by ONE background thread, fed from asyncio.
+
+The engine is not thread-safe, so only the engine thread touches it. Everything else talks to that thread
+through two lists guarded by a condition variable:
+  * adds:   (request_id, prompt, params, concurrent Future, sink). The engine thread calls
+            `engine.add_request` between steps and resolves the future with the id or the ValueError, so the
+            HTTP handler can still answer 400 before streaming anything.
+  * aborts: request ids; applied between steps (pages are freed at once by engine.abort).
+The thread loops `engine.step()` while there is work and sleeps on the condition variable when idle. Each
+RequestOutput goes to its request's asyncio.Queue through `loop.call_soon_threadsafe`.
+
+Back-pressure: with `max_waiting` set, a request is refused with `QueueFullError` (-> HTTP 503 + Retry-After)
+when the requests not yet finished would exceed `max_num_seqs + max_waiting`, i.e. when more than
+`max_waiting` would have to wait for a free slot.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import threading
+import time
+from typing import AsyncIterator, Sequence
+
+from jaxinfer.outputs import RequestOutput
+from jaxinfer.sampling_params import SamplingParams
+
+log = logging.getLogger("serving")
+
+
+class QueueFullError(Exception):
+    """Too many requests are waiting; retry later (HTTP 503)."""
+
+
+class EngineStoppedError(Exception):
+    """The engine is shutting down (HTTP 503) or the request was aborted by the shutdown."""
+
+
+@dataclasses.dataclass
+class EngineStats:
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_pages_used: int = 0
+    kv_pages_total: int = 0
+
+
+class _Sink:
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    def put(self, item):
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+
+class RequestStream:
+    """Async iterator of one request's cumulative RequestOutputs; `abort()` stops it."""
+
+    def __init__(self, engine: "AsyncEngine", request_id: str, sink: _Sink):
+        self.engine, self.request_id, self._sink = engine, request_id, sink
+        self.finished = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        item = await self._sink.queue.get()
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        if item.finished:
+            self.finished = True
+        return item
+
+    def abort(self):
+        if not self.finished:
+            self.finished = True
+            self.engine.abort(self.request_id)
+
+
+class AsyncEngine:
+    def __init__(self, engine, max_waiting: int | None = None):
+        self.engine = engine
+        self.max_waiting = max_waiting
+        self.max_num_seqs = int(getattr(engine.scheduler, "max_num_seqs", 1))
+        self._cv = threading.Condition()
+        self._adds: list = []
+        self._aborts: list[str] = []
+        self._sinks: dict[str, _Sink] = {}      # engine thread only
+        self._num_unfinished = 0                # admitted and not finished (guarded by _cv)
+        self._accepting = True
+        self._stop = False
+        self._ids = 0
+        self.stats = EngineStats(kv_pages_total=int(engine.kv.num_usable_pages))
+        self._thread = threading.Thread(target=self._loop, name="jaxinfer-engine", daemon=True)
+        self._thread.start()
+
+    # ---- API for the event loop -----------------------------------------------------------------------------
+    async def add_request(self, prompt: str | Sequence[int], params: SamplingParams,
+                          request_id: str | None = None) -> RequestStream:
+        """Queue a request; returns its stream. Raises ValueError (bad request), QueueFullError, EngineStoppedError."""
+        loop = asyncio.get_running_loop()
+        sink = _Sink(loop)
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cv:
+            if not self._accepting:
+                raise EngineStoppedError("the server is shutting down")
+            if self.max_waiting is not None and self._num_unfinished >= self.max_num_seqs + self.max_waiting:
+                raise QueueFullError(f"too many requests: {self._num_unfinished} in flight "
+                                     f"(max_num_seqs={self.max_num_seqs} + max_waiting={self.max_waiting})")
+            if request_id is None:
+                self._ids += 1
+                request_id = f"req-{self._ids}"
+            self._num_unfinished += 1
+            self._adds.append((request_id, prompt, params, fut, sink))
+            self._cv.notify()
+        rid = await asyncio.wrap_future(fut)  # raises the engine's ValueError
+        return RequestStream(self, rid, sink)
+
+    def abort(self, request_id: str):
+        """Thread-safe; applied by the engine thread before its next step."""
+        with self._cv:
+            self._aborts.append(request_id)
+            self._cv.notify()
+
+    @property
+    def num_unfinished(self) -> int:
+        with self._cv:
+            return self._num_unfinished
+
+    async def shutdown(self, grace_s: float = 10.0):
+        """Stop accepting; let in-flight requests finish for up to grace_s; abort the rest; stop the thread."""
+        with self._cv:
+            self._accepting = False
+        deadline = time.monotonic() + grace_s
+        while self.num_unfinished and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 30)
+
+    # ---- the engine thread ----------------------------------------------------------------------------------
+    def _loop(self):
+        eng = self.engine
+        while True:
+            with self._cv:
+                while not (self._stop or self._adds or self._aborts or eng.has_unfinished()):
+                    self._cv.wait()
+                adds, self._adds = self._adds, []
+                aborts, self._aborts = self._aborts, []
+                stop = self._stop
+            for rid in aborts:
+                if rid in self._sinks:
+                    eng.abort(rid)
+                    self._sinks.pop(rid)
+                    self._finished(1)
+            for rid, prompt, params, fut, sink in adds:
+                if stop:
+                    self._finished(1)
+                    fut.set_exception(EngineStoppedError("the server is shutting down"))
+                    continue
+                try:
+                    rid = eng.add_request(rid, prompt, params)
+                except Exception as e:  # noqa: BLE001 - handed to the caller
+                    self._finished(1)
+                    fut.set_exception(e)
+                    continue
+                self._sinks[rid] = sink
+                fut.set_result(rid)
+            if stop:
+                for rid, sink in list(self._sinks.items()):
+                    eng.abort(rid)
+                    sink.put(EngineStoppedError("aborted: the server is shutting down"))
+                self._finished(len(self._sinks))
+                self._sinks.clear()
+                self._publish()
+                return
+            if eng.has_unfinished():
+                try:
+                    outs = eng.step()
+                except Exception as e:  # noqa: BLE001 - fail every request, keep serving
+                    log.exception("engine step failed")
+                    for rid, sink in list(self._sinks.items()):
+                        eng.abort(rid)
+                        sink.put(RuntimeError(f"engine step failed: {e}"))
+                    self._finished(len(self._sinks))
+                    self._sinks.clear()
+                    outs = []
+                for out in outs:
+                    sink = self._sinks.get(out.request_id)
+                    if sink is None:
+                        continue
+                    sink.put(out)
+                    if out.finished:
+                        del self._sinks[out.request_id]
+                        self._finished(1)
+            self._publish()
+
+    def _finished(self, k: int):
+        if k:
+            with self._cv:
+                self._num_unfinished -= k
+
+    def _publish(self):
+        sched = self.engine.scheduler
+        self.stats = EngineStats(num_running=sched.num_running, num_waiting=sched.num_waiting,
+                                 kv_pages_used=int(self.engine.kv.num_used_pages),
+                                 kv_pages_total=self.stats.kv_pages_total)
+
+
+async def collect(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
+    last = None
+    async for out in stream:
+        last = out
+    return last

@@ -1,0 +1,334 @@
+"""The OpenAI-compatible server end to end on CPU: the real SmolLM2 GGUF served on a loopback port in a background
+thread, driven by the official `openai` client and by raw HTTP."""
+import asyncio
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("aiohttp")
+
+MODEL = "smollm2"
+PROMPTS = [f"Question {i}: what is {i} plus {i}? Answer:" for i in range(16)]
+NO_EOS = {"ignore_eos": True}  # several of these prompts end at once with EOS: keep the comparisons non-trivial
+
+
+class _ServerThread:
+    """Runs an aiohttp app on 127.0.0.1:<free port> in its own event loop thread."""
+
+    def __init__(self, app):
+        from aiohttp import web
+
+        self.loop = asyncio.new_event_loop()
+        self.runner = web.AppRunner(app)
+        ready = threading.Event()
+
+        def run():
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(self.runner.setup())
+            site = web.TCPSite(self.runner, "127.0.0.1", 0)
+            self.loop.run_until_complete(site.start())
+            self.port = site._server.sockets[0].getsockname()[1]
+            ready.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert ready.wait(60)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self):
+        fut = asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop)
+        fut.result(60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def served(smollm2_gguf):
+    from jaxinfer import LLM, SamplingParams
+    from serving.server import create_app
+
+    llm = LLM(smollm2_gguf, dtype="float32", num_pages=256, max_model_len=512, max_num_batched_tokens=128,
+              max_num_seqs=16, warmup=False, progress=False)
+    # offline greedy references, computed before the server's engine thread owns the engine
+    ref = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)
+    assert all(o.outputs[0].text for o in ref)
+    srv = _ServerThread(create_app(llm, served_model_name=MODEL))
+    yield srv, llm, [o.outputs[0].text for o in ref]
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=served[0].url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def _post(url, body, raw=False):
+    data = body if raw else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, dict(r.headers), json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), json.loads(e.read())
+
+
+def _get(url):
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return r.read().decode()
+
+
+def _metric(url, name):
+    for line in _get(url + "/metrics").splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
+
+
+# ---- openai client ---------------------------------------------------------------------------------------------
+def test_models_health(served, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert _get(served[0].url + "/health") == "ok"
+
+
+def test_completion_matches_offline_and_stream(served, client):
+    _, _, ref = served
+    r = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=12, temperature=0, extra_body=NO_EOS)
+    assert r.choices[0].text == ref[0]
+    assert r.usage.completion_tokens >= 1 and r.usage.prompt_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=12, temperature=0,
+                                            stream=True, stream_options={"include_usage": True},
+                                            extra_body=NO_EOS))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == ref[0]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == r.choices[0].finish_reason
+
+
+def test_chat_and_chat_stream(client):
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, temperature=0)
+    text = r.choices[0].message.content
+    assert r.choices[0].message.role == "assistant" and text and "Paris" in text
+    assert r.usage.completion_tokens <= 16
+    chunks = list(client.chat.completions.create(model=MODEL, messages=msgs, max_completion_tokens=16,
+                                                 temperature=0, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
+
+
+def test_logprobs(client):
+    r = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=5, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == r.usage.completion_tokens
+    assert "".join(lp.tokens) .startswith(r.choices[0].text[:1])
+    for tok, l, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert l <= 0 and len(top) >= 3
+        assert max(top.values()) == pytest.approx(l, abs=1e-4)  # greedy: the sampled token is the top one
+    c = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                       temperature=0, logprobs=True, top_logprobs=2)
+    content = c.choices[0].logprobs.content
+    assert len(content) == c.usage.completion_tokens
+    assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+
+
+def test_n_and_multiple_prompts(client):
+    r = client.completions.create(model=MODEL, prompt=PROMPTS[:2], max_tokens=6, temperature=1.0, seed=1, n=2,
+                                  extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in r.choices) == [0, 1, 2, 3]
+    assert all(c.text is not None and c.finish_reason == "length" for c in r.choices)
+    assert r.usage.completion_tokens == 4 * 6
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=6, temperature=1.0,
+                                            seed=1, n=3, stream=True, extra_body={"ignore_eos": True}))
+    assert {c.choices[0].index for c in chunks} == {0, 1, 2}
+    texts = {i: "".join(c.choices[0].text for c in chunks if c.choices[0].index == i) for i in range(3)}
+    assert all(texts.values()), texts
+    assert all(c.choices[0].finish_reason == "length" for c in chunks if c.choices[0].finish_reason)
+
+
+def test_stop_string(served, client):
+    _, _, ref = served
+    prompt = "The capital of France is"
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+    text = r.choices[0].text
+    assert len(text) > 8, text
+    stop = text[4:7]
+    r2 = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, stop=[stop])
+    assert stop not in r2.choices[0].text and r2.choices[0].finish_reason == "stop"
+    assert text.startswith(r2.choices[0].text)
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
+                                            stop=stop, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == r2.choices[0].text
+
+
+def test_16_concurrent_streams_match_offline(served):
+    srv, _, ref = served
+
+    async def main():
+        ac = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+        async def one(p):
+            s = await ac.completions.create(model=MODEL, prompt=p, max_tokens=12, temperature=0, stream=True,
+                                               extra_body=NO_EOS)
+            return "".join([c.choices[0].text async for c in s])
+
+        try:
+            return await asyncio.gather(*(one(p) for p in PROMPTS))
+        finally:
+            await ac.close()
+
+    assert asyncio.run(main()) == ref
+
+
+# ---- raw HTTP: errors --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("body,param", [
+    ({"model": MODEL, "prompt": "hi", "max_tokens": "5"}, "max_tokens"),
+    ({"model": MODEL, "prompt": "hi", "temperature": "hot"}, "temperature"),
+    ({"model": MODEL, "prompt": 5}, "prompt"),
+    ({"model": MODEL, "prompt": "hi", "stop": 3}, "stop"),
+    ({"model": MODEL, "prompt": "hi", "stream": "yes"}, "stream"),
+    ({"model": MODEL, "prompt": "hi", "temperature": -1}, "temperature"),
+    ({"model": MODEL, "prompt": "hi", "top_p": 1.5}, "top_p"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"model": MODEL, "prompt": "hi", "logprobs": 50}, "logprobs"),
+    ({"model": MODEL, "prompt": "hi", "n": 0}, "n"),
+    ({"model": MODEL, "prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"model": "gpt-4", "prompt": "hi"}, "model"),
+])
+def test_bad_completion_requests(served, body, param):
+    status, _, err = _post(served[0].url + "/v1/completions", body)
+    assert status == 400, err
+    assert err["error"]["type"] == "invalid_request_error" and err["error"]["param"] == param
+    assert err["error"]["code"] is None and err["error"]["message"]
+
+
+def test_bad_chat_and_json(served):
+    url = served[0].url
+    status, _, err = _post(url + "/v1/chat/completions", b"{not json", raw=True)
+    assert status == 400 and "JSON" in err["error"]["message"]
+    status, _, err = _post(url + "/v1/chat/completions", {"model": MODEL, "messages": "hi"})
+    assert status == 400 and err["error"]["param"] == "messages"
+    status, _, err = _post(url + "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user",
+                                                         "content": "x"}], "top_logprobs": 2})
+    assert status == 400 and err["error"]["param"] == "top_logprobs"
+    status, _, _ = _post(url + "/v1/completions", [1, 2])
+    assert status == 400
+
+
+def test_too_long_prompt(served):
+    url = served[0].url
+    status, _, err = _post(url + "/v1/completions", {"model": MODEL, "prompt": [1] * 500, "max_tokens": 100})
+    assert status == 400
+    msg = err["error"]["message"]
+    assert "500" in msg and "512" in msg and err["error"]["param"] == "prompt", msg
+
+
+def test_disconnect_mid_stream_frees_pages(served):
+    import socket
+
+    url = served[0].url
+    body = json.dumps({"model": MODEL, "prompt": PROMPTS[3], "max_tokens": 400, "temperature": 0,
+                       "stream": True, "ignore_eos": True}).encode()
+    s = socket.create_connection(("127.0.0.1", served[0].port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    got = b""
+    while got.count(b"data: ") < 3:
+        got += s.recv(4096)
+    assert _metric(url, "jaxinfer_kv_pages_used") > 0
+    s.close()
+    deadline = time.time() + 20
+    while time.time() < deadline and _metric(url, "jaxinfer_kv_pages_used") > 0:
+        time.sleep(0.1)
+    assert _metric(url, "jaxinfer_kv_pages_used") == 0
+    assert _metric(url, "jaxinfer_num_requests_running") == 0
+
+
+def test_metrics(served, client):
+    client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0)
+    text = _get(served[0].url + "/metrics")
+    for name in ("jaxinfer_requests_total", "jaxinfer_time_to_first_token_seconds_bucket",
+                 "jaxinfer_time_per_output_token_seconds_bucket", "jaxinfer_e2e_request_latency_seconds_count",
+                 "jaxinfer_prompt_tokens_total", "jaxinfer_generation_tokens_total",
+                 "jaxinfer_num_requests_waiting", "jaxinfer_kv_pages_used"):
+        assert name in text, name
+    assert 'status="200"' in text and 'status="400"' in text
+
+
+def test_max_waiting_503(tiny_llama_dir):
+    """max_num_seqs=1, max_waiting=0: while one slow request runs, the next gets 503 + Retry-After."""
+    from jaxinfer import LLM
+    from serving.server import create_app
+
+    llm = LLM(tiny_llama_dir, dtype="float32", num_pages=64, max_model_len=512, max_num_batched_tokens=64,
+              max_num_seqs=1, warmup=False, progress=False)
+    srv = _ServerThread(create_app(llm, served_model_name="tiny", max_waiting=0))
+    try:
+        result = {}
+
+        def slow():
+            result["slow"] = _post(srv.url + "/v1/completions", {"prompt": [1, 5, 7], "max_tokens": 480,
+                                                                 "ignore_eos": True, "temperature": 0})
+
+        t = threading.Thread(target=slow)
+        t.start()
+        deadline = time.time() + 30
+        while time.time() < deadline and _metric(srv.url, "jaxinfer_num_requests_running") == 0:
+            time.sleep(0.01)
+        status, headers, err = _post(srv.url + "/v1/completions", {"prompt": [1, 2], "max_tokens": 2})
+        assert status == 503 and "Retry-After" in headers, err
+        t.join(120)
+        assert result["slow"][0] == 200
+        assert result["slow"][2]["usage"]["completion_tokens"] == 480
+        status, _, _ = _post(srv.url + "/v1/completions", {"prompt": [1, 2], "max_tokens": 2})
+        assert status == 200
+    finally:
+        srv.stop()
+
+
+def test_cli_serve_sigterm_graceful(smollm2_gguf):
+    """`python -m serving` serves; SIGTERM lets the in-flight request finish, then exits 0."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "serving", "--model", smollm2_gguf, "--dtype", "float32",
+                             "--port", str(port), "--num-pages", "64", "--max-model-len", "256",
+                             "--max-num-batched-tokens", "64", "--max-num-seqs", "2", "--no-warmup",
+                             "--served-model-name", MODEL], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=dict(os.environ))
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                assert _get(url + "/health") == "ok"
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert proc.poll() is None and time.time() < deadline, proc.stdout.read().decode()[-3000:]
+                time.sleep(0.3)
+        result = {}
+        t = threading.Thread(target=lambda: result.setdefault("r", _post(url + "/v1/completions", {
+            "prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "ignore_eos": True})))
+        t.start()
+        deadline = time.time() + 30
+        while time.time() < deadline and _metric(url, "jaxinfer_num_requests_running") == 0:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        t.join(30)
+        status, _, body = result["r"]
+        assert status == 200 and body["usage"]["completion_tokens"] == 40
+    finally:
+        if proc.poll() is None:
+            proc.kill()
