@@ -259,6 +259,7 @@ class _Server:
         n = req.n
         sent_text = {}   # choice index -> chars sent
         sent_tok = {}    # choice index -> tokens whose logprobs were sent
+        sent_ids = {}    # choice index -> token ids seen (one chunk per step that produced tokens)
         fin_sent = set()  # choice indices whose finish_reason was sent
         finals = [None] * len(streams)
         timings = [_Timing() for _ in streams]
@@ -303,8 +304,12 @@ class _Server:
                     new_text = c.text[sent_text.get(idx, 0):]
                     k0 = sent_tok.get(idx, 0)
                     new_lps = c.logprobs[k0:] if c.logprobs is not None else None
-                    if idx in fin_sent or (not new_text and not c.finish_reason and not new_lps):
+                    new_ids = len(c.token_ids) > sent_ids.get(idx, 0)
+                    # A chunk per engine step that produced tokens, even when the detokenizer holds the text back
+                    # (or there is no tokenizer): clients time tokens by chunks, as with vLLM.
+                    if idx in fin_sent or (not new_text and not c.finish_reason and not new_lps and not new_ids):
                         continue
+                    sent_ids[idx] = len(c.token_ids)
                     if c.finish_reason:
                         fin_sent.add(idx)
                     sent_text[idx] = len(c.text)
