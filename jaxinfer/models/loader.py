@@ -162,7 +162,7 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
     if src.kind == "orbax":
         from jaxinfer.checkpoint import restore_checkpoint
 
-        pure = restore_checkpoint(src.path, _abstract_pure(abs_state))
+        pure = restore_checkpoint(src.path, nnx.to_pure_dict(abs_state))
     elif src.kind == "dummy":
         pure = _random_weights(abs_state, seed)
     else:
@@ -172,10 +172,6 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
     nnx.replace_by_pure_dict(abs_state, pure)
     leaves, treedef = jax.tree.flatten(abs_state)
     return LoadedModel(cfg, src, graphdef, leaves, treedef, jdtype)
-
-
-def _abstract_pure(abs_state):
-    return nnx.to_pure_dict(abs_state)
 
 
 def _random_weights(abs_state, seed: int) -> dict:

@@ -164,11 +164,6 @@ class ModelRunner:
                 prompt_lp[i] = (lp[a:a + len(tgt)], ids[a:a + len(tgt)], top[a:a + len(tgt)])
         return RunnerOutput(tokens[:n], logprobs[:n], top_ids[:n], top_lp[:n], prompt_lp)
 
-    def execute(self, seqs: Sequence[SeqInput], prompt_logprob_targets: dict[int, np.ndarray] | None = None
-                ) -> RunnerOutput:
-        """Run one step and wait for it (no placeholders allowed)."""
-        return self.fetch(self.dispatch(seqs, None, prompt_logprob_targets))
-
 
 @dataclasses.dataclass
 class InFlight:
