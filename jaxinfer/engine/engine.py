@@ -21,13 +21,13 @@ import random
 import time
 from typing import Any, Protocol, Sequence
 
-from jaxinfer.engine.detokenizer import IncrementalDetokenizer
-from jaxinfer.engine.kv_cache import KVCacheManager
-from jaxinfer.engine.request import Request
-from jaxinfer.engine.scheduler import Scheduler, ScheduledSeq
-from jaxinfer.outputs import CompletionOutput, Logprob, RequestOutput
-from jaxinfer.runner.batch import SeqInput
-from jaxinfer.sampling_params import SamplingParams
+from .detokenizer import IncrementalDetokenizer
+from .kv_cache import KVCacheManager
+from .request import Request
+from .scheduler import Scheduler, ScheduledSeq
+from ..outputs import CompletionOutput, Logprob, RequestOutput
+from ..runner.batch import SeqInput
+from ..sampling_params import SamplingParams
 
 
 class Runner(Protocol):

@@ -40,8 +40,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from jaxinfer.engine.kv_cache import KVCacheManager
-from jaxinfer.engine.request import Request, RequestStatus
+from .kv_cache import KVCacheManager
+from .request import Request, RequestStatus
 
 
 @dataclass(frozen=True)
