@@ -8,86 +8,10 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from jaxinfer.runner.batch import SeqInput, pack
-from jaxinfer.runner.buckets import BucketLadder
+from jaxinfer.runner.batch import pack
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention
-from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference, write_kv_pages
-
-
-def _cases(ps):
-    """(context already in the cache, new tokens this step): decodes, prefill chunks on top of cached context,
-    and lengths 1, page-1, page, page+1 and long."""
-    return [(0, 1), (ps - 2, 1), (0, ps - 1), (0, ps), (0, ps + 1), (ps + 3, 1), (2 * ps, ps + 5), (0, 3 * ps + 7),
-            (5 * ps - 1, 1)]
-
-
-def _build(rng, cases, heads, kv_heads, head_dim, ps, *, num_pages=None, max_tokens=256, max_seqs=16,
-           query_tile=8, max_model_len=None, garbage=None):
-    """Pages with each sequence's context written, this step's K/V written through write_kv_pages, packed metadata.
-
-    garbage: None (unused pages random normal, as a pool with stale data) or a float: unused pages, the slots of a
-    sequence's last page past its length, the padding rows of q / positions and the unused page-table entries are
-    filled with values of that magnitude (and the packed page-table entries past a sequence with random page ids).
-    """
-    need = sum(-(-(c + n) // ps) for c, n in cases)
-    num_pages = num_pages or need + 8
-    perm = rng.permutation(np.arange(1, num_pages))  # shuffled page tables, page 0 reserved
-    shape = (num_pages, ps, kv_heads, head_dim)
-    if garbage is None:
-        k_pages = rng.standard_normal(shape).astype(np.float32)
-        v_pages = rng.standard_normal(shape).astype(np.float32)
-    else:
-        k_pages = (garbage * rng.uniform(-1, 1, shape)).astype(np.float32)
-        v_pages = (garbage * rng.uniform(-1, 1, shape)).astype(np.float32)
-    seqs, full_k, full_v, cursor = [], [], [], 0
-    for ctx, n in cases:
-        total = ctx + n
-        npages = -(-total // ps)
-        table = perm[cursor:cursor + npages].tolist()
-        cursor += npages
-        kk = rng.standard_normal((total, kv_heads, head_dim)).astype(np.float32)
-        vv = rng.standard_normal((total, kv_heads, head_dim)).astype(np.float32)
-        for p in range(ctx):
-            k_pages[table[p // ps], p % ps] = kk[p]
-            v_pages[table[p // ps], p % ps] = vv[p]
-        seqs.append(SeqInput(token_ids=[0] * n, start_pos=ctx, page_table=table))
-        full_k.append(kk)
-        full_v.append(vv)
-    n_tok = sum(n for _, n in cases)
-    ladder = BucketLadder.build(max_num_batched_tokens=max_tokens, max_num_seqs=max_seqs,
-                                max_model_len=max_model_len or 16 * ps, page_size=ps, query_tile=query_tile,
-                                kv_chunk_pages=2)
-    batch = pack(seqs, ladder.pick(max(n_tok, 1), max(len(seqs), 1)), ps)
-    a = dict(batch.arrays)
-    T = batch.bucket.num_tokens
-    q = rng.standard_normal((T, heads, head_dim)).astype(np.float32)
-    k_new = np.zeros((T, kv_heads, head_dim), np.float32)
-    v_new = np.zeros((T, kv_heads, head_dim), np.float32)
-    for i, (ctx, n) in enumerate(cases):
-        s0 = batch.token_offsets[i]
-        k_new[s0:s0 + n] = full_k[i][ctx:]
-        v_new[s0:s0 + n] = full_v[i][ctx:]
-    if garbage is not None:
-        q[n_tok:] = garbage * rng.uniform(-1, 1, q[n_tok:].shape)
-        a["positions"] = a["positions"].copy()
-        a["positions"][n_tok:] = rng.integers(0, 8 * ps, T - n_tok)
-        pt = a["page_tables"].copy()
-        for i, s in enumerate(seqs):  # entries past each sequence's pages: other sequences' pages
-            pt[i, len(s.page_table):] = rng.integers(0, num_pages, pt.shape[1] - len(s.page_table))
-        a["page_tables"] = pt
-    kp, vp = write_kv_pages(jnp.asarray(k_pages), jnp.asarray(v_pages), k_new, v_new, a["slot_mapping"])
-    if garbage is not None:
-        # Padding tokens wrote page 0; re-poison it and the slots past each sequence's end in its last page.
-        kp, vp = np.array(kp), np.array(vp)
-        kp[0] = garbage * rng.uniform(-1, 1, kp[0].shape)
-        vp[0] = garbage * rng.uniform(-1, 1, vp[0].shape)
-        for (ctx, n), s in zip(cases, seqs):
-            end = ctx + n
-            if end % ps:
-                kp[s.page_table[-1], end % ps:] = garbage
-                vp[s.page_table[-1], end % ps:] = -garbage
-        kp, vp = jnp.asarray(kp), jnp.asarray(vp)
-    return dict(q=jnp.asarray(q), kp=kp, vp=vp, a=a, batch=batch, n_tok=n_tok, seqs=seqs)
+from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference
+from tests.kernels.paged_cases import build, cases
 
 
 def _args(d, dtype=jnp.float32):
@@ -121,7 +45,7 @@ _CONFIGS = [
 @pytest.mark.parametrize("heads,kv_heads,head_dim,ps,window,soft_cap,ppb,splits", _CONFIGS)
 def test_matches_reference(heads, kv_heads, head_dim, ps, window, soft_cap, ppb, splits):
     rng = np.random.default_rng(heads * 1000 + head_dim + ps + (window or 0) + ppb)
-    d = _build(rng, _cases(ps), heads, kv_heads, head_dim, ps)
+    d = build(rng, cases(ps), heads, kv_heads, head_dim, ps)
     assert d["batch"].bucket.num_tiles > int((d["a"]["tile_kv_len"] > 0).sum())  # some tiles are empty
     args = _args(d)
     kw = dict(sm_scale=head_dim ** -0.5, sliding_window=window, soft_cap=soft_cap)
@@ -136,7 +60,7 @@ def test_decode_bucket(heads, kv_heads, ppb, splits, window):
     """Decode-only step: the small-bucket query tile (Bq = 4, one token per tile), padded rows up to 16."""
     ps, D = 16, 64
     rng = np.random.default_rng(heads + ppb)
-    d = _build(rng, [(c, 1) for c in (0, 14, 15, 16, 17, 40, 70, 99)], heads, kv_heads, D, ps)
+    d = build(rng, [(c, 1) for c in (0, 14, 15, 16, 17, 40, 70, 99)], heads, kv_heads, D, ps)
     assert d["batch"].bucket.query_tile == 4
     args = _args(d)
     kw = dict(sm_scale=D ** -0.5, sliding_window=window)
@@ -149,7 +73,7 @@ def test_decode_bucket(heads, kv_heads, ppb, splits, window):
 def test_bf16_within_tolerance():
     rng = np.random.default_rng(7)
     H, KVH, D, ps = 8, 2, 64, 16
-    d = _build(rng, _cases(ps)[3:], H, KVH, D, ps)
+    d = build(rng, cases(ps)[3:], H, KVH, D, ps)
     kw = dict(sm_scale=D ** -0.5)
     ref32 = np.asarray(ragged_paged_attention_reference(*_args(d, jnp.float32), kv_chunk_pages=2, **kw))
     ref16 = np.asarray(ragged_paged_attention_reference(*_args(d, jnp.bfloat16), kv_chunk_pages=2, **kw),
@@ -167,8 +91,8 @@ def test_poisoned_padding_and_unused_pages():
     NaN in the same places (the reference would turn 0 * NaN into NaN) changes nothing in the kernel's output."""
     H, KVH, D, ps = 8, 2, 64, 16
     kw = dict(sm_scale=D ** -0.5, pages_per_block=2, kv_splits=2, interpret=True)
-    cases = _cases(ps)[1:]  # 127 tokens in a 128-token bucket: one padding row
-    d = _build(np.random.default_rng(3), cases, H, KVH, D, ps, garbage=1e4)
+    steps = cases(ps)[1:]  # 127 tokens in a 128-token bucket: one padding row
+    d = build(np.random.default_rng(3), steps, H, KVH, D, ps, garbage=1e4)
     args = _args(d)
     ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=D ** -0.5, kv_chunk_pages=2))
     out = np.asarray(ragged_paged_attention(*args, **kw))
@@ -176,7 +100,7 @@ def test_poisoned_padding_and_unused_pages():
     unref = _unreferenced(d)
     assert unref.sum() > 0 and np.all(out[unref] == 0)
 
-    nan = _build(np.random.default_rng(3), cases, H, KVH, D, ps, garbage=np.nan)
+    nan = build(np.random.default_rng(3), steps, H, KVH, D, ps, garbage=np.nan)
     out_nan = np.asarray(ragged_paged_attention(*_args(nan), **kw))
     n = d["n_tok"]
     assert np.all(np.isfinite(out_nan[:n]))
@@ -233,14 +157,14 @@ def _check_8b_shape(kind, interpret=False):
     rng = np.random.default_rng(11)
     if kind == "decode":  # 24 decodes, contexts from 1 to ~2000 tokens
         ctx = [0, 14, 15, 16, 17, 31, 100, 255, 256, 511, 777, 1024, 1500, 2000] + rng.integers(1, 2000, 10).tolist()
-        cases = [(int(c), 1) for c in ctx]
+        steps = [(int(c), 1) for c in ctx]
         max_tokens = 64
     else:  # prefill chunks on top of cached context, fresh prompts and decodes in one step
-        cases = [(0, 37), (300, 100), (1000, 16), (2 * 16 - 1, 50), (0, 1), (900, 1), (1999, 1), (64, 200)]
+        steps = [(0, 37), (300, 100), (1000, 16), (2 * 16 - 1, 50), (0, 1), (900, 1), (1999, 1), (64, 200)]
         max_tokens = 512
     for dtype, tol in ((jnp.bfloat16, 1e-2), (jnp.float32, 1e-4)):
-        d = _build(rng, cases, H, KVH, D, ps, max_tokens=max_tokens, max_seqs=32, query_tile=16,
-                   max_model_len=4096)
+        d = build(rng, steps, H, KVH, D, ps, max_tokens=max_tokens, max_seqs=32, query_tile=16,
+                  max_model_len=4096)
         args = _args(d, dtype)
         n = d["n_tok"]
         with jax.default_matmul_precision("highest"):

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from jaxinfer.runner.batch import SeqInput, pack
 from jaxinfer.runner.buckets import BucketLadder
 from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference, write_kv_pages
+from tests.kernels.paged_cases import build, cases
 
 
 def _dense_reference(q, k_all, v_all, q_pos, scale, window):
@@ -35,49 +36,16 @@ def _dense_reference(q, k_all, v_all, q_pos, scale, window):
 def test_ragged_mix_matches_dense(heads, kv_heads, head_dim, page_size, window, static_loop):
     rng = np.random.default_rng(heads * 100 + head_dim + page_size + (window or 0))
     ps = page_size
-    # (context already in the cache, new tokens this step): decodes, prefill chunks on top of context, and
-    # lengths 1, page-1, page, page+1 and long.
-    cases = [(0, 1), (ps - 2, 1), (0, ps - 1), (0, ps), (0, ps + 1), (ps + 3, 1), (2 * ps, ps + 5), (0, 3 * ps + 7),
-             (5 * ps - 1, 1)]
-    num_pages = 64
-    perm = rng.permutation(np.arange(1, num_pages))  # shuffled page tables, page 0 reserved
-    k_pages = rng.standard_normal((num_pages, ps, kv_heads, head_dim)).astype(np.float32)
-    v_pages = rng.standard_normal((num_pages, ps, kv_heads, head_dim)).astype(np.float32)
-    seqs, full_k, full_v, cursor = [], [], [], 0
-    for ctx, n in cases:
-        total = ctx + n
-        npages = -(-total // ps)
-        table = perm[cursor:cursor + npages].tolist()
-        cursor += npages
-        kk = rng.standard_normal((total, kv_heads, head_dim)).astype(np.float32)
-        vv = rng.standard_normal((total, kv_heads, head_dim)).astype(np.float32)
-        for p in range(ctx):  # the cached context is already in the pages
-            k_pages[table[p // ps], p % ps] = kk[p]
-            v_pages[table[p // ps], p % ps] = vv[p]
-        seqs.append(SeqInput(token_ids=[0] * n, start_pos=ctx, page_table=table))
-        full_k.append(kk)
-        full_v.append(vv)
-    n_tok = sum(n for _, n in cases)
-    ladder = BucketLadder.build(max_num_batched_tokens=256, max_num_seqs=16, max_model_len=8 * ps * 4,
-                                page_size=ps, query_tile=8, kv_chunk_pages=2)
-    batch = pack(seqs, ladder.pick(n_tok, len(seqs)), ps)
-    a = batch.arrays
-    T = batch.bucket.num_tokens
-    q = rng.standard_normal((T, heads, head_dim)).astype(np.float32)
-    k_new = np.zeros((T, kv_heads, head_dim), np.float32)
-    v_new = np.zeros((T, kv_heads, head_dim), np.float32)
-    for i, (ctx, n) in enumerate(cases):
-        s0 = batch.token_offsets[i]
-        k_new[s0:s0 + n] = full_k[i][ctx:]
-        v_new[s0:s0 + n] = full_v[i][ctx:]
-    before = k_pages.copy()
-    kp, vp = write_kv_pages(jnp.asarray(k_pages), jnp.asarray(v_pages), k_new, v_new, a["slot_mapping"])
+    steps = cases(ps)
+    d = build(rng, steps, heads, kv_heads, head_dim, ps, num_pages=64, max_model_len=32 * ps)
+    q, kp, vp, a, batch, n_tok = np.asarray(d["q"]), d["kp"], d["vp"], d["a"], d["batch"], d["n_tok"]
+    full_k, full_v, before = d["full_k"], d["full_v"], d["k_before"]
     scale = head_dim ** -0.5
     out = np.asarray(ragged_paged_attention_reference(
         jnp.asarray(q), kp, vp, a["positions"], a["tile_tokens"], a["tile_seq"], a["tile_kv_len"],
         a["page_tables"], sm_scale=scale, kv_chunk_pages=2, sliding_window=window,
         static_loop=static_loop))
-    for i, (ctx, n) in enumerate(cases):
+    for i, (ctx, n) in enumerate(steps):
         s0 = batch.token_offsets[i]
         ref = _dense_reference(q[s0:s0 + n].astype(np.float64), full_k[i].astype(np.float64),
                                full_v[i].astype(np.float64), np.arange(ctx, ctx + n), scale, window)
