@@ -75,6 +75,7 @@ def main():
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--max-num-batched-tokens", type=int, default=256)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.6)
+    ap.add_argument("--attention-backend", default="auto", choices=["auto", "reference", "pallas"])
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--profile", default=None, help="write a jax.profiler trace of the batch-1 run here")
     a = ap.parse_args()
@@ -83,7 +84,7 @@ def main():
     t0 = time.perf_counter()
     llm = LLM(a.model, load_format=a.load_format, max_model_len=a.max_model_len,
               max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=max(a.batch),
-              gpu_memory_utilization=a.gpu_memory_utilization)
+              gpu_memory_utilization=a.gpu_memory_utilization, attention_backend=a.attention_backend)
     startup = time.perf_counter() - t0
     weight_bytes = llm.model.num_bytes
     roof = bw / weight_bytes
@@ -103,7 +104,7 @@ def main():
         print(f"batch {b:3d}: decode {tps:8.1f} tok/s ({tps / b:6.1f}/user, {row['weight_TBps']:.2f} TB/s of "
               f"weights) | TTFT {ttft * 1e3:7.1f} ms | step {step_med * 1e3:.2f} ms, device-only {dev * 1e3:.2f} ms "
               f"-> host overhead {100 * row['host_overhead']:.1f}% | plain XLA {peer or float('nan'):.1f} tok/s")
-    path = write_result("latency", dict(model=a.model, prompt_len=a.prompt_len, new_tokens=a.new_tokens,
+    path = write_result("latency", dict(model=a.model, attention_backend=a.attention_backend, prompt_len=a.prompt_len, new_tokens=a.new_tokens,
                                         hbm_TBps=bw / 1e12, weight_GB=weight_bytes / 1e9, startup_s=startup,
                                         rows=rows))
     print("wrote", path)

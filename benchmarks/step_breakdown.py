@@ -22,6 +22,7 @@ from jaxinfer import LLM  # noqa: E402
 from jaxinfer.models.attention import AttentionMetadata  # noqa: E402
 from jaxinfer.runner.batch import SeqInput, pack  # noqa: E402
 from jaxinfer.runner.sampler import SamplingTensors, sample  # noqa: E402
+from pallas_kernels.paged_attention.kernel import ragged_paged_attention  # noqa: E402
 from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference, write_kv_pages  # noqa
 
 
@@ -41,9 +42,10 @@ def main():
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--attention-backend", default="auto", choices=["auto", "reference", "pallas"])
     a = ap.parse_args()
     llm = LLM(a.model, load_format="dummy", max_model_len=a.max_model_len, max_num_batched_tokens=256,
-              max_num_seqs=max(a.batch), gpu_memory_utilization=0.5)
+              max_num_seqs=max(a.batch), gpu_memory_utilization=0.5, attention_backend=a.attention_backend)
     r = llm.runner
     cfg = llm.model_config
     loaded = r.loaded
@@ -96,7 +98,12 @@ def main():
         attn = jax.jit(lambda q, kp, vp: ragged_paged_attention_reference(
             q, kp, vp, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,
             sm_scale=0.088, kv_chunk_pages=aopts.kv_chunk_pages, static_loop=True))
-        rows["attention, one layer (x32)"] = timeit(attn, q, kp, vp) * 32
+        rows["attention reference, one layer (x32)"] = timeit(attn, q, kp, vp) * 32
+        if jax.default_backend() == "gpu":
+            kern = jax.jit(lambda q, kp, vp: ragged_paged_attention(
+                q, kp, vp, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,
+                sm_scale=0.088, pages_per_block=max(1, 64 // r.page_size)))
+            rows["attention pallas kernel, one layer (x32)"] = timeit(kern, q, kp, vp) * 32
         write = jax.jit(lambda kp, vp, k: write_kv_pages(kp, vp, k, k, md.slot_mapping), donate_argnums=(0, 1))
         kp2, vp2 = jnp.copy(kp), jnp.copy(vp)
         t0 = time.perf_counter()
@@ -128,7 +135,7 @@ def main():
         for k, v in rows.items():
             print(f"  {k:45s} {v:8.3f} ms")
         results[b] = rows
-        write_result("step-breakdown", dict(model=a.model, context=a.context, max_model_len=a.max_model_len,
+        write_result("step-breakdown", dict(model=a.model, attention_backend=a.attention_backend, context=a.context, max_model_len=a.max_model_len,
                                             ms_by_batch=results))
 
 

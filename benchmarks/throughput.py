@@ -101,6 +101,7 @@ def main():
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    ap.add_argument("--attention-backend", default="auto", choices=["auto", "reference", "pallas"])
     ap.add_argument("--hf-baseline", action="store_true")
     ap.add_argument("--hf-batch", type=int, default=64)
     ap.add_argument("--profile", default=None)
@@ -120,7 +121,8 @@ def main():
     bw = measure_hbm_bandwidth()
     t0 = time.perf_counter()
     llm = LLM(a.model, load_format=a.load_format, max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
-              max_num_batched_tokens=a.max_num_batched_tokens, gpu_memory_utilization=a.gpu_memory_utilization)
+              max_num_batched_tokens=a.max_num_batched_tokens, gpu_memory_utilization=a.gpu_memory_utilization,
+              attention_backend=a.attention_backend)
     startup = time.perf_counter() - t0
     weight_bytes = llm.model.num_bytes
     print(f"device {jax.devices()[0].device_kind}; HBM {bw / 1e12:.2f} TB/s; startup {startup:.1f} s; "
