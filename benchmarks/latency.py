@@ -43,12 +43,12 @@ def run_batch(llm, batch: int, prompt_len: int, new_tokens: int, seed: int = 0):
     return t_first - t_add, tokens / decode_s, float(np.median(step_times))
 
 
-def device_only_step_s(llm, batch: int, iters: int = 20) -> float:
-    """Time of the compiled decode step alone for `batch` decode rows (no host work between steps)."""
+def device_only_step_s(llm, batch: int, ctx: int, iters: int = 20) -> float:
+    """Time of the compiled decode step alone for `batch` decode rows at context `ctx` (no host work between
+    steps). Run at the mean context of the measured decode so the two are comparable."""
     from jaxinfer.runner.batch import SeqInput, pack
 
     r = llm.runner
-    ctx = 256
     pages = [list(range(1 + i * (ctx // r.page_size + 1), 1 + (i + 1) * (ctx // r.page_size + 1)))
              for i in range(batch)]
     seqs = [SeqInput(token_ids=[1], start_pos=ctx, page_table=p) for p in pages]
@@ -78,6 +78,8 @@ def main():
     ap.add_argument("--attention-backend", default="auto", choices=["auto", "reference", "pallas"])
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--profile", default=None, help="write a jax.profiler trace of the batch-1 run here")
+    ap.add_argument("--host-profile", action="store_true",
+                    help="cProfile the host side of the largest batch's run and print where host time goes")
     a = ap.parse_args()
 
     bw = measure_hbm_bandwidth()
@@ -92,9 +94,19 @@ def main():
           f"batch-1 roofline {roof:.0f} tok/s; startup {startup:.1f} s")
     rows = []
     for b in a.batch:
+        prof = None
+        if a.host_profile and b == max(a.batch):
+            import cProfile
+            prof = cProfile.Profile()
+            prof.enable()
         with maybe_profile(a.profile if b == a.batch[0] else None):
             ttft, tps, step_med = run_batch(llm, b, a.prompt_len, a.new_tokens)
-        dev = device_only_step_s(llm, b)
+        if prof is not None:
+            import pstats
+            prof.disable()
+            print(f"--- host profile, batch {b} (cProfile slows the host; read the shares, not the times)")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(22)
+        dev = device_only_step_s(llm, b, a.prompt_len + a.new_tokens // 2)
         peer = None if a.no_peer else plain_decode(llm, b)
         row = dict(batch=b, ttft_ms=ttft * 1e3, decode_tok_s=tps, step_ms_median=step_med * 1e3,
                    device_step_ms=dev * 1e3, host_overhead=max(0.0, 1 - dev / step_med),

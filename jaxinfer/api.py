@@ -113,7 +113,7 @@ class LLM:
         ids = []
         try:
             for p, sp in zip(prompts, params):
-                ids.append(self.engine.add_request(None, p, sp))
+                ids.append(self.engine.add_request(None, p, sp, stream=False))
         except Exception:
             for rid in ids:  # all-or-nothing: a bad prompt leaves no half-queued batch behind
                 self.engine.abort(rid)

@@ -72,6 +72,7 @@ class _Group:
     seq_ids: list[str]
     arrival_time: float
     first_token_time: float | None = None
+    stream: bool = True  # False: step() returns this request's output only once, when it has finished
 
 
 class LLMEngine:
@@ -97,8 +98,12 @@ class LLMEngine:
 
     # ---- requests -----------------------------------------------------------------------------------------
     def add_request(self, request_id: str | None, prompt: str | Sequence[int],
-                    params: SamplingParams | None = None) -> str:
-        """Queue a request. Raises ValueError (and queues nothing) if it is invalid or can never fit."""
+                    params: SamplingParams | None = None, *, stream: bool = True) -> str:
+        """Queue a request. Raises ValueError (and queues nothing) if it is invalid or can never fit.
+
+        stream=False: step() reports the request only when it has finished (offline batches: building a
+        cumulative RequestOutput for every running request at every step was the largest host cost at batch 256).
+        """
         params = params or SamplingParams()
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         if request_id in self._groups:
@@ -145,7 +150,8 @@ class LLMEngine:
                 raise
         for st in new_states:
             self._seqs[st.request.request_id] = st
-        self._groups[request_id] = _Group(request_id, prompt_text, list(ids), seq_ids, time.monotonic())
+        self._groups[request_id] = _Group(request_id, prompt_text, list(ids), seq_ids, time.monotonic(),
+                                          stream=stream)
         return request_id
 
     def abort(self, request_id: str) -> bool:
@@ -196,7 +202,7 @@ class LLMEngine:
             inputs.append(SeqInput(
                 token_ids=s.token_ids, start_pos=s.start_pos, page_table=s.page_table,
                 temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
-                seed=st.seed, step=s.output_index, prev_row=prev_row))
+                seed=st.seed, step=s.output_index, want_logprobs=st.logprobs is not None, prev_row=prev_row))
             if s.sample:
                 rows[s.request_id] = i
             tgt = self._prompt_logprob_targets(st, s)
@@ -264,6 +270,8 @@ class LLMEngine:
             g = self._groups[gid]
             if g.first_token_time is None:
                 g.first_token_time = now
+            if not g.stream and not all(self._seqs[sid].request.status.is_finished for sid in g.seq_ids):
+                continue
             comps = []
             for idx, sid in enumerate(g.seq_ids):
                 st = self._seqs[sid]

@@ -67,6 +67,13 @@ class Request:
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)
         self.output_token_ids = list(self.output_token_ids)
+        # The sampling knobs the scheduler reads every step, read once (the scheduler's per-step cost is per
+        # request, so attribute lookups through `sampling` showed up in host profiles at batch 256).
+        sp = self.sampling
+        self.max_tokens: int | None = getattr(sp, "max_tokens", None)
+        self.stop_token_ids: frozenset[int] = frozenset(getattr(sp, "stop_token_ids", None) or ())
+        self.ignore_eos: bool = bool(getattr(sp, "ignore_eos", False))
+        self.min_tokens: int = int(getattr(sp, "min_tokens", 0) or 0)
 
     # ---- token views -------------------------------------------------------------------------------
     @property
@@ -99,23 +106,6 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
-
-    # ---- sampling knobs the scheduler uses ---------------------------------------------------------
-    @property
-    def max_tokens(self) -> int | None:
-        return getattr(self.sampling, "max_tokens", None)
-
-    @property
-    def stop_token_ids(self) -> list[int]:
-        return list(getattr(self.sampling, "stop_token_ids", None) or ())
-
-    @property
-    def ignore_eos(self) -> bool:
-        return bool(getattr(self.sampling, "ignore_eos", False))
-
-    @property
-    def min_tokens(self) -> int:
-        return int(getattr(self.sampling, "min_tokens", 0) or 0)
 
     # ---- status ------------------------------------------------------------------------------------
     @property

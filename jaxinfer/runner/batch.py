@@ -7,6 +7,7 @@ in one transfer. Padding tokens write their K/V into page 0 (never handed out) a
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any, Sequence
 
 import numpy as np
@@ -25,6 +26,7 @@ class SeqInput:
     min_p: float = 0.0
     seed: int = 0
     step: int = 0              # index of the token being sampled (number generated so far)
+    want_logprobs: bool = False  # the request asked for logprobs: the step computes the top-20 (else skipped)
     prev_row: int = -1         # >= 0: the last token is a placeholder (-1), sampled by the previous step (still in
                                # flight) in its output row `prev_row`; the device fills it in
 
@@ -33,7 +35,7 @@ class SeqInput:
 # in one float32 buffer: two host->device copies per step instead of fifteen (each copy costs ~0.1-0.4 ms of
 # host time). `seed` is uint32 and travels bit-cast to int32.
 INT_FIELDS = ("input_ids", "prev_src", "positions", "slot_mapping", "page_tables", "tile_tokens", "tile_seq",
-              "tile_kv_len", "sample_idx", "top_k", "seed", "step")
+              "tile_kv_len", "sample_idx", "top_k", "seed", "step", "want_logprobs")
 FLOAT_FIELDS = ("temperature", "top_p", "min_p")
 
 
@@ -56,10 +58,12 @@ def field_shapes(bucket: Bucket) -> dict[str, tuple[int, ...]]:
     T, S, NT, Bq, W = bucket.num_tokens, bucket.num_seqs, bucket.num_tiles, bucket.query_tile, bucket.table_width
     return dict(input_ids=(T,), prev_src=(T,), positions=(T,), slot_mapping=(T,), page_tables=(S + 1, W),
                 tile_tokens=(NT, Bq), tile_seq=(NT,), tile_kv_len=(NT,), sample_idx=(S,), top_k=(S,), seed=(S,),
-                step=(S,), temperature=(S,), top_p=(S,), min_p=(S,))
+                step=(S,), want_logprobs=(S,), temperature=(S,), top_p=(S,), min_p=(S,))
 
 
 def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
+    """Vectorised over sequences and tokens (numpy): at batch 256 a per-sequence Python loop here cost more host
+    time than the device step. tests/engine/test_batch_pack.py checks it against a plain per-sequence loop."""
     T, S, NT, Bq, W = bucket.num_tokens, bucket.num_seqs, bucket.num_tiles, bucket.query_tile, bucket.table_width
     n_seqs = len(seqs)
     if n_seqs > S:
@@ -70,61 +74,72 @@ def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
     n_tok = int(offsets[-1])
     if n_tok > T:
         raise ValueError(f"{n_tok} tokens do not fit bucket {bucket}")
+    starts = np.fromiter((s.start_pos for s in seqs), np.int64, n_seqs)
+    n_pages = np.fromiter((len(s.page_table) for s in seqs), np.int64, n_seqs)
+    if n_seqs and n_pages.max() > W:
+        i = int(n_pages.argmax())
+        raise ValueError(f"sequence has {n_pages[i]} pages but the page-table width is {W}")
+    short = n_pages * page_size < starts + lens
+    if short.any():
+        i = int(short.argmax())
+        raise ValueError(f"page table of {n_pages[i]} pages cannot hold {starts[i] + lens[i]} tokens "
+                         f"(page_size {page_size})")
 
-    input_ids = np.zeros(T, np.int32)
-    prev_src = np.full(T, -1, np.int32)  # row of the previous step's tokens that fills a placeholder
-    positions = np.zeros(T, np.int32)
-    slot_mapping = np.zeros(T, np.int32)  # padding -> slot 0 of the reserved page 0
     # Row S stays all zeros: empty tiles point at it, so they gather only the reserved page 0 (L2-resident)
     # instead of re-reading a real sequence's pages.
     page_tables = np.zeros((S + 1, W), np.int32)
-    tile_tokens = np.full((NT, Bq), T, np.int32)
-    tile_seq = np.full(NT, S, np.int32)
-    tile_kv_len = np.zeros(NT, np.int32)
-    sample_idx = np.zeros(S, np.int32)
-    temperature = np.zeros(S, np.float32)
-    top_k = np.full(S, -1, np.int32)
-    top_p = np.ones(S, np.float32)
-    min_p = np.zeros(S, np.float32)
-    seed = np.zeros(S, np.uint32)
-    step = np.zeros(S, np.int32)
+    if n_seqs:
+        rows = np.repeat(np.arange(n_seqs), n_pages)
+        cols = np.arange(len(rows)) - np.repeat(np.cumsum(n_pages) - n_pages, n_pages)
+        page_tables[rows, cols] = np.fromiter(itertools.chain.from_iterable(s.page_table for s in seqs), np.int32,
+                                              len(rows))
 
-    tile = 0
-    for i, s in enumerate(seqs):
-        a, b = int(offsets[i]), int(offsets[i + 1])
-        n = b - a
-        input_ids[a:b] = s.token_ids
-        if s.prev_row >= 0:
-            input_ids[b - 1] = 0
-            prev_src[b - 1] = s.prev_row
-        pos = np.arange(s.start_pos, s.start_pos + n, dtype=np.int32)
-        positions[a:b] = pos
-        pt = np.asarray(s.page_table, np.int32)
-        if len(pt) > W:
-            raise ValueError(f"sequence has {len(pt)} pages but the page-table width is {W}")
-        if len(pt) * page_size < s.start_pos + n:
-            raise ValueError(
-                f"page table of {len(pt)} pages cannot hold {s.start_pos + n} tokens (page_size {page_size})")
-        page_tables[i, :len(pt)] = pt
-        slot_mapping[a:b] = pt[pos // page_size] * page_size + pos % page_size
-        for t0 in range(0, n, Bq):
-            t1 = min(t0 + Bq, n)
-            tile_tokens[tile, : t1 - t0] = np.arange(a + t0, a + t1)
-            tile_seq[tile] = i
-            tile_kv_len[tile] = s.start_pos + t1
-            tile += 1
-        sample_idx[i] = b - 1
-        temperature[i] = s.temperature
-        top_k[i] = s.top_k
-        top_p[i] = s.top_p
-        min_p[i] = s.min_p
-        seed[i] = s.seed & 0xFFFFFFFF
-        step[i] = s.step
-    if tile > NT:
-        raise AssertionError(f"{tile} query tiles exceed the bucket's {NT}")  # impossible by construction
+    tok_seq = np.repeat(np.arange(n_seqs), lens)  # [n_tok] sequence of each token
+    pos = np.arange(n_tok) - offsets[:-1][tok_seq] + starts[tok_seq]
+    input_ids = np.zeros(T, np.int32)
+    input_ids[:n_tok] = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in seqs), np.int64, n_tok)
+    prev_src = np.full(T, -1, np.int32)  # row of the previous step's tokens that fills a placeholder
+    prev_rows = np.fromiter((s.prev_row for s in seqs), np.int64, n_seqs)
+    has_prev = prev_rows >= 0
+    last = offsets[1:] - 1
+    input_ids[last[has_prev]] = 0
+    prev_src[last[has_prev]] = prev_rows[has_prev]
+    positions = np.zeros(T, np.int32)
+    positions[:n_tok] = pos
+    slot_mapping = np.zeros(T, np.int32)  # padding -> slot 0 of the reserved page 0
+    slot_mapping[:n_tok] = page_tables[tok_seq, pos // page_size] * page_size + pos % page_size
+
+    # Query tiles: sequence i gets ceil(len_i / Bq) tiles of up to Bq consecutive tokens.
+    n_tiles = -(-lens // Bq)
+    total_tiles = int(n_tiles.sum())
+    if total_tiles > NT:
+        raise AssertionError(f"{total_tiles} query tiles exceed the bucket's {NT}")  # impossible by construction
+    tile_s = np.repeat(np.arange(n_seqs), n_tiles)  # [tiles] sequence of each tile
+    tile_j = np.arange(total_tiles) - np.repeat(np.cumsum(n_tiles) - n_tiles, n_tiles)  # tile index in its seq
+    first = tile_j * Bq  # first token of the tile within its sequence
+    r = np.arange(Bq)[None, :]
+    in_seq = first[:, None] + r < lens[tile_s][:, None]
+    tile_tokens = np.full((NT, Bq), T, np.int32)
+    tile_tokens[:total_tiles] = np.where(in_seq, offsets[:-1][tile_s][:, None] + first[:, None] + r, T)
+    tile_seq = np.full(NT, S, np.int32)
+    tile_seq[:total_tiles] = tile_s
+    tile_kv_len = np.zeros(NT, np.int32)
+    tile_kv_len[:total_tiles] = starts[tile_s] + np.minimum(first + Bq, lens[tile_s])
+
+    def col(name, dtype, fill):
+        out = np.full(S, fill, dtype)
+        out[:n_seqs] = np.fromiter((getattr(s, name) for s in seqs), dtype, n_seqs)
+        return out
+
+    sample_idx = np.zeros(S, np.int32)
+    sample_idx[:n_seqs] = last
+    seed = np.zeros(S, np.uint32)
+    seed[:n_seqs] = np.fromiter((s.seed & 0xFFFFFFFF for s in seqs), np.uint32, n_seqs)
     arrays: dict[str, Any] = dict(
         input_ids=input_ids, prev_src=prev_src, positions=positions, slot_mapping=slot_mapping, page_tables=page_tables,
         tile_tokens=tile_tokens, tile_seq=tile_seq, tile_kv_len=tile_kv_len, sample_idx=sample_idx,
-        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, step=step,
+        temperature=col("temperature", np.float32, 0.0), top_k=col("top_k", np.int32, -1),
+        top_p=col("top_p", np.float32, 1.0), min_p=col("min_p", np.float32, 0.0), seed=seed,
+        step=col("step", np.int32, 0), want_logprobs=col("want_logprobs", np.int32, 0),
     )
     return HostBatch(bucket, arrays, n_tok, n_seqs, offsets)

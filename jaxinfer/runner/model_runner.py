@@ -34,8 +34,8 @@ _CPU_KV_BUDGET_BYTES = 1 << 30  # without device memory statistics (CPU) size th
 class RunnerOutput:
     tokens: np.ndarray        # i32[num_seqs]
     logprobs: np.ndarray      # f32[num_seqs]
-    top_ids: np.ndarray       # i32[num_seqs, 20]
-    top_logprobs: np.ndarray  # f32[num_seqs, 20]
+    top_ids: np.ndarray | None       # i32[num_seqs, 20]; None when no sequence of the step asked for logprobs
+    top_logprobs: np.ndarray | None  # f32[num_seqs, 20]; likewise
     prompt_logprobs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]  # seq index -> (lp[n], ids[n,20], lp[n,20])
 
 
@@ -149,20 +149,25 @@ class ModelRunner:
                 a = int(batch.token_offsets[i])
                 targets[a:a + len(tgt)] = tgt
             prompt = prompt_fn(self.loaded.params, hidden, targets)
-        return InFlight(out, prompt, dict(prompt_logprob_targets or {}), batch.token_offsets, len(seqs))
+        want_top = any(s.want_logprobs for s in seqs)
+        return InFlight(out, prompt, dict(prompt_logprob_targets or {}), batch.token_offsets, len(seqs), want_top)
 
     def fetch(self, flight: "InFlight") -> RunnerOutput:
         """Wait for a dispatched step and copy its (small) results to the host."""
         n = flight.num_seqs
-        tokens, logprobs, top_ids, top_lp = jax.device_get(
-            (flight.out.tokens, flight.out.logprobs, flight.out.top_ids, flight.out.top_logprobs))
+        if flight.want_top:
+            tokens, logprobs, top_ids, top_lp = jax.device_get(
+                (flight.out.tokens, flight.out.logprobs, flight.out.top_ids, flight.out.top_logprobs))
+        else:  # every device->host copy costs host time: skip the top-20 arrays nobody asked for
+            (tokens, logprobs), top_ids, top_lp = jax.device_get((flight.out.tokens, flight.out.logprobs)), None, None
         prompt_lp = {}
         if flight.prompt is not None:
             lp, ids, top = jax.device_get(flight.prompt)
             for i, tgt in flight.prompt_targets.items():
                 a = int(flight.token_offsets[i])
                 prompt_lp[i] = (lp[a:a + len(tgt)], ids[a:a + len(tgt)], top[a:a + len(tgt)])
-        return RunnerOutput(tokens[:n], logprobs[:n], top_ids[:n], top_lp[:n], prompt_lp)
+        return RunnerOutput(tokens[:n], logprobs[:n], None if top_ids is None else top_ids[:n],
+                            None if top_lp is None else top_lp[:n], prompt_lp)
 
 
 @dataclasses.dataclass
@@ -174,3 +179,4 @@ class InFlight:
     prompt_targets: dict[int, np.ndarray]
     token_offsets: np.ndarray
     num_seqs: int
+    want_top: bool = False      # some sequence asked for logprobs: fetch the top-20 arrays too

@@ -253,20 +253,34 @@ def _sample_random(x: jax.Array, t: SamplingTensors, greedy: jax.Array) -> jax.A
 
 
 def sample(logits: jax.Array, t: SamplingTensors, *, penalty_ids: jax.Array | None = None,
-           penalty_counts: jax.Array | None = None) -> SamplerOutput:
+           penalty_counts: jax.Array | None = None, want_top_logprobs: jax.Array | None = None) -> SamplerOutput:
     """Sample one token per row. logits f32[S, V] (any float dtype; computed in f32), t: S-row SamplingTensors.
 
     penalty_ids / penalty_counts i32[S, P] (see apply_penalties), or None to skip penalties at trace time.
+    want_top_logprobs: bool scalar (traced): False skips the top-20 logprobs (returned as zeros) — they cost a
+    chunked top-k over the vocabulary (~0.1-0.3 ms on an H200 at 128k vocab) that most steps do not need.
+    The random path (top-k candidates, Gumbel noise) likewise runs only when some row samples (lax.cond, which
+    XLA GPU runs without blocking the host: benchmarks/probes/dispatch_blocking.py).
     """
     S, V = logits.shape
     raw = logits.astype(jnp.float32)
     lse_raw = jax.nn.logsumexp(raw, axis=-1)  # [S]
     n_lp = min(MAX_LOGPROBS, V)
-    top_vals, top_ids = _top_k(raw, n_lp)
-    top_logprobs = top_vals - lse_raw[:, None]
-    if n_lp < MAX_LOGPROBS:  # static: tiny vocabularies only
-        top_ids = jnp.pad(top_ids, ((0, 0), (0, MAX_LOGPROBS - n_lp)), constant_values=-1)
-        top_logprobs = jnp.pad(top_logprobs, ((0, 0), (0, MAX_LOGPROBS - n_lp)), constant_values=-jnp.inf)
+
+    def top_fn():
+        top_vals, top_ids = _top_k(raw, n_lp)
+        top_logprobs = top_vals - lse_raw[:, None]
+        if n_lp < MAX_LOGPROBS:  # static: tiny vocabularies only
+            top_ids = jnp.pad(top_ids, ((0, 0), (0, MAX_LOGPROBS - n_lp)), constant_values=-1)
+            top_logprobs = jnp.pad(top_logprobs, ((0, 0), (0, MAX_LOGPROBS - n_lp)), constant_values=-jnp.inf)
+        return top_ids.astype(jnp.int32), top_logprobs
+
+    if want_top_logprobs is None:
+        top_ids, top_logprobs = top_fn()
+    else:
+        top_ids, top_logprobs = lax.cond(
+            want_top_logprobs, top_fn,
+            lambda: (jnp.zeros((S, MAX_LOGPROBS), jnp.int32), jnp.zeros((S, MAX_LOGPROBS), jnp.float32)))
 
     x = raw
     if penalty_ids is not None:
@@ -275,7 +289,8 @@ def sample(logits: jax.Array, t: SamplingTensors, *, penalty_ids: jax.Array | No
         x = apply_penalties(x, t, penalty_ids, penalty_counts)
 
     greedy = t.temperature < GREEDY_EPS
-    tokens = jnp.where(greedy, jnp.argmax(x, axis=-1).astype(jnp.int32), _sample_random(x, t, greedy))
+    random_tokens = lax.cond(jnp.all(greedy), lambda: jnp.zeros((S,), jnp.int32),
+                             lambda: _sample_random(x, t, greedy))
+    tokens = jnp.where(greedy, jnp.argmax(x, axis=-1).astype(jnp.int32), random_tokens)
     logprobs = jnp.take_along_axis(raw, tokens[:, None], axis=1)[:, 0] - lse_raw
-    return SamplerOutput(tokens=tokens, logprobs=logprobs, top_ids=top_ids.astype(jnp.int32),
-                         top_logprobs=top_logprobs)
+    return SamplerOutput(tokens=tokens, logprobs=logprobs, top_ids=top_ids, top_logprobs=top_logprobs)

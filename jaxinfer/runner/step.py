@@ -69,7 +69,7 @@ def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int):
         input_ids = jnp.where(src >= 0, prev_tokens[jnp.maximum(src, 0)], batch["input_ids"])
         hidden, kv_caches = model(input_ids, kv_caches, _metadata(batch), opts)
         logits = model.logits(hidden[batch["sample_idx"]])  # [S, V] f32
-        out = sample(logits, _sampling(batch))
+        out = sample(logits, _sampling(batch), want_top_logprobs=jnp.any(batch["want_logprobs"] > 0))
         tokens = jnp.zeros((max_num_seqs,), jnp.int32).at[: out.tokens.shape[0]].set(out.tokens)
         return kv_caches, StepOutput(tokens, out.logprobs, out.top_ids, out.top_logprobs), hidden
 
