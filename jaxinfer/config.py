@@ -227,8 +227,8 @@ class EngineConfig:
     enable_prefix_caching: reuse the KV of full pages whose (chained) token content matches an earlier
         request's (vLLM automatic prefix caching); requests asking for prompt_logprobs bypass it.
     attention_backend: "reference" (jnp), "pallas" (the Pallas kernel; interpret mode on CPU, slow) or "auto"
-        (the reference for now: the kernel beats it in isolation on the H200 but has not been measured inside
-        the engine yet).
+        (the kernel on GPU — inside the engine on the H200 it took batch-1 decode from 136 to 186 tok/s and
+        offline throughput from 2,088 to 6,349 output tok/s — and the reference elsewhere).
     kv_loop: "static" (unrolled over the page-table width; no device-to-host syncs: GPU), "dynamic" (while loop
         up to the longest context: CPU) or "auto".
     """
