@@ -182,9 +182,17 @@ class QuantLinear(nnx.Module):
         return y
 
 
+# The Pallas kernel serves every M by default (small-M split-K and large-M tile configurations). Should the
+# H200 benchmark (benchmarks/kernels/quantized_matmul.py) show XLA's dequantize + dot winning above some M, set
+# the threshold here: steps with more tokens than this use the XLA path.
+PALLAS_MAX_M = {"int8": 1 << 30, "int4": 1 << 30}
+
+
 def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, backend="reference",
                      out_dtype=None):
     """One entry point over the three implementations (see QuantLinear)."""
+    if backend == "pallas" and method != "fp8" and x.size // x.shape[-1] > PALLAS_MAX_M[method]:
+        backend = "xla"
     if method == "fp8":
         fn = qmm_ref.fp8_matmul_reference if backend == "reference" else qmm_xla.fp8_matmul_xla
         return fn(x, q, scale, out_dtype=out_dtype)
