@@ -187,3 +187,16 @@ def test_cli_flag():
     a = build_parser().parse_args(["generate", "hi", "--quantization", "int4-g64", "--quantize-lm-head"])
     kw = _engine_kwargs(a)
     assert kw["quantization"] == "int4-g64" and kw["quantize_lm_head"] is True
+
+
+def test_orbax_checkpoint_quantized_on_load(tiny_llama_dir, float_llm, tmp_path):
+    """A float orbax checkpoint (LLM.save) quantizes on load to the same weights as the safetensors source; saving a
+    quantized model is refused with a clear message."""
+    path = str(tmp_path / "orbax")
+    float_llm.save(path)
+    a = jaxinfer.LLM(path, quantization="int8", **OPTS)
+    b = jaxinfer.LLM(tiny_llama_dir, quantization="int8", **OPTS)
+    for x, y in zip(a.model.params, b.model.params):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    with pytest.raises(ValueError, match="saving a quantized model \\(int8\\) is not supported"):
+        a.save(str(tmp_path / "again"))

@@ -23,10 +23,12 @@ range [s * K / split_k, (s + 1) * K / split_k), walked in steps of bk:
         i.e. the dot runs on the raw nibbles (exact in bf16) and the group's affine dequantization is applied to
         the [bm, bn] partial instead of the [g, bn] weights (cheaper at small M, and no bf16 rounding of
         dequantized weights).
-Two configurations (`_config`), picked by M at trace time:
+Configurations (`_config`), picked by M at trace time:
   small M (M <= 16, decode): bm = 16 (tl.dot's minimum; rows past M are zero), bn 64-128, split-K so that
         there are >= 2 programs per SM, f32 partials summed by XLA (a few hundred KB, vs MBs of weights);
-  large M: bm 64/128, bn 128, no split: a plain tensor-core tiled GEMM with the dequantization in its K loop.
+  medium M (<= 64, batched decode): bm 32/64, same split-K rule;
+  large M: bm 64/128, bn 128: a tensor-core tiled GEMM with the dequantization in its K loop (split-K only when
+        the output tiles alone cannot give every SM a program, e.g. M = 256 with N = 4096).
 All block dims are powers of two >= 16 (Triton tensor sizes and tl.dot operands).
 """
 from __future__ import annotations
@@ -86,18 +88,32 @@ class Config:
 
 
 def _config(kind: str, M: int, K: int, N: int, group_size: int | None, num_sms: int) -> Config:
+    """Default tiles by M (tuned with benchmarks/kernels/quantized_matmul.py --sweep):
+      M <= 16      bm 16, bn 64 (128 when N alone gives every SM a program; always 128 for int4), int8 bk 256,
+                   4 stages
+      16 < M <= 64 bm 32 / 64, bn 64-128, int8 bk 128
+      64 < M <= 256 bm 64, bn 128, int8 bk 64;   M > 256: bm 128, bn 128, int8 bk 64, 8 warps
+    then split-K (power of two, <= 16, whole K steps per split) until there are >= 2 programs per SM (M <= 64:
+    the weights must stream from every SM) or >= 1 per SM (larger M, where the f32 partials cost more)."""
+    int4 = kind == "int4"
     if M <= SMALL_M:
-        bn = _pow2_divisor(N, 128 if N // 128 >= num_sms else 64)
-        bk = group_size if kind == "int4" else _pow2_divisor(K, 256)
-        split = 1
-        # More programs until every SM has two, while each split keeps a whole number of K steps.
-        while (N // bn) * split < 2 * num_sms and split < 16 and K % (bk * split * 2) == 0:
-            split *= 2
-        return Config(16, bn, bk, split, num_warps=4, num_stages=4)
-    bm = 64 if M <= 64 else 128
-    bn = _pow2_divisor(N, 128)
-    bk = group_size if kind == "int4" else _pow2_divisor(K, 64)
-    return Config(bm, bn, bk, 1, num_warps=4 if bm == 64 else 8, num_stages=3)
+        bm, bn, bk, warps, stages = 16, (128 if N // 128 >= num_sms else 64), 256, 4, 4
+    elif M <= 64:
+        bm, bn, bk, warps, stages = (32 if M <= 32 else 64), (128 if N // 128 >= num_sms else 64), 128, 4, 4
+    elif M <= 256:
+        bm, bn, bk, warps, stages = 64, 128, 64, 4, 3
+    else:
+        bm, bn, bk, warps, stages = 128, 128, 64, 8, 3
+    if int4 and M <= 64:
+        bn = 128  # a group step moves only g/2 x bn bytes: wider blocks keep more bytes in flight per program
+    bn = _pow2_divisor(N, bn)
+    bk = group_size if int4 else _pow2_divisor(K, bk)
+    programs = -(-M // bm) * (N // bn)
+    want = (2 if M <= 64 else 1) * num_sms
+    split = 1
+    while programs * split < want and split < 16 and K % (bk * split * 2) == 0:
+        split *= 2
+    return Config(bm, bn, bk, split, num_warps=warps, num_stages=stages)
 
 
 # --------------------------------------------------------------------------------------------------------------
