@@ -69,7 +69,8 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="CPU smoke test: tiny-llama preset")
     a = ap.parse_args()
     if a.smoke:
-        a.model, a.new_tokens, a.prompt_len, a.num_requests, a.tp_prompt_len, a.output_len = "tiny-llama", 8, 8, 4, 16, 4
+        a.model, a.new_tokens, a.prompt_len = "tiny-llama", 8, 8
+        a.num_requests, a.tp_prompt_len, a.output_len = 4, 16, 4
         a.max_num_seqs, a.max_num_batched_tokens, a.num_pages = 4, 64, 64
         a.methods = [m.replace("int4", "int4-g32") if m.startswith("int4") and "-g" not in m else m
                      for m in a.methods]

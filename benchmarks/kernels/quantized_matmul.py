@@ -5,7 +5,8 @@ For each weight [K, N] and each M (tokens in the step), in one process:
   bf16        x @ w (bf16 weights): the baseline every speed-up is relative to
   xla_int8    x @ q.astype(bf16) * scale            (XLA weight-only int8; ANCHORS: slower than bf16 on the H200)
   xla_int4    unpack + dequantize to bf16, then dot  (XLA; hand-packed int4 does not fuse into the GEMM)
-  fp8_w8a8    per-token e4m3 activations x e4m3 weights, XLA's native fp8 dot, scales on the output
+  fp8_w8a8    per-token e4m3 activations x e4m3 weights, XLA's native fp8 dot (f32 out), scales on the output;
+              fp8_w8a8_bf16dot the same with a bf16 dot output (the form measured in ANCHORS.md)
   int8 / int4 the Pallas kernels (kernel.py) with their default configuration for that M;
               --sweep adds block / split-K / pipeline variants (printed as int8[bn64,s4,...]) to tune the defaults.
 Timing: one jitted function calls the op `--inner` times on as many distinct weight copies as needed to exceed
@@ -42,8 +43,6 @@ from pallas_kernels.quantized_matmul import xla as qx  # noqa: E402
 
 BF16_PEAK_TFLOPS, FP8_PEAK_TFLOPS = 789.0, 938.0  # measured on the H200 (/work/shared/ANCHORS.md)
 L2_BYTES = 50e6
-# (K, N): gate or up alone (the ANCHORS shape), fused gate_up, down, fused qkv, o
-SHAPES_8B = [(4096, 14336), (4096, 28672), (14336, 4096), (4096, 6144), (4096, 4096)]
 SMALL_SWEEP = [dict(block_n=64, split_k=1), dict(block_n=64, split_k=4), dict(block_n=128, split_k=2),
                dict(block_n=32, split_k=8), dict(block_n=64, split_k=8, num_stages=3),
                dict(block_n=128, split_k=4, num_warps=8)]
@@ -68,6 +67,8 @@ def build_impls(K, N, M, interpret, sweep):
         "xla_int8": (lambda x, w: qx.int8_matmul_xla(x, w["q"], w["scale"]), wf(i8)),
         "xla_int4": (lambda x, w: qx.int4_matmul_xla(x, w["q"], w["scale"], w["offset"], group_size=128), wf(i4)),
         "fp8_w8a8": (lambda x, w: qx.fp8_matmul_xla(x, w["q"], w["scale"]), wf(f8)),
+        "fp8_w8a8_bf16dot": (lambda x, w: qx.fp8_matmul_xla(x, w["q"], w["scale"], dot_dtype=jnp.bfloat16),
+                             wf(f8)),
         "int8": (lambda x, w: qk.int8_matmul(x, w["q"], w["scale"], interpret=interpret), wf(i8)),
         "int4": (lambda x, w: qk.int4_matmul(x, w["q"], w["scale"], w["offset"], group_size=128,
                                              interpret=interpret), wf(i4)),
@@ -114,7 +115,8 @@ def rel(a, b):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", nargs="+", default=None, help="KxN, e.g. 4096x14336 (default: the 8B shapes)")
+    ap.add_argument("--shapes", nargs="+", default=["4096x14336", "4096x28672", "14336x4096"],
+                    help="KxN list; the other 8B shapes: 4096x6144 (qkv) 4096x4096 (o)")
     ap.add_argument("--m", type=int, nargs="+", default=[1, 16, 2048, 256, 4, 64],
                     help="inner loop, most informative first")
     ap.add_argument("--impls", nargs="+", default=None, help="subset of impl names (default: all)")
@@ -129,7 +131,7 @@ def main():
     if a.smoke:
         shapes, ms, hbm, reps, inner = [(256, 128)], [1, 32], measure_hbm_bandwidth(0.05, 3), 1, 2
     else:
-        shapes = [tuple(map(int, s.lower().split("x"))) for s in a.shapes] if a.shapes else SHAPES_8B
+        shapes = [tuple(map(int, s.lower().split("x"))) for s in a.shapes]
         ms, hbm, reps, inner = a.m, measure_hbm_bandwidth(), a.reps, a.inner
     print(f"jax {jax.__version__} on {jax.devices()[0]}; HBM ceiling (x*2) {hbm / 1e9:.0f} GB/s", flush=True)
     print(f"{'K':>6} {'N':>6} {'M':>5} {'impl':<28} {'us':>9} {'GB/s':>7} {'%HBM':>6} {'TFLOP/s':>8} {'%peak':>6} "
@@ -167,7 +169,7 @@ def main():
                     out = jax.jit(op)(x, ws[0])
                     moved = wbytes + x.size * 2 + M * N * 2
                     flops = 2.0 * M * K * N
-                    peak = FP8_PEAK_TFLOPS if name == "fp8_w8a8" else BF16_PEAK_TFLOPS
+                    peak = FP8_PEAK_TFLOPS if name.startswith("fp8") else BF16_PEAK_TFLOPS
                     if name == "bf16":
                         base_us = us
                     ref = None
@@ -176,7 +178,7 @@ def main():
                     elif base in ("int4", "xla_int4"):
                         ref = qr.int4_matmul_reference(x, ws[0]["q"], ws[0]["scale"], ws[0]["offset"],
                                                        group_size=128, out_dtype=jnp.float32)
-                    elif base == "fp8_w8a8":
+                    elif base.startswith("fp8"):
                         ref = qr.fp8_matmul_reference(x, ws[0]["q"], ws[0]["scale"], out_dtype=jnp.float32)
                     row.update(us=us, gbps=moved / us / 1e3, pct_hbm=100 * moved / (us * 1e-6) / hbm,
                                tflops=flops / us / 1e6, pct_peak=100 * flops / (us * 1e-6) / (peak * 1e12),

@@ -33,12 +33,13 @@ def int4_matmul_xla(x, packed, scale, offset, *, group_size: int, out_dtype=None
     return y.astype(out_dtype or x.dtype).reshape(*lead, packed.shape[1])
 
 
-def fp8_matmul_xla(x, q_t, scale, *, out_dtype=None):
+def fp8_matmul_xla(x, q_t, scale, *, out_dtype=None, dot_dtype=jnp.float32):
     """W8A8 through XLA's native fp8 dot (cuBLASLt on Hopper): e4m3 [M, K] x e4m3 [N, K] contracted over K with
-    f32 output; the per-token and per-channel scales multiply the output (cuBLASLt's fused scaling takes only
-    scalars, so per-channel scales cannot go inside the GEMM)."""
+    f32 output (dot_dtype=bf16: the variant measured in ANCHORS.md; one more rounding); the per-token and
+    per-channel scales multiply the output (cuBLASLt's fused scaling takes only scalars, so per-channel scales
+    cannot go inside the GEMM)."""
     x2, lead = _as_2d(x)
     xq, xs = quantize_activations_fp8(x2)
-    y = jax.lax.dot_general(xq, q_t, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    y = y * xs[:, None] * scale.astype(jnp.float32)[None, :]
+    y = jax.lax.dot_general(xq, q_t, (((1,), (1,)), ((), ())), preferred_element_type=dot_dtype)
+    y = y.astype(jnp.float32) * xs[:, None] * scale.astype(jnp.float32)[None, :]
     return y.astype(out_dtype or x.dtype).reshape(*lead, q_t.shape[0])
