@@ -46,7 +46,8 @@ class LLM:
         self.config = EngineConfig(dtype=dtype, **engine_options)
         enable_compilation_cache(self.config.compilation_cache_dir)
         self.source = resolve_model(model, load_format)
-        self.model = load_model(self.source, self.config.dtype, seed=self.config.seed, progress=progress)
+        self.model = load_model(self.source, self.config.dtype, seed=self.config.seed, progress=progress,
+                                quantization=self.config.quant_spec)
         cfg = self.model.cfg
         self.model_config = cfg
         self.tokenizer = self._load_tokenizer(tokenizer, Tokenizer)
@@ -162,6 +163,10 @@ class LLM:
         import jax
         from flax import nnx
 
+        if self.model.quantization is not None:
+            raise ValueError(
+                f"saving a quantized model ({self.model.quantization.name}) is not supported; save the float model "
+                "and pass quantization= when loading it")
         state = jax.tree.unflatten(self.model.treedef, self.model.params)
         save_checkpoint(path, nnx.to_pure_dict(state), self.source.hf_config,
                         self.tokenizer.hf if self.tokenizer is not None else None)

@@ -231,6 +231,9 @@ class EngineConfig:
         offline throughput from 2,088 to 6,349 output tok/s — and the reference elsewhere).
     kv_loop: "static" (unrolled over the page-table width; no device-to-host syncs: GPU), "dynamic" (while loop
         up to the longest context: CPU) or "auto".
+    quantization: quantize the weights on load: None, "int8", "int4" ("int4-g64", "int4-g32", "-asym" variants)
+        or "fp8" (W8A8); quantize_lm_head: the LM head too (embeddings stay unquantized); quantized_matmul:
+        "auto" | "reference" | "xla" | "pallas" (see jaxinfer/models/quant_spec.py).
     """
 
     dtype: str = "auto"
@@ -249,6 +252,9 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False
     compilation_cache_dir: str | None = None
+    quantization: str | None = None
+    quantize_lm_head: bool = False
+    quantized_matmul: str = "auto"
 
     def __post_init__(self):
         if self.page_size < 1 or self.page_size & (self.page_size - 1):
@@ -271,3 +277,14 @@ class EngineConfig:
             raise ConfigError(f"kv_loop must be 'auto', 'static' or 'dynamic', got {self.kv_loop!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
+        from jaxinfer.models.quant_spec import parse_quantization  # no jax: validates the quantization options
+
+        parse_quantization(self.quantization, quantize_lm_head=self.quantize_lm_head, backend=self.quantized_matmul)
+
+    @property
+    def quant_spec(self):
+        """models.quant_spec.QuantSpec of the quantization options, or None."""
+        from jaxinfer.models.quant_spec import parse_quantization
+
+        return parse_quantization(self.quantization, quantize_lm_head=self.quantize_lm_head,
+                                  backend=self.quantized_matmul)

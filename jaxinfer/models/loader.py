@@ -51,6 +51,7 @@ class LoadedModel:
     params: list          # flat list of weight arrays (leaves of the nnx State, fixed order)
     treedef: Any          # pytree structure to rebuild the State from `params`
     dtype: Any
+    quantization: Any = None  # models.quant_spec.QuantSpec of quantized linear layers, or None
 
     def module(self, params=None) -> LlamaForCausalLM:
         """Rebuild the module from (possibly traced) params; cheap inside jit."""
@@ -154,28 +155,52 @@ def resolve_dtype(dtype: str, cfg: ModelConfig):
     return _DTYPES[dtype]
 
 
-def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool = True) -> LoadedModel:
+def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool = True, quantization=None,
+               tensors=None) -> LoadedModel:
+    """quantization: a models.quant_spec.QuantSpec (None: float weights); the decoder projections become
+    QuantLinears filled by RTN on the device, tensor by tensor (or from QuantizedTensors in `tensors`).
+    tensors: an iterable of (Hugging Face name, np.ndarray | QuantizedTensor) read instead of src's files
+    (pre-quantized checkpoint readers; see models.quant.params_from_quantized)."""
     cfg = ModelConfig.from_hf(src.hf_config)
     jdtype = resolve_dtype(dtype, cfg) if isinstance(dtype, str) else dtype
-    abstract = nnx.eval_shape(lambda: LlamaForCausalLM(cfg, jdtype))
+    quantizer = None
+    if quantization is not None:
+        from jaxinfer.models.quant import Quantizer, quantize_module
+        from jaxinfer.models.quant_spec import check_checkpoint_compatible
+
+        if tensors is None:
+            check_checkpoint_compatible(quantization, src.hf_config, repr(src.path or src.name))
+        quantizer = Quantizer(cfg, quantization, jdtype)
+        float_state = nnx.split(nnx.eval_shape(lambda: LlamaForCausalLM(cfg, jdtype)))[1]
+        abstract = nnx.eval_shape(lambda: quantize_module(LlamaForCausalLM(cfg, jdtype), quantization, jdtype))
+    else:
+        abstract = nnx.eval_shape(lambda: LlamaForCausalLM(cfg, jdtype))
     graphdef, abs_state = nnx.split(abstract)
-    if src.kind == "orbax":
+    if tensors is not None:
+        pure = _assemble(cfg, tensors, jdtype, progress=progress, desc=f"loading {src.name}", quantizer=quantizer)
+        _check_complete(abs_state, pure, src)
+    elif src.kind == "orbax":
         from jaxinfer.checkpoint import restore_checkpoint
 
-        pure = restore_checkpoint(src.path, nnx.to_pure_dict(abs_state))
+        if quantizer is not None:  # float checkpoint restored whole, then quantized weight by weight
+            flat = _flatten(restore_checkpoint(src.path, nnx.to_pure_dict(float_state)))
+            pure = _unflatten({k: v for p, a in flat.items() for k, v in quantizer.put(p, a).items()})
+        else:
+            pure = restore_checkpoint(src.path, nnx.to_pure_dict(abs_state))
     elif src.kind == "dummy":
-        pure = _random_weights(abs_state, seed)
+        pure = _random_weights(float_state if quantizer else abs_state, seed, quantizer)
     else:
         tensors = _iter_gguf(src.path) if src.kind == "gguf" else _iter_safetensors(src.path)
-        pure = _assemble(cfg, tensors, jdtype, progress=progress, desc=f"loading {src.name}")
+        pure = _assemble(cfg, tensors, jdtype, progress=progress, desc=f"loading {src.name}", quantizer=quantizer)
         _check_complete(abs_state, pure, src)
     nnx.replace_by_pure_dict(abs_state, pure)
     leaves, treedef = jax.tree.flatten(abs_state)
-    return LoadedModel(cfg, src, graphdef, leaves, treedef, jdtype)
+    return LoadedModel(cfg, src, graphdef, leaves, treedef, jdtype, quantization)
 
 
-def _random_weights(abs_state, seed: int) -> dict:
-    """Random normal(0, 0.02) weights generated on the device, one tensor at a time (norms stay 1)."""
+def _random_weights(abs_state, seed: int, quantizer=None) -> dict:
+    """Random normal(0, 0.02) weights generated on the device, one tensor at a time (norms stay 1). With a
+    quantizer, each float weight is quantized on the device right away (same values as the float model)."""
     pure = nnx.to_pure_dict(abs_state)
     flat = _flatten(pure)
     key = jax.random.key(seed)
@@ -183,6 +208,8 @@ def _random_weights(abs_state, seed: int) -> dict:
     for i, (path, leaf) in enumerate(sorted(flat.items(), key=lambda kv: str(kv[0]))):
         if "norm" in str(path[-2] if len(path) > 1 else path[-1]):
             out[path] = jnp.ones(leaf.shape, leaf.dtype)
+        elif quantizer is not None:
+            out.update(quantizer.put(path, _normal(jax.random.fold_in(key, i), leaf.shape, leaf.dtype)))
         else:
             out[path] = _normal(jax.random.fold_in(key, i), leaf.shape, leaf.dtype)
     return _unflatten(out)
@@ -254,18 +281,32 @@ _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _IGNORED = ("rotary_emb.inv_freq",)
 
 
-def _assemble(cfg: ModelConfig, tensors, dtype, *, progress: bool, desc: str) -> dict:
+def _assemble(cfg: ModelConfig, tensors, dtype, *, progress: bool, desc: str, quantizer=None) -> dict:
     """Map Hugging Face tensors to our layout ([in, out] weights, fused QKV grouped per KV head, fused gate/up)
-    and put each on the device as soon as it is complete."""
+    and put each on the device as soon as it is complete. Projections may arrive as QuantizedTensors ([in, out]
+    already); the quantizer (models/quant.py) turns weights of quantized layers into their device leaves."""
+    from jaxinfer.models.quant_tensor import QuantizedTensor
     flat: dict[tuple, Any] = {}
     pending: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     g, kvh, hd = cfg.q_per_kv, cfg.num_kv_heads, cfg.head_dim
 
     def put(path, array):
+        if quantizer is not None:
+            flat.update(quantizer.put(path, array))
+            return
+        if isinstance(array, QuantizedTensor):
+            raise ValueError(f"{'/'.join(map(str, path))} is a quantized tensor; pass quantization= to load it")
         flat[path] = jax.device_put(np.asarray(array).astype(dtype))
+
+    def T(a):  # Hugging Face [out, in] -> [in, out]; QuantizedTensors are [in, out] already
+        return a if isinstance(a, QuantizedTensor) else np.asarray(a).T
 
     def fuse_qkv(parts, kind):  # kind "weight": [out, in] pieces; "bias": [out]
         q, k, v = parts["q_proj"], parts["k_proj"], parts["v_proj"]
+        if isinstance(q, QuantizedTensor):
+            from jaxinfer.models.quant import fuse_qkv_quantized
+
+            return fuse_qkv_quantized(q, k, v, cfg)
         if kind == "weight":
             h = q.shape[1]
             q = q.T.reshape(h, kvh, g, hd)
@@ -282,6 +323,8 @@ def _assemble(cfg: ModelConfig, tensors, dtype, *, progress: bool, desc: str) ->
             continue
         key = _LAYER_RE.sub(r"\2", name)
         want = expected.get(key)
+        if want is not None and isinstance(arr, QuantizedTensor):
+            want = want[::-1]
         if want is not None and tuple(arr.shape) != want:
             raise ValueError(
                 f"tensor {name!r} has shape {tuple(arr.shape)} but config.json implies {want} (hidden_size="
@@ -296,7 +339,7 @@ def _assemble(cfg: ModelConfig, tensors, dtype, *, progress: bool, desc: str) ->
             continue
         if name == "lm_head.weight":
             if not cfg.tie_word_embeddings:
-                put(("lm_head", "w"), np.asarray(arr).T)
+                put(("lm_head", "w"), T(arr))
             continue
         m = _LAYER_RE.fullmatch(name)
         if not m:
@@ -313,25 +356,30 @@ def _assemble(cfg: ModelConfig, tensors, dtype, *, progress: bool, desc: str) ->
         if rest in simple:
             put(("layers", i) + simple[rest], arr)
         elif rest == "self_attn.o_proj.weight":
-            put(("layers", i, "attn", "o", "w"), np.asarray(arr).T)
+            put(("layers", i, "attn", "o", "w"), T(arr))
         elif rest == "self_attn.o_proj.bias":
             put(("layers", i, "attn", "o", "b"), arr)
         elif rest == "mlp.down_proj.weight":
-            put(("layers", i, "mlp", "down", "w"), np.asarray(arr).T)
+            put(("layers", i, "mlp", "down", "w"), T(arr))
         elif (mm := re.fullmatch(r"self_attn\.([qkv]_proj)\.(weight|bias)", rest)):
             key = (i, mm.group(2))
             parts = pending.setdefault(("qkv",) + key, {})
-            parts[mm.group(1)] = np.asarray(arr)
+            parts[mm.group(1)] = arr if isinstance(arr, QuantizedTensor) else np.asarray(arr)
             if len(parts) == 3:
                 leaf = "w" if mm.group(2) == "weight" else "b"
                 put(("layers", i, "attn", "qkv", leaf), fuse_qkv(parts, mm.group(2)))
                 del pending[("qkv",) + key]
         elif (mm := re.fullmatch(r"mlp\.(gate_proj|up_proj)\.weight", rest)):
             parts = pending.setdefault(("mlp", i), {})
-            parts[mm.group(1)] = np.asarray(arr)
+            parts[mm.group(1)] = arr if isinstance(arr, QuantizedTensor) else np.asarray(arr)
             if len(parts) == 2:
-                put(("layers", i, "mlp", "gate_up", "w"),
-                    np.concatenate([parts["gate_proj"].T, parts["up_proj"].T], axis=1))
+                if isinstance(parts["gate_proj"], QuantizedTensor):
+                    from jaxinfer.models.quant_tensor import concat_out
+
+                    fused = concat_out([parts["gate_proj"], parts["up_proj"]])
+                else:
+                    fused = np.concatenate([parts["gate_proj"].T, parts["up_proj"].T], axis=1)
+                put(("layers", i, "mlp", "gate_up", "w"), fused)
                 del pending[("mlp", i)]
         else:
             raise ValueError(f"unsupported tensor {name!r} (layer {i}); jaxinfer cannot map it to the model")

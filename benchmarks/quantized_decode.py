@@ -1,0 +1,132 @@
+"""Quantized weights in the engine on the 8B shape (random weights): batch-1 decode tok/s of bf16 vs int8 vs int4
+(vs the HBM roofline of each model's weight bytes), offline throughput of bf16 vs fp8 W8A8 (and the others), and
+the device bytes of each model's weights (int4 with and without a quantized LM head).
+
+One LLM per method, loaded with load_format="dummy" (the float random weights are generated and quantized on the
+device one tensor at a time; the same seed gives the same float weights for every method), then:
+  decode     : batch 1, prompt --prompt-len, --new-tokens greedy tokens (benchmarks/latency.py's run_batch)
+  throughput : --num-requests requests of --prompt-len / --output-len tokens submitted at once (throughput.py)
+Targets (issue 7): int8 >= 1.6x and int4 >= 2.5x bf16 batch-1 tok/s; fp8 W8A8 offline throughput >= 1.3x bf16;
+int4 weights of the 8B model < 5.5 GB on the device.
+
+  python benchmarks/quantized_decode.py                 # H200, < 8 min
+  python benchmarks/quantized_decode.py --smoke         # CPU: tiny-llama preset, a few tokens
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+
+from benchmarks.common import measure_hbm_bandwidth, write_result  # noqa: E402
+from benchmarks.latency import run_batch  # noqa: E402
+from benchmarks.throughput import make_workload, run_engine  # noqa: E402
+from jaxinfer import LLM  # noqa: E402
+
+
+def weight_breakdown(loaded) -> dict:
+    """Device bytes of the weights by role (GB)."""
+    out = {"quantized_linears": 0, "float_linears": 0, "embed": 0, "lm_head": 0, "other": 0}
+    state = jax.tree.unflatten(loaded.treedef, loaded.params)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+        n = int(leaf.size) * leaf.dtype.itemsize
+        keys = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
+        last = next((k for k in reversed(keys) if k in ("q", "scale", "offset", "w", "b")), "")
+        if keys and keys[0] == "embed":
+            out["embed"] += n
+        elif keys and keys[0] == "lm_head":
+            out["lm_head"] += n
+        elif last in ("q", "scale", "offset"):
+            out["quantized_linears"] += n
+        elif last in ("w", "b"):
+            out["float_linears"] += n
+        else:
+            out["other"] += n
+    return {k: v / 1e9 for k, v in out.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="llama3-8b")
+    ap.add_argument("--methods", nargs="+", default=["bf16", "int8", "int4", "fp8", "int4+head"],
+                    help="bf16 | int8 | int4[-g64|-asym...] | fp8, '+head' also quantizes the LM head")
+    ap.add_argument("--throughput-methods", nargs="*", default=["bf16", "fp8", "int8"])
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--num-requests", type=int, default=384)
+    ap.add_argument("--tp-prompt-len", type=int, default=512)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--num-pages", type=int, default=12000)
+    ap.add_argument("--budget-s", type=float, default=430.0, help="skip the remaining methods past this time")
+    ap.add_argument("--smoke", action="store_true", help="CPU smoke test: tiny-llama preset")
+    a = ap.parse_args()
+    if a.smoke:
+        a.model, a.new_tokens, a.prompt_len = "tiny-llama", 8, 8
+        a.num_requests, a.tp_prompt_len, a.output_len = 4, 16, 4
+        a.max_num_seqs, a.max_num_batched_tokens, a.num_pages = 4, 64, 64
+        a.methods = [m.replace("int4", "int4-g32") if m.startswith("int4") and "-g" not in m else m
+                     for m in a.methods]
+    t_start = time.perf_counter()
+    bw = measure_hbm_bandwidth(0.05 if a.smoke else 2.0, 3 if a.smoke else 20)
+    print(f"jax {jax.__version__} on {jax.devices()[0]}; HBM ceiling (x*2) {bw / 1e12:.2f} TB/s", flush=True)
+    rows = []
+    for method in a.methods:
+        if time.perf_counter() - t_start > a.budget_s:
+            print(f"{method}: skipped (time budget)", flush=True)
+            rows.append(dict(method=method, skipped="time budget"))
+            continue
+        quant, head = method.split("+")[0], method.endswith("+head")
+        t0 = time.perf_counter()
+        llm = LLM(a.model, load_format="dummy", max_model_len=1024 if not a.smoke else 256,
+                  max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
+                  num_pages=a.num_pages, quantization=None if quant == "bf16" else quant, quantize_lm_head=head,
+                  progress=False)
+        row = dict(method=method, startup_s=time.perf_counter() - t0, weight_GB=llm.model.num_bytes / 1e9,
+                   weights=weight_breakdown(llm.model))
+        roof = bw / llm.model.num_bytes
+        _, tps, step = run_batch(llm, 1, a.prompt_len, a.new_tokens)
+        row.update(decode_b1_tok_s=tps, step_ms_median=step * 1e3, roofline_tok_s=roof,
+                   pct_roofline=100 * tps / roof)
+        print(f"{method:<10} weights {row['weight_GB']:6.2f} GB ({row['weights']}) | batch-1 decode {tps:7.1f} tok/s "
+              f"(roofline {roof:.0f}, {row['pct_roofline']:.0f}%) | startup {row['startup_s']:.0f} s", flush=True)
+        if method in a.throughput_methods and time.perf_counter() - t_start < a.budget_s:
+            work = make_workload("fixed", a.num_requests, a.tp_prompt_len, a.output_len,
+                                 llm.model_config.vocab_size, 1024)
+            tp = run_engine(llm, work)
+            row["throughput"] = tp
+            print(f"{method:<10} offline {a.num_requests} x {a.tp_prompt_len}/{a.output_len}: "
+                  f"{tp['output_tok_per_s']:.0f} output tok/s, {tp['total_tok_per_s']:.0f} total tok/s "
+                  f"in {tp['seconds']:.1f} s", flush=True)
+        rows.append(row)
+        del llm
+        gc.collect()
+        jax.clear_caches()
+    base = next((r for r in rows if r.get("method") == "bf16" and "decode_b1_tok_s" in r), None)
+    if base:
+        for r in rows:
+            if "decode_b1_tok_s" in r:
+                r["decode_speedup_vs_bf16"] = r["decode_b1_tok_s"] / base["decode_b1_tok_s"]
+            if "throughput" in r and "throughput" in base:
+                r["throughput_speedup_vs_bf16"] = (r["throughput"]["output_tok_per_s"]
+                                                   / base["throughput"]["output_tok_per_s"])
+        print("speed-up vs bf16: " + ", ".join(
+            f"{r['method']}: decode {r.get('decode_speedup_vs_bf16', float('nan')):.2f}x"
+            + (f", throughput {r['throughput_speedup_vs_bf16']:.2f}x" if "throughput_speedup_vs_bf16" in r else "")
+            for r in rows if "decode_b1_tok_s" in r), flush=True)
+    path = write_result("quantized-decode", dict(
+        model=a.model, prompt_len=a.prompt_len, new_tokens=a.new_tokens, num_requests=a.num_requests,
+        tp_prompt_len=a.tp_prompt_len, output_len=a.output_len, hbm_TBps=bw / 1e12,
+        wall_s=time.perf_counter() - t_start, rows=rows))
+    print(f"wrote {path} in {time.perf_counter() - t_start:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

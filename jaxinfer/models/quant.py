@@ -1,0 +1,331 @@
+"""Weight quantization on load and the quantized linear layer.
+
+Round-to-nearest (RTN) quantization of float weights into `QuantizedTensor`s (the numpy contract shared with the
+pre-quantized checkpoint readers, models/quant_tensor.py), the device form of each kind (layouts documented in
+pallas_kernels/quantized_matmul/reference.py), and `QuantLinear`, which the loader puts in place of `Linear` for
+the decoder projections (and the LM head when asked). Embeddings and norms stay in the model dtype.
+
+  int8  per-output-channel symmetric:  scale = max|w| / 127 over the input rows of each output column
+  int4  group-wise over g input rows:  symmetric scale = max|w| / 7, q in [-8, 7];
+                                       asymmetric (GPTQ-style range that includes 0) scale = (max - min) / 15,
+                                       zero = round(-min / scale), q in [0, 15]
+  fp8   e4m3, per-channel:             scale = max|w| / 448; activations get a dynamic per-token scale (W8A8)
+
+Which matmul runs is fixed when the module is built (a static attribute, so the split-once-at-load graph
+carries it): the Pallas kernel on GPU for int8/int4, XLA's fp8 dot for fp8, the jnp reference on CPU.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Iterable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxinfer.models.layers import Linear
+from jaxinfer.models.quant_spec import QuantizationError, QuantSpec
+from jaxinfer.models.quant_tensor import FP8_E4M3, QuantizedTensor, concat_out
+from pallas_kernels.quantized_matmul import kernel as qmm_kernel
+from pallas_kernels.quantized_matmul import reference as qmm_ref
+from pallas_kernels.quantized_matmul import xla as qmm_xla
+
+log = logging.getLogger("jaxinfer")
+
+# Linear modules of one decoder layer that are quantized (module path inside layers[i]).
+LAYER_LINEARS = (("attn", "qkv"), ("attn", "o"), ("mlp", "gate_up"), ("mlp", "down"))
+
+
+# ---- round-to-nearest ---------------------------------------------------------------------------------------
+@functools.partial(jax.jit, static_argnames=("method", "group_size", "symmetric"))
+def _rtn(w, *, method: str, group_size: int | None, symmetric: bool):
+    """w [K, N] (any float dtype) -> (q, scale, zero or None) in QuantizedTensor's conventions."""
+    w = w.astype(jnp.float32)
+    if method == "int8":
+        amax = jnp.max(jnp.abs(w), axis=0)
+        scale = jnp.where(amax > 0, amax / 127.0, 1.0)
+        return jnp.clip(jnp.round(w / scale), -127, 127).astype(jnp.int8), scale, None
+    if method == "fp8":
+        amax = jnp.max(jnp.abs(w), axis=0)
+        scale = jnp.where(amax > 0, amax / qmm_ref.FP8_MAX, 1.0)
+        return (w / scale).astype(qmm_ref.FP8), scale, None
+    K, N = w.shape
+    g = group_size
+    wg = w.reshape(K // g, g, N)
+    if symmetric:
+        amax = jnp.max(jnp.abs(wg), axis=1)                                   # [G, N]
+        scale = jnp.where(amax > 0, amax / 7.0, 1.0)
+        q = jnp.clip(jnp.round(wg / scale[:, None]), -8, 7)
+        return q.reshape(K, N).astype(jnp.int8), scale, None
+    lo = jnp.minimum(jnp.min(wg, axis=1), 0.0)                                # the range always holds 0
+    hi = jnp.maximum(jnp.max(wg, axis=1), 0.0)
+    scale = jnp.where(hi > lo, (hi - lo) / 15.0, 1.0)
+    zero = jnp.clip(jnp.round(-lo / scale), 0, 15)
+    q = jnp.clip(jnp.round(wg / scale[:, None]) + zero[:, None], 0, 15)
+    return q.reshape(K, N).astype(jnp.int8), scale, zero
+
+
+def _check_rtn_args(shape, method: str, group_size: int | None, name: str = "weight"):
+    if method not in ("int8", "int4", "fp8"):
+        raise QuantizationError(f"unknown quantization method {method!r}; use 'int8', 'int4' or 'fp8'")
+    if len(shape) != 2:
+        raise QuantizationError(f"{name}: quantized weights must be 2-D [in, out], got shape {tuple(shape)}")
+    if method == "int4":
+        valid = [g for g in (32, 64, 128) if shape[0] % g == 0]
+        if not group_size or shape[0] % group_size:
+            raise QuantizationError(
+                f"{name}: int4 group size {group_size} does not divide its input dimension {shape[0]}; "
+                + (f"use one of the group sizes {valid} (e.g. quantization='int4-g{valid[-1]}')" if valid
+                   else "no supported group size (32, 64, 128) divides it; use int8 or fp8"))
+
+
+def quantize_rtn(w, method: str, *, group_size: int | None = None, symmetric: bool = True) -> QuantizedTensor:
+    """Round-to-nearest quantization of a float weight w [in, out] (numpy or jax) into a QuantizedTensor."""
+    _check_rtn_args(np.shape(w), method, group_size)
+    g = group_size if method == "int4" else None
+    q, scale, zero = jax.device_get(_rtn(jnp.asarray(w), method=method, group_size=g, symmetric=symmetric))
+    return QuantizedTensor(method, np.asarray(q), np.asarray(scale, np.float32),
+                           None if zero is None else np.asarray(zero, np.float32), g)
+
+
+# ---- device form --------------------------------------------------------------------------------------------
+@functools.partial(jax.jit, static_argnames=("method", "group_size", "dtype"))
+def _device_leaves(q, scale, zero, *, method: str, group_size: int | None, dtype):
+    """(q, scale, zero) in QuantizedTensor conventions -> the QuantLinear leaves (reference.py layouts)."""
+    if method == "int8":
+        return {"q": q.astype(jnp.int8), "scale": scale.astype(jnp.float32)}
+    if method == "fp8":
+        return {"q": q.astype(qmm_ref.FP8).T, "scale": scale.astype(jnp.float32)}
+    scale = scale.astype(jnp.float32)
+    if zero is None:                          # symmetric: store u = q + 8, offset = -8 * scale
+        u, offset = q.astype(jnp.int32) + 8, -8.0 * scale
+    else:
+        u, offset = q.astype(jnp.int32), -zero.astype(jnp.float32) * scale
+    packed = qmm_ref.pack_int4(u.astype(jnp.uint8), group_size)
+    return {"q": packed, "scale": scale.astype(dtype), "offset": offset.astype(dtype)}
+
+
+def quantized_leaves(w, spec: QuantSpec, dtype) -> dict[str, jax.Array]:
+    """Float weight [in, out] (numpy or device array) -> the QuantLinear leaves, quantized on the device."""
+    _check_rtn_args(np.shape(w), spec.method, spec.group_size)
+    q, scale, zero = _rtn(jnp.asarray(w), method=spec.method, group_size=spec.group_size,
+                          symmetric=spec.symmetric)
+    return _device_leaves(q, scale, zero, method=spec.method, group_size=spec.group_size, dtype=dtype)
+
+
+def tensor_leaves(qt: QuantizedTensor, dtype) -> dict[str, jax.Array]:
+    """A QuantizedTensor (RTN or a checkpoint reader) -> the QuantLinear leaves on the device."""
+    if qt.kind == "int4":
+        lo, hi = (-8, 7) if qt.zero is None else (0, 15)
+        if qt.q.size and (qt.q.min() < lo or qt.q.max() > hi):
+            raise QuantizationError(
+                f"int4 values must lie in [{lo}, {hi}] ({'symmetric' if qt.zero is None else 'with zero points'}),"
+                f" got [{qt.q.min()}, {qt.q.max()}]")
+    zero = None if qt.zero is None else jnp.asarray(qt.zero)
+    return _device_leaves(jnp.asarray(qt.q), jnp.asarray(qt.scale), zero, method=qt.kind,
+                          group_size=qt.group_size, dtype=dtype)
+
+
+# ---- the module ---------------------------------------------------------------------------------------------
+def resolve_backend(spec: QuantSpec, platform: str | None = None) -> str:
+    """'reference' | 'xla' | 'pallas' | 'pallas-interpret' for this spec on this platform."""
+    platform = platform or jax.default_backend()
+    on_cpu = platform == "cpu"
+    if spec.backend == "auto":
+        if on_cpu:
+            return "reference"
+        return "xla" if spec.method == "fp8" else "pallas"
+    if spec.backend == "pallas":
+        return "pallas-interpret" if on_cpu else "pallas"
+    return spec.backend
+
+
+class QuantLinear(nnx.Module):
+    """y = x @ dequantize(W) (+ b), W quantized in one of the layouts of quantized_matmul/reference.py.
+
+    Leaves: q (int8 [in, out] | packed uint8 [in/2, out] | e4m3 [out, in]), scale, offset (int4 only), b.
+    `backend` is static: 'reference' | 'xla' | 'pallas' | 'pallas-interpret'."""
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool, dtype, spec: QuantSpec, backend: str,
+                 name: str = "linear"):
+        _check_rtn_args((in_features, out_features), spec.method, spec.group_size, name)
+        K, N = in_features, out_features
+        self.method = spec.method
+        self.group_size = spec.group_size
+        if backend.startswith("pallas") and not qmm_kernel.supports(spec.method, K, N, spec.group_size):
+            log.info("%s [%d, %d]: shape not supported by the Pallas kernel; using the XLA path", name, K, N)
+            backend = "xla" if backend == "pallas" else "reference"
+        self.backend = backend
+        if spec.method == "int8":
+            self.q = nnx.Param(jnp.zeros((K, N), jnp.int8))
+            self.scale = nnx.Param(jnp.zeros((N,), jnp.float32))
+            self.offset = None
+        elif spec.method == "int4":
+            G = K // spec.group_size
+            self.q = nnx.Param(jnp.zeros((K // 2, N), jnp.uint8))
+            self.scale = nnx.Param(jnp.zeros((G, N), dtype))
+            self.offset = nnx.Param(jnp.zeros((G, N), dtype))
+        else:
+            self.q = nnx.Param(jnp.zeros((N, K), qmm_ref.FP8))
+            self.scale = nnx.Param(jnp.zeros((N,), jnp.float32))
+            self.offset = None
+        self.b = nnx.Param(jnp.zeros((N,), dtype)) if bias else None
+
+    def __call__(self, x, preferred_element_type=None):
+        y = quantized_matmul(x, self.method, self.q[...], self.scale[...],
+                             None if self.offset is None else self.offset[...], group_size=self.group_size,
+                             backend=self.backend, out_dtype=preferred_element_type or x.dtype)
+        if self.b is not None:
+            y = y + self.b[...]
+        return y
+
+
+# The Pallas kernel serves every M by default (small-M split-K and large-M tile configurations). Should the
+# H200 benchmark (benchmarks/kernels/quantized_matmul.py) show XLA's dequantize + dot winning above some M, set
+# the threshold here: steps with more tokens than this use the XLA path.
+PALLAS_MAX_M = {"int8": 1 << 30, "int4": 1 << 30}
+
+
+def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, backend="reference",
+                     out_dtype=None):
+    """One entry point over the three implementations (see QuantLinear)."""
+    if backend == "pallas" and method != "fp8" and x.size // x.shape[-1] > PALLAS_MAX_M[method]:
+        backend = "xla"
+    if method == "fp8":
+        fn = qmm_ref.fp8_matmul_reference if backend == "reference" else qmm_xla.fp8_matmul_xla
+        return fn(x, q, scale, out_dtype=out_dtype)
+    if backend == "reference":
+        if method == "int8":
+            return qmm_ref.int8_matmul_reference(x, q, scale, out_dtype=out_dtype)
+        return qmm_ref.int4_matmul_reference(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype)
+    if backend == "xla":
+        if method == "int8":
+            return qmm_xla.int8_matmul_xla(x, q, scale, out_dtype=out_dtype)
+        return qmm_xla.int4_matmul_xla(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype)
+    interpret = backend == "pallas-interpret"
+    if method == "int8":
+        return qmm_kernel.int8_matmul(x, q, scale, out_dtype=out_dtype, interpret=interpret)
+    return qmm_kernel.int4_matmul(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype,
+                                  interpret=interpret)
+
+
+def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None):
+    """Replace the decoder projections (and the LM head if spec.lm_head) of a LlamaForCausalLM by QuantLinears
+    of the same shapes, in place. Run inside nnx.eval_shape at load: nothing is allocated."""
+    backend = backend or resolve_backend(spec)
+
+    def swap(lin: Linear, name: str) -> QuantLinear:
+        K, N = lin.w.shape
+        return QuantLinear(K, N, bias=lin.b is not None, dtype=dtype, spec=spec, backend=backend, name=name)
+
+    for i, layer in enumerate(model.layers):
+        for parent, attr in LAYER_LINEARS:
+            owner = getattr(layer, parent)
+            setattr(owner, attr, swap(getattr(owner, attr), f"layers.{i}.{parent}.{attr}"))
+    if spec.lm_head:
+        if model.lm_head is None:
+            raise QuantizationError(
+                "quantize_lm_head=True but this model ties its LM head to the embeddings, which stay unquantized;"
+                " drop quantize_lm_head")
+        model.lm_head = swap(model.lm_head, "lm_head")
+    return model
+
+
+def quantized_module_paths(cfg, spec: QuantSpec) -> set[tuple]:
+    """Paths (in the nnx pure dict) of the QuantLinear modules: ('layers', i, 'attn', 'qkv'), ..., ('lm_head',)."""
+    paths = {("layers", i) + p for i in range(cfg.num_layers) for p in LAYER_LINEARS}
+    if spec.lm_head:
+        paths.add(("lm_head",))
+    return paths
+
+
+class Quantizer:
+    """The loader's hook: `put(path, value)` returns the device leaves for one weight of the float model.
+
+    A float weight at '<quantized module>/w' is RTN-quantized on the device; a QuantizedTensor there is moved to
+    the device as is; everything else (embeddings, norms, biases, unquantized heads) is cast to the model dtype.
+    """
+
+    def __init__(self, cfg, spec: QuantSpec, dtype):
+        self.spec, self.dtype = spec, dtype
+        self.modules = quantized_module_paths(cfg, spec)
+
+    def put(self, path: tuple, value) -> dict[tuple, Any]:
+        module, leaf = path[:-1], path[-1]
+        name = "/".join(map(str, path))
+        if module in self.modules and leaf == "w":
+            if isinstance(value, QuantizedTensor):
+                if (value.kind, value.group_size if value.kind == "int4" else None) != (
+                        self.spec.method, self.spec.group_size):
+                    raise QuantizationError(
+                        f"{name}: checkpoint tensor is {value.kind} (group {value.group_size}) but the model is "
+                        f"being built as {self.spec.name}")
+                leaves = tensor_leaves(value, self.dtype)
+            else:
+                leaves = quantized_leaves(value, self.spec, self.dtype)
+            return {module + (k,): v for k, v in leaves.items()}
+        if isinstance(value, QuantizedTensor):
+            raise QuantizationError(
+                f"{name} is quantized in the checkpoint but this model keeps it in {jnp.dtype(self.dtype).name}"
+                + ("; pass quantize_lm_head=True" if module == ("lm_head",) else ""))
+        if isinstance(value, jax.Array):
+            return {path: value.astype(self.dtype)}
+        return {path: jax.device_put(np.asarray(value).astype(self.dtype))}
+
+
+# ---- fusing quantized projections (checkpoint readers) ------------------------------------------------------
+def take_out(qt: QuantizedTensor, cols) -> QuantizedTensor:
+    """Reorder (or select) output columns; scales and zero points follow their columns."""
+    cols = np.asarray(cols)
+    return QuantizedTensor(qt.kind, qt.q[:, cols], qt.scale[..., cols],
+                           None if qt.zero is None else qt.zero[..., cols], qt.group_size)
+
+
+def fuse_qkv_quantized(q: QuantizedTensor, k: QuantizedTensor, v: QuantizedTensor, cfg) -> QuantizedTensor:
+    """q/k/v projections ([in, out] each) -> the fused QKV weight grouped per KV head, as loader._assemble does
+    for float weights: [q heads of kv 0, k0, v0, q heads of kv 1, k1, v1, ...]."""
+    g, kvh, hd = cfg.q_per_kv, cfg.num_kv_heads, cfg.head_dim
+    nq = cfg.num_heads * hd
+    cols = []
+    for j in range(kvh):
+        cols.append(np.arange(j * g * hd, (j + 1) * g * hd))
+        cols.append(nq + np.arange(j * hd, (j + 1) * hd))
+        cols.append(nq + kvh * hd + np.arange(j * hd, (j + 1) * hd))
+    return take_out(concat_out([q, k, v]), np.concatenate(cols))
+
+
+# ---- pre-quantized tensors (the readers' entry point) -------------------------------------------------------
+def spec_of_tensors(tensors: Mapping[str, Any], backend: str = "auto") -> QuantSpec:
+    """The QuantSpec a dict of Hugging Face names -> (QuantizedTensor | np.ndarray) implies: one kind and group
+    size for all quantized tensors; lm_head quantized iff 'lm_head.weight' is a QuantizedTensor."""
+    kinds = {(t.kind, t.group_size if t.kind == "int4" else None, t.zero is None)
+             for t in tensors.values() if isinstance(t, QuantizedTensor)}
+    if not kinds:
+        raise QuantizationError("no QuantizedTensor among the tensors; load a float checkpoint with load_model")
+    if len(kinds) > 1:
+        raise QuantizationError(f"mixed quantized tensor kinds {sorted(kinds, key=str)}: one kind per model")
+    (kind, group, symmetric), = kinds
+    return QuantSpec(kind, group, symmetric=symmetric,
+                     lm_head=isinstance(tensors.get("lm_head.weight"), QuantizedTensor), backend=backend)
+
+
+def params_from_quantized(src, tensors: Mapping[str, Any] | Iterable[tuple[str, Any]], dtype="auto", *,
+                          spec: QuantSpec | None = None, backend: str = "auto", progress: bool = False):
+    """Build a LoadedModel from pre-quantized tensors (AWQ / GPTQ / FP8 / GGUF readers).
+
+    src: the ModelSource (its hf_config gives the shapes). tensors: Hugging Face tensor names
+    ('model.layers.0.self_attn.q_proj.weight', ...) -> QuantizedTensor ([in, out], for the linear projections
+    and optionally lm_head.weight) or np.ndarray (everything else, in Hugging Face layout). q/k/v and gate/up are
+    fused here (columns regrouped per KV head, scales and zero points following). A float tensor given for a
+    projection is RTN-quantized to the same spec. spec defaults to `spec_of_tensors(tensors)` (pass it when
+    `tensors` is a one-pass iterator)."""
+    from jaxinfer.models.loader import load_model
+
+    if spec is None:
+        if not isinstance(tensors, Mapping):
+            raise QuantizationError("pass spec= when tensors is an iterator (its kinds cannot be inspected first)")
+        spec = spec_of_tensors(tensors, backend)
+    items = tensors.items() if isinstance(tensors, Mapping) else tensors
+    return load_model(src, dtype, quantization=spec, tensors=iter(items), progress=progress)

@@ -1,0 +1,45 @@
+"""Quantized matmul through plain XLA ops on the device layouts of reference.py: the fp8 W8A8 path of the
+engine on GPU, and the "XLA int8 / int4 dot" peers the kernels are measured against (and the fallback for
+shapes the Pallas kernel does not take).
+
+Unlike the references these dequantize into the activation dtype (bf16) and let XLA's GEMM accumulate in f32.
+Measured on the H200 (/work/shared/ANCHORS.md): XLA does not fuse the int8 -> bf16 convert well enough to beat
+the bf16 dot, and hand-packed int4 (shift / mask) does not fuse into the GEMM at all; a kernel must do better.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.quantized_matmul.reference import dequantize_int4, quantize_activations_fp8
+
+
+def _as_2d(x):
+    return x.reshape(-1, x.shape[-1]), x.shape[:-1]
+
+
+def int8_matmul_xla(x, q, scale, *, out_dtype=None):
+    """x [..., K] @ q int8 [K, N], then * scale [N] on the f32 output."""
+    x2, lead = _as_2d(x)
+    y = jnp.dot(x2, q.astype(x.dtype), preferred_element_type=jnp.float32) * scale.astype(jnp.float32)
+    return y.astype(out_dtype or x.dtype).reshape(*lead, q.shape[1])
+
+
+def int4_matmul_xla(x, packed, scale, offset, *, group_size: int, out_dtype=None):
+    """Unpack + dequantize to x.dtype (a separate XLA pass over the weights), then one GEMM."""
+    x2, lead = _as_2d(x)
+    w = dequantize_int4(packed, scale, offset, group_size).astype(x.dtype)
+    y = jnp.dot(x2, w, preferred_element_type=jnp.float32)
+    return y.astype(out_dtype or x.dtype).reshape(*lead, packed.shape[1])
+
+
+def fp8_matmul_xla(x, q_t, scale, *, out_dtype=None, dot_dtype=jnp.float32):
+    """W8A8 through XLA's native fp8 dot (cuBLASLt on Hopper): e4m3 [M, K] x e4m3 [N, K] contracted over K with
+    f32 output (dot_dtype=bf16: the variant measured in ANCHORS.md; one more rounding); the per-token and
+    per-channel scales multiply the output (cuBLASLt's fused scaling takes only scalars, so per-channel scales
+    cannot go inside the GEMM)."""
+    x2, lead = _as_2d(x)
+    xq, xs = quantize_activations_fp8(x2)
+    y = jax.lax.dot_general(xq, q_t, (((1,), (1,)), ((), ())), preferred_element_type=dot_dtype)
+    y = y.astype(jnp.float32) * xs[:, None] * scale.astype(jnp.float32)[None, :]
+    return y.astype(out_dtype or x.dtype).reshape(*lead, q_t.shape[0])
