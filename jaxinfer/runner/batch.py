@@ -27,14 +27,20 @@ class SeqInput:
     step: int = 0              # index of the token being sampled (number generated so far)
     prev_row: int = -1         # >= 0: the last token is a placeholder (-1), sampled by the previous step (still in
                                # flight) in its output row `prev_row`; the device fills it in
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    penalty_slot: int = -1     # >= 0: row of the device token-count table that penalises this row's sample and
+                               # counts it (only rows that sample; -1 for the others)
+    penalty_init: tuple | None = None  # (slot, prompt ids, known output ids): write that row before this step
 
 
 # Fields of a packed batch, in transfer order. All integer fields travel in one int32 buffer and all float fields
 # in one float32 buffer: two host->device copies per step instead of fifteen (each copy costs ~0.1-0.4 ms of
 # host time). `seed` is uint32 and travels bit-cast to int32.
 INT_FIELDS = ("input_ids", "prev_src", "positions", "slot_mapping", "page_tables", "tile_tokens", "tile_seq",
-              "tile_kv_len", "sample_idx", "top_k", "seed", "step")
-FLOAT_FIELDS = ("temperature", "top_p", "min_p")
+              "tile_kv_len", "sample_idx", "top_k", "seed", "step", "penalty_slot")
+FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
 @dataclasses.dataclass
@@ -56,7 +62,8 @@ def field_shapes(bucket: Bucket) -> dict[str, tuple[int, ...]]:
     T, S, NT, Bq, W = bucket.num_tokens, bucket.num_seqs, bucket.num_tiles, bucket.query_tile, bucket.table_width
     return dict(input_ids=(T,), prev_src=(T,), positions=(T,), slot_mapping=(T,), page_tables=(S + 1, W),
                 tile_tokens=(NT, Bq), tile_seq=(NT,), tile_kv_len=(NT,), sample_idx=(S,), top_k=(S,), seed=(S,),
-                step=(S,), temperature=(S,), top_p=(S,), min_p=(S,))
+                step=(S,), penalty_slot=(S,), temperature=(S,), top_p=(S,), min_p=(S,), presence_penalty=(S,),
+                frequency_penalty=(S,), repetition_penalty=(S,))
 
 
 def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
@@ -88,6 +95,10 @@ def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
     min_p = np.zeros(S, np.float32)
     seed = np.zeros(S, np.uint32)
     step = np.zeros(S, np.int32)
+    penalty_slot = np.full(S, -1, np.int32)
+    presence_penalty = np.zeros(S, np.float32)
+    frequency_penalty = np.zeros(S, np.float32)
+    repetition_penalty = np.ones(S, np.float32)
 
     tile = 0
     for i, s in enumerate(seqs):
@@ -120,11 +131,17 @@ def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
         min_p[i] = s.min_p
         seed[i] = s.seed & 0xFFFFFFFF
         step[i] = s.step
+        penalty_slot[i] = s.penalty_slot
+        presence_penalty[i] = s.presence_penalty
+        frequency_penalty[i] = s.frequency_penalty
+        repetition_penalty[i] = s.repetition_penalty
     if tile > NT:
         raise AssertionError(f"{tile} query tiles exceed the bucket's {NT}")  # impossible by construction
     arrays: dict[str, Any] = dict(
         input_ids=input_ids, prev_src=prev_src, positions=positions, slot_mapping=slot_mapping, page_tables=page_tables,
         tile_tokens=tile_tokens, tile_seq=tile_seq, tile_kv_len=tile_kv_len, sample_idx=sample_idx,
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, step=step,
+        penalty_slot=penalty_slot, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+        repetition_penalty=repetition_penalty,
     )
     return HostBatch(bucket, arrays, n_tok, n_seqs, offsets)

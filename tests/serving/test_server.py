@@ -197,7 +197,8 @@ def test_16_concurrent_streams_match_offline(served):
     ({"model": MODEL, "prompt": "hi", "max_tokens": 0}, "max_tokens"),
     ({"model": MODEL, "prompt": "hi", "logprobs": 50}, "logprobs"),
     ({"model": MODEL, "prompt": "hi", "n": 0}, "n"),
-    ({"model": MODEL, "prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"model": MODEL, "prompt": "hi", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"model": MODEL, "prompt": "hi", "frequency_penalty": "a"}, "frequency_penalty"),
     ({"model": "gpt-4", "prompt": "hi"}, "model"),
 ])
 def test_bad_completion_requests(served, body, param):
