@@ -56,11 +56,11 @@ def device_only_step_s(llm, batch: int, ctx: int, iters: int = 20) -> float:
     step, _ = r._programs(hb.bucket)
     ints, floats = jax.device_put(hb.flat())
     for _ in range(3):
-        r.kv_caches, out, _ = step(r.loaded.params, r.kv_caches, ints, floats, r._no_prev)
+        out, _ = r.run_compiled(step, ints, floats)
     jax.block_until_ready(out)
     t0 = time.perf_counter()
     for _ in range(iters):
-        r.kv_caches, out, _ = step(r.loaded.params, r.kv_caches, ints, floats, r._no_prev)
+        out, _ = r.run_compiled(step, ints, floats)
     jax.block_until_ready(out)
     return (time.perf_counter() - t0) / iters
 

@@ -83,20 +83,33 @@ async def run_rate(url, model, work, rate, concurrency, seed=0):
             "itl_ms": pct([x for r in ok for x in r["itl"]]), "e2e_ms": pct([r["e2e"] for r in ok])}
 
 
-def plot(rows, path):
+def plot(rows, path, peer_rows=None):
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot")
-        return None
+    except ImportError:  # the GPU image has no matplotlib: a plain numpy/zlib PNG instead
+        from benchmarks.png_plot import write_chart
+
+        panels = []
+        for key, name in (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)")):
+            series = []
+            for label, rs in (("jaxinfer", rows), ("transformers", peer_rows or [])):
+                for q in ("p50", "p99"):
+                    if rs:
+                        series.append((f"{label} {q}", [r["rate"] for r in rs],
+                                        [r[key].get(q, float("nan")) for r in rs]))
+            panels.append((name, series))
+        return write_chart(path, panels, "request rate (req/s)")
     rates = [r["rate"] for r in rows]
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))
     for key, a in (("ttft_ms", ax[0]), ("tpot_ms", ax[1])):
         for q in ("p50", "p99"):
-            a.plot(rates, [r[key].get(q, np.nan) for r in rows], marker="o", label=q)
+            a.plot(rates, [r[key].get(q, np.nan) for r in rows], marker="o", label=f"jaxinfer {q}")
+            if peer_rows:
+                a.plot([r["rate"] for r in peer_rows], [r[key].get(q, np.nan) for r in peer_rows], marker="x",
+                       linestyle="--", label=f"transformers serve {q}")
         a.set_xscale("log")
         a.set_xlabel("request rate (req/s)")
         a.set_ylabel(key.replace("_ms", " (ms)"))

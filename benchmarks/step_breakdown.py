@@ -61,15 +61,13 @@ def main():
 
         step, _ = r._programs(hb.bucket)
         ints, floats = jax.device_put(hb.flat())
-        kv = r.kv_caches
-        out = step(loaded.params, kv, ints, floats, r._no_prev)
-        r.kv_caches = kv = out[0]
+        r.run_compiled(step, ints, floats)
         t0 = time.perf_counter()
         for _ in range(20):
-            kv, o, h = step(loaded.params, kv, ints, floats, r._no_prev)
+            o, _ = r.run_compiled(step, ints, floats)
         jax.block_until_ready(o)
         rows["whole step"] = (time.perf_counter() - t0) / 20 * 1e3
-        r.kv_caches = kv
+        kv = r.kv_caches
 
         md = AttentionMetadata(dev["positions"], dev["slot_mapping"], dev["tile_tokens"], dev["tile_seq"],
                                dev["tile_kv_len"], dev["page_tables"])
@@ -141,15 +139,14 @@ def main():
             hp = pack(pre, r.ladder.pick(256, 1), r.page_size)
             pstep, _ = r._programs(hp.bucket)
             pi, pf = jax.device_put(hp.flat())
-            kv = r.kv_caches
-            kv, o, _ = pstep(loaded.params, kv, pi, pf, r._no_prev)
+            r.kv_caches = kv
+            o, _ = r.run_compiled(pstep, pi, pf)
             jax.block_until_ready(o)
             t0 = time.perf_counter()
             for _ in range(10):
-                kv, o, _ = pstep(loaded.params, kv, pi, pf, r._no_prev)
+                o, _ = r.run_compiled(pstep, pi, pf)
             jax.block_until_ready(o)
             rows["prefill step, 256 tokens after 256 (whole step)"] = (time.perf_counter() - t0) / 10 * 1e3
-            r.kv_caches = kv
         print(f"--- batch {b} (bucket T={T}, S={S}, tiles={hb.bucket.num_tiles}, width={hb.bucket.table_width})")
         for k, v in rows.items():
             print(f"  {k:45s} {v:8.3f} ms")

@@ -43,6 +43,7 @@ class EngineStats:
     num_waiting: int = 0
     kv_pages_used: int = 0
     kv_pages_total: int = 0
+    prefix_cache: dict = dataclasses.field(default_factory=dict)  # LLMEngine.prefix_cache_stats()
 
 
 class _Sink:
@@ -97,7 +98,8 @@ class AsyncEngine:
         self._accepting = True
         self._stop = False
         self._ids = 0
-        self.stats = EngineStats(kv_pages_total=int(engine.kv.num_usable_pages))
+        self.stats = EngineStats(kv_pages_total=int(engine.kv.num_usable_pages),
+                                 prefix_cache=engine.prefix_cache_stats())
         self._thread = threading.Thread(target=self._loop, name="jaxinfer-engine", daemon=True)
         self._thread.start()
 
@@ -212,7 +214,8 @@ class AsyncEngine:
         sched = self.engine.scheduler
         self.stats = EngineStats(num_running=sched.num_running, num_waiting=sched.num_waiting,
                                  kv_pages_used=int(self.engine.kv.num_used_pages),
-                                 kv_pages_total=self.stats.kv_pages_total)
+                                 kv_pages_total=self.stats.kv_pages_total,
+                                 prefix_cache=self.engine.prefix_cache_stats())
 
 
 async def collect(stream: AsyncIterator[RequestOutput]) -> RequestOutput:

@@ -71,12 +71,13 @@ class _Common:
     min_tokens: int = 0
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    repetition_penalty: float = 1.0  # vLLM extension (not in OpenAI's API)
 
     def to_sampling_params(self) -> SamplingParams:
         kw = dict(n=self.n, max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
                   top_k=self.top_k, min_p=self.min_p, seed=self.seed, stop=self.stop, logprobs=self.logprobs,
                   presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                  ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,
+                  repetition_penalty=self.repetition_penalty, ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,
                   skip_special_tokens=self.skip_special_tokens,
                   include_stop_str_in_output=self.include_stop_str_in_output)
         try:
@@ -136,7 +137,8 @@ def _common(body: dict, max_tokens: int | None, logprobs: int | None) -> dict:
         user=_get(body, "user", "str", None), stream=stream, include_usage=include_usage, logprobs=logprobs,
         ignore_eos=_get(body, "ignore_eos", "bool", False), min_tokens=_get(body, "min_tokens", "int", 0),
         skip_special_tokens=_get(body, "skip_special_tokens", "bool", True),
-        include_stop_str_in_output=_get(body, "include_stop_str_in_output", "bool", False))
+        include_stop_str_in_output=_get(body, "include_stop_str_in_output", "bool", False),
+        repetition_penalty=float(_get(body, "repetition_penalty", "num", 1.0)))
 
 
 def _check_body(body: Any) -> dict:

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from serving.async_engine import AsyncEngine, EngineStoppedError, QueueFullError
+from serving.metrics_prefix_cache import PrefixCacheCollector
 from serving.protocol import ProtocolError, error_body, parse_chat_request, parse_completion_request
 
 log = logging.getLogger("serving")
@@ -55,6 +56,7 @@ class _Metrics:
         g.set_function(lambda: aeng.stats.kv_pages_used)
         g = Gauge("jaxinfer_kv_pages_total", "usable KV-cache pages", registry=r)
         g.set_function(lambda: aeng.stats.kv_pages_total)
+        r.register(PrefixCacheCollector(aeng))
 
 
 def _err(status: int, message: str, param: str | None = None, type: str = "invalid_request_error",

@@ -85,7 +85,8 @@ def test_no_compilation_after_warmup(llm):
                                                        top_k=int(rng.choice([-1, 5, 40])),
                                                        top_p=float(rng.choice([1.0, 0.9])),
                                                        logprobs=int(rng.choice([0, 5])) if i % 3 else None,
-                                                       seed=i))
+                                                       seed=i, frequency_penalty=0.5 if i % 4 == 1 else 0.0,
+                                                       repetition_penalty=1.2 if i % 5 == 2 else 1.0))
         while eng.has_unfinished() and steps < 200:
             eng.step()
             steps += 1

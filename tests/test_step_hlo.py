@@ -28,3 +28,7 @@ def test_step_hlo_fusions_and_in_place_cache():
     pool = [runner.num_pages, runner.page_size, cfg.num_kv_heads, cfg.head_dim]
     pool_re = r"\[" + ",".join(map(str, pool)) + r"\]"
     assert not re.search(pool_re + r"\{[\d,]*\} copy\(", entry), "the KV cache is copied every step"
+    # Nor is the donated penalty count table [max_num_seqs, V] (runner/penalties.py).
+    table_re = r"s32\[" + f"{runner.num_penalty_slots},{cfg.vocab_size}" + r"\]"
+    assert re.search(table_re, entry), "the penalty table is not a step argument"
+    assert not re.search(table_re + r"\{[\d,]*\} copy\(", entry), "the penalty table is copied every step"

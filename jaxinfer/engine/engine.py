@@ -23,6 +23,7 @@ from typing import Any, Protocol, Sequence
 
 from .detokenizer import IncrementalDetokenizer
 from .kv_cache import KVCacheManager
+from .penalty_slots import PenaltySlots
 from .request import Request
 from .scheduler import Scheduler, ScheduledSeq
 from ..outputs import CompletionOutput, Logprob, RequestOutput
@@ -75,6 +76,10 @@ class _Group:
     stream: bool = True  # False: step() returns this request's output only once, when it has finished
 
 
+def _uses_penalties(p: SamplingParams) -> bool:
+    return p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0
+
+
 class LLMEngine:
     def __init__(self, runner: Runner, tokenizer, *, max_num_batched_tokens: int, max_num_seqs: int,
                  max_model_len: int, eos_token_ids: set[int], vocab_size: int, seed: int = 0,
@@ -95,6 +100,7 @@ class LLMEngine:
         self._ids = itertools.count()
         self.async_scheduling = async_scheduling
         self._in_flight: _Step | None = None
+        self._penalty_slots = PenaltySlots(int(getattr(runner, "num_penalty_slots", 0)))
 
     # ---- requests -----------------------------------------------------------------------------------------
     def add_request(self, request_id: str | None, prompt: str | Sequence[int],
@@ -120,10 +126,9 @@ class LLMEngine:
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
-        for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
-            if getattr(params, name) != neutral:
-                raise ValueError(f"{name}={getattr(params, name)} is not supported yet (the sampler implements it, "
-                                 f"the engine does not feed it token counts); leave it at {neutral}")
+        if _uses_penalties(params) and self._penalty_slots.num_slots < max(1, params.n):
+            raise ValueError(f"presence/frequency/repetition penalties need a runner with a penalty table; this "
+                             f"runner ({type(self.runner).__name__}) has {self._penalty_slots.num_slots} slots")
         seq_ids = [request_id if params.n == 1 else f"{request_id}#{i}" for i in range(params.n)]
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(31)
         new_states = []
@@ -188,6 +193,8 @@ class LLMEngine:
         return outputs
 
     def _launch(self, sched) -> _Step | None:
+        for sid in sched.finished_ids + sched.preempted_ids:
+            self._penalty_slots.release(sid)
         if not sched.scheduled:
             return None
         prev_rows = self._in_flight.rows if self._in_flight is not None else {}
@@ -203,6 +210,8 @@ class LLMEngine:
                 token_ids=s.token_ids, start_pos=s.start_pos, page_table=s.page_table,
                 temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
                 seed=st.seed, step=s.output_index, want_logprobs=st.logprobs is not None, prev_row=prev_row))
+            if _uses_penalties(p):
+                self._penalty_feed(inputs[-1], st, s)
             if s.sample:
                 rows[s.request_id] = i
             tgt = self._prompt_logprob_targets(st, s)
@@ -210,6 +219,21 @@ class LLMEngine:
                 lp_targets[i] = tgt
         prev = self._in_flight.flight if self._in_flight is not None else None
         return _Step(sched, self.runner.dispatch(inputs, prev, lp_targets or None), rows)
+
+    def _penalty_feed(self, inp: SeqInput, st: _SeqState, s: ScheduledSeq) -> None:
+        """Penalty fields of a penalised sequence's row; on its first schedule since admission, take a slot of the
+        device count table and have the runner fill it from the known tokens (engine/penalty_slots.py)."""
+        p, req = st.params, st.request
+        slot = self._penalty_slots.get(req.request_id)
+        if slot is None:
+            # Just admitted (new or after preemption): nothing of it was in flight before this step, so the
+            # known outputs are all of them (this step's sample is the only pending one).
+            assert req.num_pending_tokens == int(s.sample), (req, s)
+            slot = self._penalty_slots.acquire(req.request_id)
+            inp.penalty_init = (slot, list(req.prompt_token_ids), list(req.output_token_ids))
+        inp.presence_penalty, inp.frequency_penalty = p.presence_penalty, p.frequency_penalty
+        inp.repetition_penalty = p.repetition_penalty
+        inp.penalty_slot = slot if s.sample else -1
 
     def _finish_step(self, done: _Step) -> list[RequestOutput]:
         out = self.runner.fetch(done.flight)

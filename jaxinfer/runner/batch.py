@@ -29,14 +29,20 @@ class SeqInput:
     want_logprobs: bool = False  # the request asked for logprobs: the step computes the top-20 (else skipped)
     prev_row: int = -1         # >= 0: the last token is a placeholder (-1), sampled by the previous step (still in
                                # flight) in its output row `prev_row`; the device fills it in
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    penalty_slot: int = -1     # >= 0: row of the device token-count table that penalises this row's sample and
+                               # counts it (only rows that sample; -1 for the others)
+    penalty_init: tuple | None = None  # (slot, prompt ids, known output ids): write that row before this step
 
 
 # Fields of a packed batch, in transfer order. All integer fields travel in one int32 buffer and all float fields
 # in one float32 buffer: two host->device copies per step instead of fifteen (each copy costs ~0.1-0.4 ms of
 # host time). `seed` is uint32 and travels bit-cast to int32.
 INT_FIELDS = ("input_ids", "prev_src", "positions", "slot_mapping", "page_tables", "tile_tokens", "tile_seq",
-              "tile_kv_len", "sample_idx", "top_k", "seed", "step", "want_logprobs")
-FLOAT_FIELDS = ("temperature", "top_p", "min_p")
+              "tile_kv_len", "sample_idx", "top_k", "seed", "step", "want_logprobs", "penalty_slot")
+FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
 @dataclasses.dataclass
@@ -58,7 +64,8 @@ def field_shapes(bucket: Bucket) -> dict[str, tuple[int, ...]]:
     T, S, NT, Bq, W = bucket.num_tokens, bucket.num_seqs, bucket.num_tiles, bucket.query_tile, bucket.table_width
     return dict(input_ids=(T,), prev_src=(T,), positions=(T,), slot_mapping=(T,), page_tables=(S + 1, W),
                 tile_tokens=(NT, Bq), tile_seq=(NT,), tile_kv_len=(NT,), sample_idx=(S,), top_k=(S,), seed=(S,),
-                step=(S,), want_logprobs=(S,), temperature=(S,), top_p=(S,), min_p=(S,))
+                step=(S,), want_logprobs=(S,), penalty_slot=(S,), temperature=(S,), top_p=(S,), min_p=(S,),
+                presence_penalty=(S,), frequency_penalty=(S,), repetition_penalty=(S,))
 
 
 def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
@@ -141,5 +148,9 @@ def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
         temperature=col("temperature", np.float32, 0.0), top_k=col("top_k", np.int32, -1),
         top_p=col("top_p", np.float32, 1.0), min_p=col("min_p", np.float32, 0.0), seed=seed,
         step=col("step", np.int32, 0), want_logprobs=col("want_logprobs", np.int32, 0),
+        penalty_slot=col("penalty_slot", np.int32, -1),
+        presence_penalty=col("presence_penalty", np.float32, 0.0),
+        frequency_penalty=col("frequency_penalty", np.float32, 0.0),
+        repetition_penalty=col("repetition_penalty", np.float32, 1.0),
     )
     return HostBatch(bucket, arrays, n_tok, n_seqs, offsets)

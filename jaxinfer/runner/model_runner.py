@@ -22,6 +22,7 @@ from jaxinfer.config import EngineConfig
 from jaxinfer.models.loader import LoadedModel
 from jaxinfer.runner.batch import SeqInput, pack
 from jaxinfer.runner.buckets import BucketLadder
+from jaxinfer.runner.penalties import host_row, write_row
 from jaxinfer.models.attention import AttentionOptions
 from jaxinfer.runner.step import make_prompt_logprobs_fn, make_step_fn
 
@@ -58,6 +59,12 @@ class ModelRunner:
         self.page_size = config.page_size
         cfg = loaded.cfg
         self.kv_dtype = loaded.dtype
+        # Penalty token counts, one row per sequence that may run at once (runner/penalties.py); allocated before
+        # the KV budget is measured so it is accounted for (8B shapes: 256 x 128256 x 4 B = 131 MB).
+        self.num_penalty_slots = config.max_num_seqs
+        self.penalty_table = jax.jit(lambda: jnp.zeros((self.num_penalty_slots, cfg.vocab_size), jnp.int32))()
+        self._write_penalty_row = jax.jit(write_row, donate_argnums=(0,))
+        self._write_penalty_row_exe = None
         self.num_pages = config.num_pages or self._pages_from_budget()
         shape = (self.num_pages, self.page_size, cfg.num_kv_heads, cfg.head_dim)
         # Zero-filled: attention masks unwritten slots by weight, and 0 * NaN would still poison the sum.
@@ -122,9 +129,18 @@ class ModelRunner:
             if jax.default_backend() != "cpu":  # CPU programs have no kernels to load; keep CPU start-up short
                 ints, floats = jax.device_put(pack([SeqInput(token_ids=[0], start_pos=0, page_table=[0])], b,
                                                    self.page_size).flat())
-                self.kv_caches, out, _ = step(self.loaded.params, self.kv_caches, ints, floats, self._no_prev)
+                out, _ = self.run_compiled(step, ints, floats)
+        self._penalty_writer()
         jax.block_until_ready(out)
         log.info("compiled %d buckets in %.1f s", len(self.ladder.buckets), time.perf_counter() - t0)
+
+    def run_compiled(self, step, ints, floats, prev_tokens=None):
+        """Run one compiled step program on packed device buffers, threading the runner's donated state (KV cache,
+        penalty counts). Returns (StepOutput, hidden). Used by warm-up and the benchmarks' device-only timings."""
+        prev = self._no_prev if prev_tokens is None else prev_tokens
+        self.kv_caches, out, hidden, self.penalty_table = step(self.loaded.params, self.kv_caches, ints, floats,
+                                                               prev, self.penalty_table)
+        return out, hidden
 
     def _programs(self, bucket):
         """(step, prompt_logprobs) executables of a bucket, compiled on first use (warm-up does all)."""
@@ -134,12 +150,21 @@ class ModelRunner:
                                 self.page_size).flat()
             spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731
             step = self._step.lower(self.loaded.params, self.kv_caches, spec(ints), spec(floats), self._no_prev,
-                                    bucket=bucket).compile()
+                                    self.penalty_table, bucket=bucket).compile()
             hidden = jax.ShapeDtypeStruct((bucket.num_tokens, self.loaded.cfg.hidden_size), self.loaded.dtype)
             targets = jax.ShapeDtypeStruct((bucket.num_tokens,), jnp.int32)
             prompt = self._prompt_logprobs.lower(self.loaded.params, hidden, targets).compile()
             progs = self._compiled[bucket] = (step, prompt)
         return progs
+
+    def _penalty_writer(self):
+        """The compiled row write of the penalty table (one shape: compiled once, at warm-up)."""
+        if self._write_penalty_row_exe is None:
+            V = self.loaded.cfg.vocab_size
+            self._write_penalty_row_exe = self._write_penalty_row.lower(
+                self.penalty_table, jax.ShapeDtypeStruct((), jnp.int32),
+                jax.ShapeDtypeStruct((V,), jnp.int32)).compile()
+        return self._write_penalty_row_exe
 
     # ---- run ----------------------------------------------------------------------------------------------
     def dispatch(self, seqs: Sequence[SeqInput], prev: "InFlight | None" = None,
@@ -151,9 +176,17 @@ class ModelRunner:
         bucket = self.ladder.pick(n_tok, len(seqs))
         step, prompt_fn = self._programs(bucket)
         batch = pack(seqs, bucket, self.page_size)
+        for s in seqs:  # a penalised sequence starting (or restarting): its counts row, from its known tokens
+            if s.penalty_init is not None:
+                slot, prompt_ids, output_ids = s.penalty_init
+                if not 0 <= slot < self.num_penalty_slots:
+                    raise ValueError(f"penalty slot {slot} is outside [0, {self.num_penalty_slots})")
+                row = host_row(prompt_ids, output_ids, self.loaded.cfg.vocab_size)
+                self.penalty_table = self._penalty_writer()(self.penalty_table, np.int32(slot), row)
         ints, floats = jax.device_put(batch.flat())
         prev_tokens = prev.out.tokens if prev is not None else self._no_prev
-        self.kv_caches, out, hidden = step(self.loaded.params, self.kv_caches, ints, floats, prev_tokens)
+        self.kv_caches, out, hidden, self.penalty_table = step(self.loaded.params, self.kv_caches, ints, floats,
+                                                               prev_tokens, self.penalty_table)
         prompt = None
         if prompt_logprob_targets:
             targets = np.zeros(bucket.num_tokens, np.int32)

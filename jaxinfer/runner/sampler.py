@@ -44,6 +44,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxinfer.runner.penalties import penalize
+
 MAX_TOP_K_FAST = 256  # candidates taken by lax.top_k on the fast path
 MAX_LOGPROBS = 20  # top logprobs always returned per row (so asking for logprobs never recompiles)
 GREEDY_EPS = 1e-5  # temperature below this is greedy (vLLM's _SAMPLING_EPS)
@@ -253,10 +255,14 @@ def _sample_random(x: jax.Array, t: SamplingTensors, greedy: jax.Array) -> jax.A
 
 
 def sample(logits: jax.Array, t: SamplingTensors, *, penalty_ids: jax.Array | None = None,
-           penalty_counts: jax.Array | None = None, want_top_logprobs: jax.Array | None = None) -> SamplerOutput:
+           penalty_counts: jax.Array | None = None, penalty_table: jax.Array | None = None,
+           penalty_slot: jax.Array | None = None,
+           want_top_logprobs: jax.Array | None = None) -> SamplerOutput:
     """Sample one token per row. logits f32[S, V] (any float dtype; computed in f32), t: S-row SamplingTensors.
 
     penalty_ids / penalty_counts i32[S, P] (see apply_penalties), or None to skip penalties at trace time.
+    penalty_table i32[num_slots, V] / penalty_slot i32[S]: the engine's device-resident counts (runner/penalties.py);
+    rows with slot -1 are not penalised, and the penalty math is skipped (lax.cond) when no row has a slot.
     want_top_logprobs: bool scalar (traced): False skips the top-20 logprobs (returned as zeros) — they cost a
     chunked top-k over the vocabulary (~0.1-0.3 ms on an H200 at 128k vocab) that most steps do not need.
     The random path (top-k candidates, Gumbel noise) likewise runs only when some row samples (lax.cond, which
@@ -287,6 +293,9 @@ def sample(logits: jax.Array, t: SamplingTensors, *, penalty_ids: jax.Array | No
         if penalty_counts is None:
             raise ValueError("penalty_ids given without penalty_counts; pass both (i32[S, P]) or neither")
         x = apply_penalties(x, t, penalty_ids, penalty_counts)
+    if penalty_table is not None:
+        x = penalize(x, penalty_table, penalty_slot, t.presence_penalty, t.frequency_penalty,
+                     t.repetition_penalty)
 
     greedy = t.temperature < GREEDY_EPS
     random_tokens = lax.cond(jnp.all(greedy), lambda: jnp.zeros((S,), jnp.int32),

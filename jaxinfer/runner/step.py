@@ -1,7 +1,8 @@
-"""The jitted step: (params, kv_caches, ints, floats, prev_tokens) -> (kv_caches, sampled tokens, logprobs, hidden).
+"""The jitted step: (params, kv_caches, ints, floats, prev_tokens, penalty_table)
+    -> (kv_caches, sampled tokens + logprobs, hidden, penalty_table).
 
-One program per bucket. The KV cache (a list of per-layer (k_pages, v_pages)) is donated and updated in place;
-nothing else is donated. Only small arrays (token ids, logprobs) are meant to travel back to the host; the
+One program per bucket. The KV cache (a list of per-layer (k_pages, v_pages)) and the penalty token-count table
+(runner/penalties.py) are donated and updated in place; nothing else is donated. Only small arrays (token ids, logprobs) are meant to travel back to the host; the
 final hidden states stay on the device for the (rare) prompt-logprob pass.
 
 Pipelining: decode tokens sampled by the previous step (still in flight when this step was packed) are taken
@@ -18,6 +19,7 @@ import jax.numpy as jnp
 
 from jaxinfer.models.attention import AttentionMetadata, AttentionOptions
 from jaxinfer.runner.batch import FLOAT_FIELDS, INT_FIELDS, field_shapes
+from jaxinfer.runner.penalties import count_sampled
 from jaxinfer.runner.sampler import MAX_LOGPROBS, SamplingTensors, sample
 
 
@@ -34,11 +36,10 @@ def _metadata(b: dict) -> AttentionMetadata:
 
 
 def _sampling(b: dict) -> SamplingTensors:
-    S = b["temperature"].shape[0]
-    zeros = jnp.zeros((S,), jnp.float32)
     return SamplingTensors(
         temperature=b["temperature"], top_k=b["top_k"], top_p=b["top_p"], min_p=b["min_p"], seed=b["seed"],
-        step=b["step"], presence_penalty=zeros, frequency_penalty=zeros, repetition_penalty=zeros + 1.0)
+        step=b["step"], presence_penalty=b["presence_penalty"], frequency_penalty=b["frequency_penalty"],
+        repetition_penalty=b["repetition_penalty"])
 
 
 def unflatten_batch(ints, floats, bucket) -> dict:
@@ -62,18 +63,22 @@ def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int):
     """Build the jitted step for a LoadedModel. The graphdef/treedef are closed over (static); so is the bucket,
     which fixes the layout of the two transfer buffers."""
 
-    def step(params, kv_caches, ints, floats, prev_tokens, bucket):
+    def step(params, kv_caches, ints, floats, prev_tokens, penalty_table, bucket):
         batch = unflatten_batch(ints, floats, bucket)
         model = loaded.module(params)
         src = batch["prev_src"]
         input_ids = jnp.where(src >= 0, prev_tokens[jnp.maximum(src, 0)], batch["input_ids"])
         hidden, kv_caches = model(input_ids, kv_caches, _metadata(batch), opts)
         logits = model.logits(hidden[batch["sample_idx"]])  # [S, V] f32
-        out = sample(logits, _sampling(batch), want_top_logprobs=jnp.any(batch["want_logprobs"] > 0))
+        slot = batch["penalty_slot"]
+        out = sample(logits, _sampling(batch), penalty_table=penalty_table, penalty_slot=slot,
+                     want_top_logprobs=jnp.any(batch["want_logprobs"] > 0))
+        # The sampled tokens count for the next step's penalties, even before the host sees them (pipelining).
+        penalty_table = count_sampled(penalty_table, slot, out.tokens)
         tokens = jnp.zeros((max_num_seqs,), jnp.int32).at[: out.tokens.shape[0]].set(out.tokens)
-        return kv_caches, StepOutput(tokens, out.logprobs, out.top_ids, out.top_logprobs), hidden
+        return kv_caches, StepOutput(tokens, out.logprobs, out.top_ids, out.top_logprobs), hidden, penalty_table
 
-    return jax.jit(step, donate_argnums=(1,), static_argnames=("bucket",))
+    return jax.jit(step, donate_argnums=(1, 5), static_argnames=("bucket",))
 
 
 def make_prompt_logprobs_fn(loaded):

@@ -41,6 +41,10 @@ def loop_pack(seqs, bucket, page_size):
     seed = np.zeros(S, np.uint32)
     step = np.zeros(S, np.int32)
     want_logprobs = np.zeros(S, np.int32)
+    penalty_slot = np.full(S, -1, np.int32)
+    presence_penalty = np.zeros(S, np.float32)
+    frequency_penalty = np.zeros(S, np.float32)
+    repetition_penalty = np.ones(S, np.float32)
 
     tile = 0
     for i, s in enumerate(seqs):
@@ -74,13 +78,18 @@ def loop_pack(seqs, bucket, page_size):
         seed[i] = s.seed & 0xFFFFFFFF
         step[i] = s.step
         want_logprobs[i] = int(s.want_logprobs)
+        penalty_slot[i] = s.penalty_slot
+        presence_penalty[i] = s.presence_penalty
+        frequency_penalty[i] = s.frequency_penalty
+        repetition_penalty[i] = s.repetition_penalty
     if tile > NT:
         raise AssertionError(f"{tile} query tiles exceed the bucket's {NT}")  # impossible by construction
     arrays: dict[str, Any] = dict(
         input_ids=input_ids, prev_src=prev_src, positions=positions, slot_mapping=slot_mapping, page_tables=page_tables,
         tile_tokens=tile_tokens, tile_seq=tile_seq, tile_kv_len=tile_kv_len, sample_idx=sample_idx,
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, step=step,
-        want_logprobs=want_logprobs,
+        want_logprobs=want_logprobs, penalty_slot=penalty_slot, presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty, repetition_penalty=repetition_penalty,
     )
     return arrays, offsets
 
@@ -100,6 +109,8 @@ def _random_seqs(rng: random.Random, n_seqs: int, page_size: int, max_pages: int
         seqs.append(SeqInput(token_ids=toks, start_pos=start, page_table=pages, temperature=rng.random(),
                              top_k=rng.choice([-1, 5]), top_p=rng.random(), min_p=rng.random() / 10,
                              seed=rng.getrandbits(40), step=rng.randint(0, 100), want_logprobs=rng.random() < 0.5,
+                             penalty_slot=rng.choice([-1, rng.randint(0, 5)]), presence_penalty=rng.random(),
+                             frequency_penalty=rng.random(), repetition_penalty=1 + rng.random(),
                              prev_row=prev))
     return seqs
 

@@ -525,3 +525,36 @@ def test_prompt_logprobs_bypass_the_cache(llms):
         assert da.keys() == db.keys()
         for t in da:
             assert da[t].logprob == pytest.approx(db[t].logprob, abs=1e-4)
+
+
+def test_engine_preemption_and_abort_with_prefix_caching(tiny_llama_dir, llms):
+    """A cache too small for the batch (preemptions: re-admitted requests re-hit pages) plus aborts mid-run
+    (pages of aborted requests in flight are never registered): the surviving requests give the cache-off,
+    unpressured engine's greedy tokens, and every page comes back."""
+    import jaxinfer
+    from jaxinfer import SamplingParams
+
+    prompts = _shared_prefix_workload(seed=5, n=12)
+    sp = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in llms[False].generate(prompts, sp, use_tqdm=False)]
+    aborted = {3: 4, 7: 9}  # request index -> engine step at which it is aborted
+    for on in (True,):
+        llm = jaxinfer.LLM(tiny_llama_dir, enable_prefix_caching=on, num_pages=40, max_model_len=512,
+                           max_num_batched_tokens=64, max_num_seqs=8, progress=False, warmup=False)
+        eng = llm.engine
+        for i, p in enumerate(prompts):
+            eng.add_request(f"p{i}", p, sp)
+        done, step = {}, 0
+        while eng.has_unfinished():
+            for i, at in aborted.items():
+                if step == at:
+                    assert eng.abort(f"p{i}")
+            for out in eng.step():
+                if out.finished:
+                    done[int(out.request_id[1:])] = out.outputs[0].token_ids
+            step += 1
+        assert sorted(done) == [i for i in range(len(prompts)) if i not in aborted]
+        assert {i: done[i] for i in done} == {i: want[i] for i in done}
+        st = eng.scheduler.stats()
+        assert st.num_preemptions_total > 0 and eng.kv.num_used_pages == 0
+        assert eng.prefix_cache_stats()["hits"] > 0

@@ -7,6 +7,7 @@ import time
 import urllib.error
 import urllib.request
 
+import numpy as np
 import pytest
 
 openai = pytest.importorskip("openai")
@@ -48,6 +49,10 @@ class _ServerThread:
         self.thread.join(10)
 
 
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+PENALISED = dict(frequency_penalty=1.0, presence_penalty=0.5, repetition_penalty=1.2)
+
+
 @pytest.fixture(scope="module")
 def served(smollm2_gguf):
     from jaxinfer import LLM, SamplingParams
@@ -58,7 +63,12 @@ def served(smollm2_gguf):
     # offline greedy references, computed before the server's engine thread owns the engine
     ref = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)
     assert all(o.outputs[0].text for o in ref)
+    chat_ref = llm.chat(CHAT, SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)[0].outputs[0]
+    pen_ref = llm.generate(PROMPTS[4], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, **PENALISED),
+                           use_tqdm=False)[0].outputs[0].text
+    assert pen_ref != ref[4].outputs[0].text  # the penalties matter for this prompt
     srv = _ServerThread(create_app(llm, served_model_name=MODEL))
+    srv.chat_ref, srv.penalty_ref = chat_ref, pen_ref
     yield srv, llm, [o.outputs[0].text for o in ref]
     srv.stop()
 
@@ -110,16 +120,29 @@ def test_completion_matches_offline_and_stream(served, client):
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == r.choices[0].finish_reason
 
 
-def test_chat_and_chat_stream(client):
-    msgs = [{"role": "user", "content": "What is the capital of France?"}]
-    r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, temperature=0)
+def test_chat_and_chat_stream_match_offline_chat(served, client):
+    ref = served[0].chat_ref  # LLM.chat, greedy, same chat template
+    r = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=16, temperature=0)
     text = r.choices[0].message.content
-    assert r.choices[0].message.role == "assistant" and text and "Paris" in text
-    assert r.usage.completion_tokens <= 16
-    chunks = list(client.chat.completions.create(model=MODEL, messages=msgs, max_completion_tokens=16,
-                                                 temperature=0, stream=True))
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
-    assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
+    assert r.choices[0].message.role == "assistant" and text == ref.text and "Paris" in text
+    assert r.choices[0].finish_reason == ref.finish_reason
+    assert r.usage.completion_tokens == len(ref.token_ids) <= 16
+    chunks = list(client.chat.completions.create(model=MODEL, messages=CHAT, max_completion_tokens=16,
+                                                 temperature=0, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == ref.finish_reason
+    assert chunks[-1].usage.completion_tokens == len(ref.token_ids)
+
+
+def test_penalties_match_offline(served, client):
+    r = client.completions.create(model=MODEL, prompt=PROMPTS[4], max_tokens=12, temperature=0,
+                                  frequency_penalty=PENALISED["frequency_penalty"],
+                                  presence_penalty=PENALISED["presence_penalty"],
+                                  extra_body={"ignore_eos": True,
+                                              "repetition_penalty": PENALISED["repetition_penalty"]})
+    assert r.choices[0].text == served[0].penalty_ref
 
 
 def test_logprobs(client):
@@ -166,23 +189,88 @@ def test_stop_string(served, client):
     assert "".join(c.choices[0].text for c in chunks) == r2.choices[0].text
 
 
-def test_16_concurrent_streams_match_offline(served):
-    srv, _, ref = served
+def _tiny_with_tokenizer(tiny_llama_dir, dst):
+    """The tiny random Llama (vocab 512) plus a byte-level BPE tokenizer of exactly 512 ids trained here, so
+    string prompts work and outputs decode to text (loading SmolLM2's GGUF tokenizer would cost ~15 s)."""
+    import shutil
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    shutil.copytree(tiny_llama_dir, dst)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "question", "answer", "plus"]
+    corpus = [" ".join(words[(i * k) % len(words)] for k in range(1, 9)) + f" {i}" for i in range(300)]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=512, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.add_tokens([f"<pad{i}>" for i in range(512 - len(fast))], special_tokens=True)
+    assert len(fast) == 512
+    fast.save_pretrained(dst)
+    return str(dst)
+
+
+@pytest.fixture(scope="module")
+def tiny_served(tiny_llama_dir, tmp_path_factory):
+    from jaxinfer import LLM, SamplingParams
+    from serving.server import create_app
+
+    path = _tiny_with_tokenizer(tiny_llama_dir, tmp_path_factory.mktemp("tiny_tok") / "model")
+    llm = LLM(path, dtype="float32", num_pages=400, max_model_len=256, max_num_batched_tokens=256,
+              max_num_seqs=64, warmup=False, progress=False)
+    prompts = [f"Question {i}: the quick brown fox {i * 7} jumps" for i in range(64)]
+    ref = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    srv = _ServerThread(create_app(llm, served_model_name="tiny"))
+    yield srv, llm, prompts, [o.outputs[0].text for o in ref]
+    srv.stop()
+
+
+def test_64_concurrent_streams_match_offline(tiny_served):
+    srv, llm, prompts, ref = tiny_served
+    assert sum(bool(t) for t in ref) > 50  # real text to compare
 
     async def main():
         ac = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)
 
         async def one(p):
-            s = await ac.completions.create(model=MODEL, prompt=p, max_tokens=12, temperature=0, stream=True,
-                                               extra_body=NO_EOS)
-            return "".join([c.choices[0].text async for c in s])
+            s = await ac.completions.create(model="tiny", prompt=p, max_tokens=8, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}, extra_body=NO_EOS)
+            chunks = [c async for c in s]
+            return "".join(c.choices[0].text for c in chunks if c.choices), chunks[-1].usage.completion_tokens
 
         try:
-            return await asyncio.gather(*(one(p) for p in PROMPTS))
+            return await asyncio.gather(*(one(p) for p in prompts))
         finally:
             await ac.close()
 
-    assert asyncio.run(main()) == ref
+    got = asyncio.run(main())
+    assert [t for t, _ in got] == ref
+    assert all(n == 8 for _, n in got)
+    assert llm.engine.kv.num_used_pages == 0
+
+
+def test_prefix_cache_metrics(tiny_served):
+    """Exact counter deltas: B shares A's first 48 tokens (3 pages of 16) and finds them cached."""
+    srv = tiny_served[0]
+    names = ["queries_total", "hits_total", "hit_requests_total"]
+    before = {n: _metric(srv.url, "jaxinfer_prefix_cache_" + n) for n in names}
+    assert _metric(srv.url, "jaxinfer_prefix_cache_enabled") == 1
+    rng = np.random.default_rng(123)
+    shared = rng.integers(17, 512, 48).tolist()
+    a, b = shared + [20, 21, 22, 23, 24], shared + [30, 31, 32, 33, 34]
+    for p in (a, b):
+        status, _, body = _post(srv.url + "/v1/completions", {"prompt": p, "max_tokens": 2, "temperature": 0})
+        assert status == 200, body
+    after = {n: _metric(srv.url, "jaxinfer_prefix_cache_" + n) for n in names}
+    assert after["queries_total"] - before["queries_total"] == len(a) + len(b)
+    assert after["hits_total"] - before["hits_total"] == 48
+    assert after["hit_requests_total"] - before["hit_requests_total"] == 1
+    rate = _metric(srv.url, "jaxinfer_prefix_cache_hit_rate")
+    assert rate == pytest.approx(after["hits_total"] / after["queries_total"])
+    assert _metric(srv.url, "jaxinfer_prefix_cache_cached_pages") >= 3
 
 
 # ---- raw HTTP: errors --------------------------------------------------------------------------------------------
@@ -197,7 +285,8 @@ def test_16_concurrent_streams_match_offline(served):
     ({"model": MODEL, "prompt": "hi", "max_tokens": 0}, "max_tokens"),
     ({"model": MODEL, "prompt": "hi", "logprobs": 50}, "logprobs"),
     ({"model": MODEL, "prompt": "hi", "n": 0}, "n"),
-    ({"model": MODEL, "prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"model": MODEL, "prompt": "hi", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"model": MODEL, "prompt": "hi", "frequency_penalty": "a"}, "frequency_penalty"),
     ({"model": "gpt-4", "prompt": "hi"}, "model"),
 ])
 def test_bad_completion_requests(served, body, param):
@@ -255,7 +344,8 @@ def test_metrics(served, client):
     for name in ("jaxinfer_requests_total", "jaxinfer_time_to_first_token_seconds_bucket",
                  "jaxinfer_time_per_output_token_seconds_bucket", "jaxinfer_e2e_request_latency_seconds_count",
                  "jaxinfer_prompt_tokens_total", "jaxinfer_generation_tokens_total",
-                 "jaxinfer_num_requests_waiting", "jaxinfer_kv_pages_used"):
+                 "jaxinfer_num_requests_waiting", "jaxinfer_kv_pages_used", "jaxinfer_prefix_cache_hits_total",
+                 "jaxinfer_prefix_cache_queries_total", "jaxinfer_prefix_cache_hit_rate"):
         assert name in text, name
     assert 'status="200"' in text and 'status="400"' in text
 
