@@ -20,6 +20,9 @@ def device_name() -> str:
 
 
 def git_commit() -> str:
+    # The device machine's copy of the tree may carry a stale .git: an explicit JAXINFER_COMMIT wins.
+    if os.environ.get("JAXINFER_COMMIT"):
+        return os.environ["JAXINFER_COMMIT"]
     try:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
                                        cwd=os.path.dirname(RESULTS_DIR)).strip()
