@@ -273,6 +273,16 @@ def test_prefix_cache_metrics(tiny_served):
     assert _metric(srv.url, "jaxinfer_prefix_cache_cached_pages") >= 3
 
 
+def test_unknown_fields_ignored_user_accepted(tiny_served):
+    srv, _, prompts, ref = tiny_served
+    body = {"prompt": prompts[0], "max_tokens": 8, "temperature": 0, "ignore_eos": True, "user": "alice",
+            "some_future_field": {"x": [1, 2]}}
+    status, _, out = _post(srv.url + "/v1/completions", body)
+    assert status == 200 and out["choices"][0]["text"] == ref[0]
+    status, _, err = _post(srv.url + "/v1/completions", dict(body, user=5))
+    assert status == 400 and err["error"]["param"] == "user"
+
+
 # ---- raw HTTP: errors --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("body,param", [
     ({"model": MODEL, "prompt": "hi", "max_tokens": "5"}, "max_tokens"),
