@@ -70,3 +70,17 @@ def maybe_profile(profile_dir: str | None):
         return
     with jax.profiler.trace(profile_dir):
         yield
+
+
+def add_profile_arg(ap) -> None:
+    ap.add_argument("--profile", default=None, metavar="DIR",
+                    help="write a jax.profiler trace of the whole run to DIR (open with TensorBoard / Perfetto)")
+
+
+def start_profile(profile_dir: str | None) -> None:
+    """Trace everything from here to process exit (for scripts whose work is not one block)."""
+    if profile_dir:
+        import atexit
+
+        jax.profiler.start_trace(profile_dir)
+        atexit.register(jax.profiler.stop_trace)

@@ -27,7 +27,10 @@ def main():
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--max-model-len", type=int, default=2048)
+    from benchmarks.common import add_profile_arg, start_profile
+    add_profile_arg(ap)
     a = ap.parse_args()
+    start_profile(a.profile)
 
     from benchmarks.common import write_result
     from jaxinfer import LLM

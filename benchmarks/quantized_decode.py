@@ -67,7 +67,10 @@ def main():
     ap.add_argument("--num-pages", type=int, default=12000)
     ap.add_argument("--budget-s", type=float, default=430.0, help="skip the remaining methods past this time")
     ap.add_argument("--smoke", action="store_true", help="CPU smoke test: tiny-llama preset")
+    from benchmarks.common import add_profile_arg, start_profile
+    add_profile_arg(ap)
     a = ap.parse_args()
+    start_profile(a.profile)
     if a.smoke:
         a.model, a.new_tokens, a.prompt_len = "tiny-llama", 8, 8
         a.num_requests, a.tp_prompt_len, a.output_len = 4, 16, 4

@@ -137,6 +137,7 @@ def main():
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--startup-timeout", type=float, default=420)
     ap.add_argument("--peer-model", default=None, help="checkpoint for `transformers serve` (optional)")
+    ap.add_argument("--profile", default=None, metavar="DIR", help="the server writes a jax.profiler trace here")
     ap.add_argument("--log-dir", default=os.environ.get("OUT") or "/tmp")
     a = ap.parse_args()
 
@@ -156,7 +157,8 @@ def main():
     cmd = [sys.executable, "-m", "serving", "--model", a.model, "--load-format", "dummy", "--port", str(port),
            "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
            "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--gpu-memory-utilization",
-           str(a.gpu_memory_utilization), "--served-model-name", a.model]
+           str(a.gpu_memory_utilization), "--served-model-name", a.model] + (
+               ["--profile", a.profile] if a.profile else [])
     log_path = os.path.join(a.log_dir, "jaxinfer-serve.log")
     t0 = time.perf_counter()
     with open(log_path, "w") as log:

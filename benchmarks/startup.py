@@ -24,7 +24,10 @@ def main():
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--label", default="run")
+    from benchmarks.common import add_profile_arg, start_profile
+    add_profile_arg(ap)
     a = ap.parse_args()
+    start_profile(a.profile)
     t0 = time.perf_counter()
     from jaxinfer import LLM, SamplingParams
     from benchmarks.common import write_result

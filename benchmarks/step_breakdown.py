@@ -43,7 +43,10 @@ def main():
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--attention-backend", default="auto", choices=["auto", "reference", "pallas"])
+    from benchmarks.common import add_profile_arg, start_profile
+    add_profile_arg(ap)
     a = ap.parse_args()
+    start_profile(a.profile)
     llm = LLM(a.model, load_format="dummy", max_model_len=a.max_model_len, max_num_batched_tokens=256,
               max_num_seqs=max(a.batch), gpu_memory_utilization=0.5, attention_backend=a.attention_backend)
     r = llm.runner

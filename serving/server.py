@@ -400,6 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refuse (503) requests beyond max_num_seqs + this many; default: no limit")
     p.add_argument("--no-warmup", action="store_true", help="compile buckets on first use instead of at start")
     p.add_argument("--shutdown-grace", type=float, default=10.0)
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="write a jax.profiler trace of the serving run (start to shutdown) to DIR")
     return p
 
 
@@ -415,6 +417,14 @@ def main(argv=None) -> int:
         print(f"jaxinfer serve: error: {e}", file=sys.stderr)
         return 2
     app = create_app(llm, a.served_model_name, a.max_waiting, a.shutdown_grace)
+    if a.profile:
+        import jax
+
+        jax.profiler.start_trace(a.profile)
     # run_app maps SIGTERM/SIGINT to a graceful shutdown (on_shutdown -> AsyncEngine.shutdown) and returns.
-    web.run_app(app, host=a.host, port=a.port, shutdown_timeout=a.shutdown_grace + 5, print=log.info)
+    try:
+        web.run_app(app, host=a.host, port=a.port, shutdown_timeout=a.shutdown_grace + 5, print=log.info)
+    finally:
+        if a.profile:
+            jax.profiler.stop_trace()
     return 0

@@ -117,7 +117,10 @@ def main():
     ap.add_argument("--budget-s", type=float, default=170.0, help="skip the remaining configs past this time")
     ap.add_argument("--interpret", action="store_true", help="kernel in interpret mode (CPU smoke test only)")
     ap.add_argument("--hbm-gib", type=float, default=2.0)
+    from benchmarks.common import add_profile_arg, start_profile
+    add_profile_arg(ap)
     a = ap.parse_args()
+    start_profile(a.profile)
     t_start = time.perf_counter()
     print(f"jax {jax.__version__} on {jax.devices()[0]} ({num_sms()} SMs)", flush=True)
     hbm = measure_hbm_bandwidth(a.hbm_gib)

@@ -125,7 +125,10 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--budget-s", type=float, default=420.0, help="skip the remaining configs past this time")
     ap.add_argument("--smoke", action="store_true", help="CPU smoke test: tiny shapes, kernel in interpret mode")
+    from benchmarks.common import add_profile_arg, start_profile
+    add_profile_arg(ap)
     a = ap.parse_args()
+    start_profile(a.profile)
     t_start = time.perf_counter()
     interpret = a.smoke or jax.default_backend() == "cpu"
     if a.smoke:
