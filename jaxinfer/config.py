@@ -231,6 +231,8 @@ class EngineConfig:
         the engine yet).
     kv_loop: "static" (unrolled over the page-table width; no device-to-host syncs: GPU), "dynamic" (while loop
         up to the longest context: CPU) or "auto".
+    tensor_parallel_size: devices one model replica is split over (jaxinfer/parallel.py).
+    data_parallel_size: model replicas on disjoint device groups; requests go to the least-loaded replica.
     """
 
     dtype: str = "auto"
@@ -249,8 +251,13 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False
     compilation_cache_dir: str | None = None
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
 
     def __post_init__(self):
+        for name in ("tensor_parallel_size", "data_parallel_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
         if self.page_size < 1 or self.page_size & (self.page_size - 1):
             raise ConfigError(f"page_size must be a power of two >= 1, got {self.page_size}")
         if self.num_pages is not None and self.num_pages < 2:
