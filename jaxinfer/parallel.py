@@ -278,6 +278,14 @@ def collective_bytes(hlo_text: str) -> dict[str, int]:
     the size of each collective's result, summed per kind. Read from the partitioned HLO, so it is exactly what
     the shardings made XLA insert. (Async "-start" ops are counted once; their "-done" halves are skipped.)"""
     out: dict[str, int] = {}
+    for kind, n in collective_ops(hlo_text):
+        out[kind] = out.get(kind, 0) + n
+    return out
+
+
+def collective_ops(hlo_text: str) -> list[tuple[str, int]]:
+    """(kind, result bytes) of every collective in a compiled program, in program order."""
+    ops = []
     for m in _COLLECTIVE_RE.finditer(hlo_text):
         shape, kind = m.group(1), m.group(2)
         arrays = _ARRAY_RE.findall(shape)
@@ -289,5 +297,5 @@ def collective_bytes(hlo_text: str) -> dict[str, int]:
             for d in filter(None, dims.split(",")):
                 size *= int(d)
             n += size * _ITEMSIZE.get(dtype, 4)
-        out[kind] = out.get(kind, 0) + n
-    return out
+        ops.append((kind, n))
+    return ops
