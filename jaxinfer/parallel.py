@@ -150,6 +150,17 @@ def canonical_layout(path: tuple, x: np.ndarray, lay: TPLayout | None) -> np.nda
     return x
 
 
+def relayout_quantized_for_tp(path: tuple, qt, lay: TPLayout | None):
+    """The same re-layout for a quantized weight (models/quant_tensor.QuantizedTensor, [in, out] with per-output-
+    column scales): the layouts only move (or copy) output columns, so q, scale and zero take the same column
+    permutation, and the quantized weight then splits over the devices exactly like the float one."""
+    if lay is None:
+        return qt
+    cols = relayout_for_tp(path, np.arange(qt.q.shape[1]), lay)  # source column of every output column
+    return dataclasses.replace(qt, q=qt.q[:, cols], scale=qt.scale[..., cols],
+                               zero=None if qt.zero is None else qt.zero[..., cols])
+
+
 class ShardingPlan:
     """The mesh of one engine replica and the shardings derived from logical axes through RULES."""
 

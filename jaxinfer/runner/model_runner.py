@@ -74,7 +74,7 @@ class ModelRunner:
         zeros = jax.jit(lambda: jnp.zeros(shape, self.kv_dtype), out_shardings=kv_sharding)
         self.kv_caches = [(zeros(), zeros()) for _ in range(cfg.num_layers)]
         log.info("KV cache: %d pages x %d tokens = %d tokens (%.2f GiB per device)", self.num_pages, self.page_size,
-                 (self.num_pages - 1) * self.page_size, self.kv_cache_bytes / 2**30)  # per device
+                 (self.num_pages - 1) * self.page_size, self.kv_cache_bytes / 2**30)
         static = config.kv_loop == "static" or (config.kv_loop == "auto" and jax.default_backend() != "cpu")
         chunk = config.kv_chunk_pages or (128 if static else 16)
         kv_chunk = min(chunk, math.ceil(max_model_len / self.page_size))

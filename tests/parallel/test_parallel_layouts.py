@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from jaxinfer.config import ConfigError, EngineConfig, ModelConfig
+from jaxinfer.models.quant_tensor import QuantizedTensor
 from jaxinfer.parallel import (RULES, ShardingPlan, canonical_layout, check_tensor_parallel, make_plans,
-                               relayout_for_tp, tp_model_config)
+                               relayout_for_tp, relayout_quantized_for_tp, tp_model_config)
 
 
 def _cfg(heads, kv_heads, head_dim=4, hidden=16, inter=32):
@@ -94,3 +95,24 @@ def test_replicas_get_disjoint_devices_and_rules_map_logical_axes():
     with pytest.raises(KeyError, match="no rule"):
         p.spec(("nonsense",), (4,))
     assert isinstance(p, ShardingPlan) and p.tp == 2
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("leaf", ["qkv", "gate_up"])
+def test_quantized_weights_take_the_same_layout(kind, leaf):
+    """Dequantize(relayout(quantized)) == relayout(dequantize(quantized)), exactly, for TP=8 over 2 KV heads."""
+    cfg = _cfg(8, 2)
+    _, lay = tp_model_config(cfg, 8)
+    n_out = cfg.qkv_size if leaf == "qkv" else 2 * cfg.intermediate_size
+    rng = np.random.default_rng(1)
+    n_in, g = cfg.hidden_size, 8
+    if kind == "int8":
+        qt = QuantizedTensor("int8", rng.integers(-127, 128, (n_in, n_out)).astype(np.int8),
+                             rng.random(n_out).astype(np.float32))
+    else:
+        qt = QuantizedTensor("int4", rng.integers(0, 16, (n_in, n_out)).astype(np.int8),
+                             rng.random((n_in // g, n_out)).astype(np.float32),
+                             rng.integers(0, 16, (n_in // g, n_out)).astype(np.float32), group_size=g)
+    path = ("layers", 0, "attn" if leaf == "qkv" else "mlp", leaf, "w")
+    got = relayout_quantized_for_tp(path, qt, lay)
+    np.testing.assert_array_equal(got.dequantize(), relayout_for_tp(path, qt.dequantize(), lay))
