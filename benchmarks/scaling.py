@@ -216,7 +216,7 @@ def main(argv=None):
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--budget-s", type=float, default=420, help="skip the remaining timed configs after this")
+    p.add_argument("--budget-s", type=float, default=300, help="skip the remaining timed configs after this")
     p.add_argument("--comm-only", action="store_true", help="only the communication volume (CPU is fine)")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)

@@ -75,7 +75,10 @@ class ModelRunner:
         self.kv_caches = [(zeros(), zeros()) for _ in range(cfg.num_layers)]
         log.info("KV cache: %d pages x %d tokens = %d tokens (%.2f GiB per device)", self.num_pages, self.page_size,
                  (self.num_pages - 1) * self.page_size, self.kv_cache_bytes / 2**30)
-        static = config.kv_loop == "static" or (config.kv_loop == "auto" and jax.default_backend() != "cpu")
+        # Sharded (tp > 1), XLA copies the whole per-device cache into the dynamic loop every layer (measured on
+        # CPU: O(num_pages) per step); the static loop has no such copy, so tensor parallelism always uses it.
+        static = config.kv_loop == "static" or (config.kv_loop == "auto" and (
+            jax.default_backend() != "cpu" or self._kv_shards > 1))
         chunk = config.kv_chunk_pages or (128 if static else 16)
         kv_chunk = min(chunk, math.ceil(max_model_len / self.page_size))
         self.ladder = BucketLadder.build(

@@ -75,10 +75,16 @@ def test_collectives_are_the_megatron_ones(build_llm, gqa_few_kv_dir):
     cfg = llm.model.cfg
     bucket = llm.runner.ladder.buckets[0]
     step, _ = llm.runner._programs(bucket)
-    got = collective_bytes(step.as_text())
+    hlo = step.as_text()
+    got = collective_bytes(hlo)
     f32 = 4
     assert got == {"all-reduce": (1 + 2 * cfg.num_layers) * bucket.num_tokens * cfg.hidden_size * f32,
                    "all-gather": bucket.num_seqs * cfg.vocab_size * f32}
+    # The per-device KV cache is updated in place: never copied (a copy per layer made steps O(num_pages)).
+    shard = llm.runner.kv_caches[0][0].addressable_shards[0].data.shape
+    cache_type = "f32[" + ",".join(map(str, shard)) + "]"
+    assert [ln for ln in hlo.splitlines() if "copy" in ln and f"= {cache_type}" in ln] == []
+    assert "input_output_alias" in hlo
 
 
 def test_save_at_tp_reloads_at_one_device(build_llm, gqa_few_kv_dir, tmp_path):
