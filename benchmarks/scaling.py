@@ -221,7 +221,8 @@ def main(argv=None):
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     n_dev = len(jax.devices())
-    result = {"benchmark": "scaling", "notes": NOTES, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    result = {"benchmark": "scaling", "notes": NOTES, "date": now,
               "device": f"{device_name()} x {n_dev}" + (" (simulated)" if jax.default_backend() == "cpu" else ""),
               "jax": jax.__version__, "commit": git_commit(), "comm_volume": [], "timed": []}
     stamp = datetime.date.today().isoformat()

@@ -76,7 +76,8 @@ def test_invalid_tensor_parallel_size_is_named(heads, kv_heads, inter, tp, needl
 
 def test_mesh_larger_than_the_machine_is_refused():
     n = len(jax.devices())
-    with pytest.raises(ConfigError, match=rf"tensor_parallel_size=4 x data_parallel_size=4 needs 16 devices but only {n}"):
+    with pytest.raises(ConfigError, match=rf"tensor_parallel_size=4 x data_parallel_size=4 needs 16 devices but "
+                                          rf"only {n}"):
         make_plans(4, 4)
     with pytest.raises(ConfigError, match="tensor_parallel_size must be an integer >= 1"):
         EngineConfig(tensor_parallel_size=0)
