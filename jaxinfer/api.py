@@ -28,7 +28,8 @@ class LLM:
       model: None (default SmolLM2-135M-Instruct), a HF checkpoint dir, a *.gguf file, an orbax checkpoint
              dir saved by `LLM.save`, a hub id, or a preset shape ("llama3-8b") with load_format="dummy".
       engine_options: fields of EngineConfig (page_size, num_pages, gpu_memory_utilization, max_model_len,
-             max_num_batched_tokens, max_num_seqs, ...). Unknown options are errors.
+             max_num_batched_tokens, max_num_seqs, tensor_parallel_size, data_parallel_size, ...). Unknown
+             options are errors.
     """
 
     def __init__(self, model: str | None = None, dtype: str = "auto", load_format: str = "auto",
@@ -46,23 +47,39 @@ class LLM:
         self.config = EngineConfig(dtype=dtype, **engine_options)
         enable_compilation_cache(self.config.compilation_cache_dir)
         self.source = resolve_model(model, load_format)
+        # Tensor / data parallelism: one sharding plan per replica (None: the single default device).
+        plans = [None]
+        if self.config.tensor_parallel_size > 1 or self.config.data_parallel_size > 1:
+            from jaxinfer.parallel import make_plans, replicate_model
+
+            plans = make_plans(self.config.tensor_parallel_size, self.config.data_parallel_size)
         self.model = load_model(self.source, self.config.dtype, seed=self.config.seed, progress=progress,
-                                quantization=self.config.quant_spec)
+                                quantization=self.config.quant_spec, plan=plans[0])
+        self.models = [self.model] + [replicate_model(self.model, p) for p in plans[1:]]
         cfg = self.model.cfg
         self.model_config = cfg
         self.tokenizer = self._load_tokenizer(tokenizer, Tokenizer)
         max_len = self._max_model_len()
-        self.runner = ModelRunner(self.model, self.config, max_len)
+        self.runners = [ModelRunner(m, self.config, max_len) for m in self.models]
+        self.runner = self.runners[0]
         eos = set(cfg.eos_token_ids)
         if self.tokenizer is not None:
             eos |= set(self.tokenizer.eos_token_ids)
-        self.engine = LLMEngine(
-            self.runner, self.tokenizer, max_num_batched_tokens=self.config.max_num_batched_tokens,
+        engines = [LLMEngine(
+            runner, self.tokenizer, max_num_batched_tokens=self.config.max_num_batched_tokens,
             max_num_seqs=self.config.max_num_seqs, max_model_len=max_len, eos_token_ids=eos,
             vocab_size=cfg.vocab_size, seed=self.config.seed, async_scheduling=self.config.async_scheduling,
             enable_prefix_caching=self.config.enable_prefix_caching)  # prefix caching option passed through
+            for runner in self.runners]
+        if len(engines) == 1:
+            self.engine = engines[0]
+        else:
+            from jaxinfer.engine.router import DataParallelEngine
+
+            self.engine = DataParallelEngine(engines)
         if warmup:
-            self.runner.warmup(progress=progress)
+            for runner in self.runners:
+                runner.warmup(progress=progress)
         self.startup_seconds = time.perf_counter() - t0
         log.info("engine ready in %.1f s", self.startup_seconds)
 
@@ -161,14 +178,21 @@ class LLM:
         """Save weights (orbax), config and tokenizer so `LLM(path)` reloads without conversion."""
         from jaxinfer.checkpoint import save_checkpoint
         import jax
+        import numpy as np
         from flax import nnx
 
         if self.model.quantization is not None:
             raise ValueError(
                 f"saving a quantized model ({self.model.quantization.name}) is not supported; save the float model "
                 "and pass quantization= when loading it")
-        state = jax.tree.unflatten(self.model.treedef, self.model.params)
-        save_checkpoint(path, nnx.to_pure_dict(state), self.source.hf_config,
+        state = nnx.to_pure_dict(jax.tree.unflatten(self.model.treedef, self.model.params))
+        if self.model.plan is not None:  # gather the shards and undo the tensor-parallel layout
+            from jaxinfer.models.loader import _flatten, _unflatten
+            from jaxinfer.parallel import canonical_layout
+
+            state = _unflatten({p: canonical_layout(p, np.asarray(a), self.model.layout)
+                                for p, a in _flatten(state).items()})
+        save_checkpoint(path, state, self.source.hf_config,
                         self.tokenizer.hf if self.tokenizer is not None else None)
 
 

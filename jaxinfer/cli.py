@@ -27,13 +27,29 @@ def _add_model_args(p: argparse.ArgumentParser):
     p.add_argument("--quantization", default=None,
                    help="quantize weights on load: int8 | int4 | int4-g64 | int4-g32 | int4-asym | fp8 (W8A8)")
     p.add_argument("--quantize-lm-head", action="store_true", help="quantize the LM head too (untied models)")
+    par = p.add_argument_group("parallelism (README: several GPUs and hosts)")
+    par.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="devices one model is split over")
+    par.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                     help="model replicas on disjoint devices; requests go to the least-loaded one")
+    par.add_argument("--coordinator-address", default=None,
+                     help="multi-host: HOST:PORT of process 0 (env JAXINFER_COORDINATOR_ADDRESS)")
+    par.add_argument("--num-processes", type=int, default=None, help="multi-host: env JAXINFER_NUM_PROCESSES")
+    par.add_argument("--process-id", type=int, default=None, help="multi-host: env JAXINFER_PROCESS_ID")
 
 
 def _engine_kwargs(a) -> dict:
     return dict(dtype=a.dtype, load_format=a.load_format, max_model_len=a.max_model_len, num_pages=a.num_pages,
                 page_size=a.page_size, max_num_seqs=a.max_num_seqs,
                 max_num_batched_tokens=a.max_num_batched_tokens, gpu_memory_utilization=a.gpu_memory_utilization,
-                quantization=a.quantization, quantize_lm_head=a.quantize_lm_head)
+                quantization=a.quantization, quantize_lm_head=a.quantize_lm_head,
+                tensor_parallel_size=a.tensor_parallel_size, data_parallel_size=a.data_parallel_size)
+
+
+def _init_distributed(a) -> bool:
+    """Join the multi-host job given by the flags or JAXINFER_* environment (no-op when neither is set)."""
+    from jaxinfer.parallel import initialize_distributed
+
+    return initialize_distributed(a.coordinator_address, a.num_processes, a.process_id)
 
 
 def cmd_generate(a) -> int:
@@ -41,6 +57,7 @@ def cmd_generate(a) -> int:
 
     params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
                             seed=a.seed)
+    _init_distributed(a)  # multi-host: every process runs this same command with the same prompt
     # One prompt needs two or three of the buckets: compile those on first use instead of all at start.
     llm = LLM(a.model, progress=not a.quiet, warmup=False, **_engine_kwargs(a))
     if a.chat:

@@ -234,6 +234,8 @@ class EngineConfig:
     quantization: quantize the weights on load: None, "int8", "int4" ("int4-g64", "int4-g32", "-asym" variants)
         or "fp8" (W8A8); quantize_lm_head: the LM head too (embeddings stay unquantized); quantized_matmul:
         "auto" | "reference" | "xla" | "pallas" (see jaxinfer/models/quant_spec.py).
+    tensor_parallel_size: devices one model replica is split over (jaxinfer/parallel.py).
+    data_parallel_size: model replicas on disjoint device groups; requests go to the least-loaded replica.
     """
 
     dtype: str = "auto"
@@ -255,8 +257,13 @@ class EngineConfig:
     quantization: str | None = None
     quantize_lm_head: bool = False
     quantized_matmul: str = "auto"
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
 
     def __post_init__(self):
+        for name in ("tensor_parallel_size", "data_parallel_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
         if self.page_size < 1 or self.page_size & (self.page_size - 1):
             raise ConfigError(f"page_size must be a power of two >= 1, got {self.page_size}")
         if self.num_pages is not None and self.num_pages < 2:

@@ -412,6 +412,11 @@ def main(argv=None) -> int:
     from jaxinfer.cli import _engine_kwargs
 
     try:
+        from jaxinfer.cli import _init_distributed
+
+        if _init_distributed(a):
+            raise ValueError("jaxinfer serve runs on one host (tensor/data parallel over its devices); across "
+                             "hosts run the offline API or `jaxinfer generate` on every host (README)")
         llm = LLM(a.model, warmup=not a.no_warmup, **_engine_kwargs(a))
     except (ValueError, TypeError, FileNotFoundError, MemoryError) as e:  # same contract as `jaxinfer generate`
         print(f"jaxinfer serve: error: {e}", file=sys.stderr)

@@ -6,6 +6,10 @@ import pytest
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("JAXINFER_CACHE", os.path.join(_REPO, ".cache"))
+# 8 simulated CPU devices for the tensor/data-parallel tests (tests/parallel). Must be set before jax creates its
+# backend; single-device code keeps using device 0, so the other tests are unaffected.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
 
 @pytest.fixture(scope="session")

@@ -5,9 +5,10 @@ step. Its array shapes are fixed by the step's bucket, so a new mix of requests 
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
+from jax.sharding import PartitionSpec as P
 
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention
 from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference, write_kv_pages
@@ -26,6 +27,7 @@ class AttentionOptions(NamedTuple):
     static_kv_loop: bool      # reference: unrolled loop over the whole page-table width (GPU) vs while loop (CPU)
     backend: str = "reference"  # "reference" (jnp) or "pallas" (pallas_kernels/paged_attention/kernel.py)
     interpret: bool = False   # pallas on CPU: run the kernel body in interpret mode (tests)
+    mesh: Any = None          # tensor parallelism: a Mesh with a "model" axis; attention runs per KV-head shard
 
 
 class AttentionMetadata(NamedTuple):
@@ -39,7 +41,20 @@ class AttentionMetadata(NamedTuple):
 
 def paged_attention(q, k, v, k_pages, v_pages, md: AttentionMetadata, opts: AttentionOptions, *,
                     sm_scale: float, sliding_window: int | None = None):
-    """q: [T, H, D]; k, v: [T, KVH, D] (this step's new tokens). Returns (out [T, H, D], k_pages, v_pages)."""
+    """q: [T, H, D]; k, v: [T, KVH, D] (this step's new tokens). Returns (out [T, H, D], k_pages, v_pages).
+
+    With opts.mesh (tensor parallelism) the heads and the cache are split over the "model" axis and each device
+    runs the whole function on its own q heads [T, H/tp, D] and KV heads [.., KVH/tp, D] (shard_map): attention
+    needs no communication, and the Pallas kernel only ever sees one device's shard."""
+    if opts.mesh is None:
+        return _paged_attention_local(q, k, v, k_pages, v_pages, md, opts, sm_scale, sliding_window)
+    heads, pages = P(None, "model", None), P(None, None, "model", None)
+    local = lambda *a: _paged_attention_local(*a, opts._replace(mesh=None), sm_scale, sliding_window)  # noqa: E731
+    return jax.shard_map(local, mesh=opts.mesh, in_specs=(heads, heads, heads, pages, pages, P()),
+                         out_specs=(heads, pages, pages), check_vma=False)(q, k, v, k_pages, v_pages, md)
+
+
+def _paged_attention_local(q, k, v, k_pages, v_pages, md, opts, sm_scale, sliding_window):
     k_pages, v_pages = write_kv_pages(k_pages, v_pages, k, v, md.slot_mapping)
     if opts.backend == "pallas":
         out = ragged_paged_attention(

@@ -17,11 +17,11 @@ def _empty(shape, dtype):
 
 
 class Linear(nnx.Module):
-    """y = x @ w (+ b). w: [in, out]."""
+    """y = x @ w (+ b). w: [in, out]. axes: logical names of (in, out) for jaxinfer.parallel.RULES."""
 
-    def __init__(self, in_features: int, out_features: int, *, bias: bool, dtype):
-        self.w = nnx.Param(_empty((in_features, out_features), dtype))
-        self.b = nnx.Param(_empty((out_features,), dtype)) if bias else None
+    def __init__(self, in_features: int, out_features: int, *, bias: bool, dtype, axes=(None, None)):
+        self.w = nnx.Param(_empty((in_features, out_features), dtype), logical_axes=tuple(axes))
+        self.b = nnx.Param(_empty((out_features,), dtype), logical_axes=(axes[1],)) if bias else None
 
     def __call__(self, x):
         y = jnp.dot(x, self.w[...])
@@ -33,8 +33,8 @@ class Linear(nnx.Module):
 class RMSNorm(nnx.Module):
     """Hugging Face LlamaRMSNorm numerics: normalise in float32, cast back, then scale by the weight."""
 
-    def __init__(self, dim: int, eps: float, dtype):
-        self.weight = nnx.Param(jnp.ones((dim,), dtype))
+    def __init__(self, dim: int, eps: float, dtype, axis: str = "embed"):
+        self.weight = nnx.Param(jnp.ones((dim,), dtype), logical_axes=(axis,))
         self.eps = eps
 
     def __call__(self, x):

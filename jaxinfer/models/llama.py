@@ -23,11 +23,12 @@ from jaxinfer.models.layers import Linear, RMSNorm, apply_rope, rope_cos_sin
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, dtype):
         self.cfg = cfg
-        self.qkv = Linear(cfg.hidden_size, cfg.qkv_size, bias=cfg.qkv_bias, dtype=dtype)
-        self.o = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias, dtype=dtype)
+        self.qkv = Linear(cfg.hidden_size, cfg.qkv_size, bias=cfg.qkv_bias, dtype=dtype, axes=("embed", "qkv"))
+        self.o = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias, dtype=dtype,
+                        axes=("heads", "embed"))
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype)
-            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype)
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype, axis="head_dim")
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype, axis="head_dim")
         else:
             self.q_norm = self.k_norm = None
 
@@ -48,21 +49,29 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-    def __init__(self, cfg: ModelConfig, dtype):
-        self.gate_up = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False, dtype=dtype)
-        self.down = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, dtype=dtype)
+    """SwiGLU. gate_up columns are [gate_0 up_0 | gate_1 up_1 | ...] in `blocks` blocks (1: [gate | up]), so a
+    tensor-parallel device holding block i has the gate and up columns it multiplies (jaxinfer/parallel.py)."""
+
+    def __init__(self, cfg: ModelConfig, dtype, blocks: int = 1):
+        self.blocks = blocks
+        self.intermediate_size = cfg.intermediate_size  # static (gate_up may be a QuantLinear without `.w`)
+        self.gate_up = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False, dtype=dtype,
+                              axes=("embed", "mlp"))
+        self.down = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, dtype=dtype, axes=("mlp", "embed"))
 
     def __call__(self, x):
-        gate, up = jnp.split(self.gate_up(x), 2, axis=-1)
+        T, two_i = x.shape[0], 2 * self.intermediate_size
+        y = self.gate_up(x).reshape(T, self.blocks, 2, two_i // (2 * self.blocks))  # [T, blocks, 2, I/blocks]
+        gate, up = y[:, :, 0].reshape(T, two_i // 2), y[:, :, 1].reshape(T, two_i // 2)
         return self.down(jax.nn.silu(gate) * up)
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, cfg: ModelConfig, dtype):
+    def __init__(self, cfg: ModelConfig, dtype, mlp_blocks: int = 1):
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.attn = Attention(cfg, dtype)
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.mlp = MLP(cfg, dtype)
+        self.mlp = MLP(cfg, dtype, mlp_blocks)
 
     def __call__(self, x, cos, sin, k_pages, v_pages, md, opts):
         h, k_pages, v_pages = self.attn(self.attn_norm(x), cos, sin, k_pages, v_pages, md, opts)
@@ -72,14 +81,16 @@ class DecoderLayer(nnx.Module):
 
 
 class LlamaForCausalLM(nnx.Module):
-    def __init__(self, cfg: ModelConfig, dtype=jnp.bfloat16):
+    def __init__(self, cfg: ModelConfig, dtype=jnp.bfloat16, mlp_blocks: int = 1):
+        """mlp_blocks: gate/up interleave blocks (the tensor-parallel degree; see MLP)."""
         self.cfg = cfg
         self.dtype = dtype
-        self.embed = nnx.Param(jnp.zeros((cfg.vocab_size, cfg.hidden_size), dtype))  # [V, H]
-        self.layers = nnx.List([DecoderLayer(cfg, dtype) for _ in range(cfg.num_layers)])
+        self.embed = nnx.Param(jnp.zeros((cfg.vocab_size, cfg.hidden_size), dtype),
+                               logical_axes=("vocab", "embed"))  # [V, H]
+        self.layers = nnx.List([DecoderLayer(cfg, dtype, mlp_blocks) for _ in range(cfg.num_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(
-            cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)  # w: [H, V]
+            cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype, axes=("embed", "vocab"))  # w: [H, V]
 
     def __call__(self, input_ids, kv_caches, md: AttentionMetadata, opts: AttentionOptions):
         """input_ids: i32[T]; kv_caches: list of (k_pages, v_pages) per layer.

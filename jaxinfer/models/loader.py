@@ -52,6 +52,8 @@ class LoadedModel:
     treedef: Any          # pytree structure to rebuild the State from `params`
     dtype: Any
     quantization: Any = None  # models.quant_spec.QuantSpec of quantized linear layers, or None
+    plan: Any = None      # jaxinfer.parallel.ShardingPlan (tensor/data parallel), None: one default device
+    layout: Any = None    # jaxinfer.parallel.TPLayout of the weights when plan.tp > 1
 
     def module(self, params=None) -> LlamaForCausalLM:
         """Rebuild the module from (possibly traced) params; cheap inside jit."""
@@ -156,12 +158,25 @@ def resolve_dtype(dtype: str, cfg: ModelConfig):
 
 
 def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool = True, quantization=None,
-               tensors=None) -> LoadedModel:
+               tensors=None, plan=None) -> LoadedModel:
     """quantization: a models.quant_spec.QuantSpec (None: float weights); the decoder projections become
     QuantLinears filled by RTN on the device, tensor by tensor (or from QuantizedTensors in `tensors`).
     tensors: an iterable of (Hugging Face name, np.ndarray | QuantizedTensor) read instead of src's files
-    (pre-quantized checkpoint readers; see models.quant.params_from_quantized)."""
-    cfg = ModelConfig.from_hf(src.hf_config)
+    (pre-quantized checkpoint readers; see models.quant.params_from_quantized).
+    plan: a jaxinfer.parallel.ShardingPlan; every weight is then placed with the sharding its logical axes
+    give, each device receiving only its own block (see `_sharded_placer`). The returned cfg is the config the
+    model runs with (KV heads replicated up to tensor_parallel_size; jaxinfer/parallel.py)."""
+    if quantization is not None and plan is not None:
+        raise ValueError(
+            f"quantization={quantization.name!r} with tensor_parallel_size / data_parallel_size > 1 is not supported "
+            "yet (quantized layers do not declare sharding axes); use one device, or load the float model")
+    hf_cfg = ModelConfig.from_hf(src.hf_config)
+    cfg, layout, blocks = hf_cfg, None, 1
+    if plan is not None and plan.tp > 1:
+        from jaxinfer.parallel import tp_model_config
+
+        cfg, layout = tp_model_config(hf_cfg, plan.tp)
+        blocks = layout.mlp_blocks
     jdtype = resolve_dtype(dtype, cfg) if isinstance(dtype, str) else dtype
     quantizer = None
     if quantization is not None:
@@ -174,10 +189,12 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
         float_state = nnx.split(nnx.eval_shape(lambda: LlamaForCausalLM(cfg, jdtype)))[1]
         abstract = nnx.eval_shape(lambda: quantize_module(LlamaForCausalLM(cfg, jdtype), quantization, jdtype))
     else:
-        abstract = nnx.eval_shape(lambda: LlamaForCausalLM(cfg, jdtype))
+        abstract = nnx.eval_shape(lambda: LlamaForCausalLM(cfg, jdtype, mlp_blocks=blocks))
     graphdef, abs_state = nnx.split(abstract)
+    place = None if plan is None else _sharded_placer(abs_state, plan, layout, jdtype)
     if tensors is not None:
-        pure = _assemble(cfg, tensors, jdtype, progress=progress, desc=f"loading {src.name}", quantizer=quantizer)
+        pure = _assemble(hf_cfg, tensors, jdtype, progress=progress, desc=f"loading {src.name}", quantizer=quantizer,
+                         place=place)
         _check_complete(abs_state, pure, src)
     elif src.kind == "orbax":
         from jaxinfer.checkpoint import restore_checkpoint
@@ -186,38 +203,67 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
             flat = _flatten(restore_checkpoint(src.path, nnx.to_pure_dict(float_state)))
             pure = _unflatten({k: v for p, a in flat.items() for k, v in quantizer.put(p, a).items()})
         else:
-            pure = restore_checkpoint(src.path, nnx.to_pure_dict(abs_state))
+            canonical = nnx.split(nnx.eval_shape(lambda: LlamaForCausalLM(hf_cfg, jdtype)))[1]
+            pure = restore_checkpoint(src.path, nnx.to_pure_dict(canonical))
+            if place is not None:  # restored on the default device: re-place shard by shard
+                pure = _unflatten({p: place(p, np.asarray(a)) for p, a in _flatten(pure).items()})
     elif src.kind == "dummy":
-        pure = _random_weights(float_state if quantizer else abs_state, seed, quantizer)
+        pure = _random_weights(float_state if quantizer else abs_state, seed, quantizer,
+                               None if place is None else place.shardings)
     else:
         tensors = _iter_gguf(src.path) if src.kind == "gguf" else _iter_safetensors(src.path)
-        pure = _assemble(cfg, tensors, jdtype, progress=progress, desc=f"loading {src.name}", quantizer=quantizer)
+        pure = _assemble(hf_cfg, tensors, jdtype, progress=progress, desc=f"loading {src.name}", quantizer=quantizer,
+                         place=place)
         _check_complete(abs_state, pure, src)
     nnx.replace_by_pure_dict(abs_state, pure)
     leaves, treedef = jax.tree.flatten(abs_state)
-    return LoadedModel(cfg, src, graphdef, leaves, treedef, jdtype, quantization)
+    return LoadedModel(cfg, src, graphdef, leaves, treedef, jdtype, quantization=quantization, plan=plan,
+                       layout=layout)
 
 
-def _random_weights(abs_state, seed: int, quantizer=None) -> dict:
+def _sharded_placer(abs_state, plan, layout, dtype):
+    """place(path, canonical numpy weight) -> a jax.Array sharded by the weight's logical axes.
+
+    The weight is re-laid out for tensor parallelism on the host (jaxinfer.parallel.relayout_for_tp), then
+    `jax.make_array_from_callback` copies to each device only the block its sharding assigns it: no device
+    ever holds (or receives) the whole tensor. `place.shardings` maps path -> NamedSharding."""
+    from jaxinfer.parallel import relayout_for_tp
+
+    shardings = {}
+    for path, var in nnx.to_flat_state(abs_state):
+        shardings[tuple(path)] = plan.sharding(var.get_metadata().get("logical_axes"), var.shape)
+
+    def place(path, array):
+        host = relayout_for_tp(path, np.asarray(array), layout).astype(dtype)
+        return jax.make_array_from_callback(host.shape, shardings[path], lambda index: host[index])
+
+    place.shardings = shardings
+    return place
+
+
+def _random_weights(abs_state, seed: int, quantizer=None, shardings: dict | None = None) -> dict:
     """Random normal(0, 0.02) weights generated on the device, one tensor at a time (norms stay 1). With a
-    quantizer, each float weight is quantized on the device right away (same values as the float model)."""
+    quantizer, each float weight is quantized on the device right away (same values as the float model). With
+    shardings (path -> NamedSharding) each tensor is generated already sharded: no device holds a full copy."""
     pure = nnx.to_pure_dict(abs_state)
     flat = _flatten(pure)
     key = jax.random.key(seed)
     out = {}
     for i, (path, leaf) in enumerate(sorted(flat.items(), key=lambda kv: str(kv[0]))):
+        sharding = None if shardings is None else shardings[path]
         if "norm" in str(path[-2] if len(path) > 1 else path[-1]):
-            out[path] = jnp.ones(leaf.shape, leaf.dtype)
+            out[path] = jax.device_put(np.ones(leaf.shape, leaf.dtype), sharding)
         elif quantizer is not None:
             out.update(quantizer.put(path, _normal(jax.random.fold_in(key, i), leaf.shape, leaf.dtype)))
         else:
-            out[path] = _normal(jax.random.fold_in(key, i), leaf.shape, leaf.dtype)
+            out[path] = _normal(jax.random.fold_in(key, i), leaf.shape, leaf.dtype, sharding)
     return _unflatten(out)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _normal(key, shape, dtype):
-    return (0.02 * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _normal(key, shape, dtype, sharding=None):
+    x = (0.02 * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+    return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
 
 
 def _flatten(tree, prefix=()):
@@ -281,10 +327,11 @@ _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _IGNORED = ("rotary_emb.inv_freq",)
 
 
-def _assemble(cfg: ModelConfig, tensors, dtype, *, progress: bool, desc: str, quantizer=None) -> dict:
+def _assemble(cfg: ModelConfig, tensors, dtype, *, progress: bool, desc: str, quantizer=None, place=None) -> dict:
     """Map Hugging Face tensors to our layout ([in, out] weights, fused QKV grouped per KV head, fused gate/up)
-    and put each on the device as soon as it is complete. Projections may arrive as QuantizedTensors ([in, out]
-    already); the quantizer (models/quant.py) turns weights of quantized layers into their device leaves."""
+    and put each on the device as soon as it is complete (`place(path, array)` when sharded). Projections may
+    arrive as QuantizedTensors ([in, out] already); the quantizer (models/quant.py) turns weights of quantized
+    layers into their device leaves."""
     from jaxinfer.models.quant_tensor import QuantizedTensor
     flat: dict[tuple, Any] = {}
     pending: dict[tuple[int, str], dict[str, np.ndarray]] = {}
@@ -296,6 +343,9 @@ def _assemble(cfg: ModelConfig, tensors, dtype, *, progress: bool, desc: str, qu
             return
         if isinstance(array, QuantizedTensor):
             raise ValueError(f"{'/'.join(map(str, path))} is a quantized tensor; pass quantization= to load it")
+        if place is not None:
+            flat[path] = place(path, array)
+            return
         flat[path] = jax.device_put(np.asarray(array).astype(dtype))
 
     def T(a):  # Hugging Face [out, in] -> [in, out]; QuantizedTensors are [in, out] already

@@ -59,20 +59,34 @@ class ModelRunner:
         self.page_size = config.page_size
         cfg = loaded.cfg
         self.kv_dtype = loaded.dtype
+        # Tensor / data parallelism (jaxinfer/parallel.py): this replica's devices, the KV cache split by KV head.
+        self.plan = plan = loaded.plan
+        self._device = plan.devices[0] if plan is not None else jax.devices()[0]
+        self._kv_shards = plan.tp if plan is not None else 1
+        self._replicated = plan.replicated if plan is not None else None
         # Penalty token counts, one row per sequence that may run at once (runner/penalties.py); allocated before
         # the KV budget is measured so it is accounted for (8B shapes: 256 x 128256 x 4 B = 131 MB).
         self.num_penalty_slots = config.max_num_seqs
-        self.penalty_table = jax.jit(lambda: jnp.zeros((self.num_penalty_slots, cfg.vocab_size), jnp.int32))()
+        self.penalty_table = jax.jit(lambda: jnp.zeros((self.num_penalty_slots, cfg.vocab_size), jnp.int32),
+                                     out_shardings=self._replicated)()
         self._write_penalty_row = jax.jit(write_row, donate_argnums=(0,))
         self._write_penalty_row_exe = None
         self.num_pages = config.num_pages or self._pages_from_budget()
         shape = (self.num_pages, self.page_size, cfg.num_kv_heads, cfg.head_dim)
+        kv_sharding = None
+        if plan is not None:
+            from jaxinfer.parallel import KV_CACHE_AXES
+
+            kv_sharding = plan.sharding(KV_CACHE_AXES, shape)
         # Zero-filled: attention masks unwritten slots by weight, and 0 * NaN would still poison the sum.
-        zeros = jax.jit(lambda: jnp.zeros(shape, self.kv_dtype))
+        zeros = jax.jit(lambda: jnp.zeros(shape, self.kv_dtype), out_shardings=kv_sharding)
         self.kv_caches = [(zeros(), zeros()) for _ in range(cfg.num_layers)]
-        log.info("KV cache: %d pages x %d tokens = %d tokens (%.2f GiB)", self.num_pages, self.page_size,
+        log.info("KV cache: %d pages x %d tokens = %d tokens (%.2f GiB per device)", self.num_pages, self.page_size,
                  (self.num_pages - 1) * self.page_size, self.kv_cache_bytes / 2**30)
-        static = config.kv_loop == "static" or (config.kv_loop == "auto" and jax.default_backend() != "cpu")
+        # Sharded (tp > 1), XLA copies the whole per-device cache into the dynamic loop every layer (measured on
+        # CPU: O(num_pages) per step); the static loop has no such copy, so tensor parallelism always uses it.
+        static = config.kv_loop == "static" or (config.kv_loop == "auto" and (
+            jax.default_backend() != "cpu" or self._kv_shards > 1))
         chunk = config.kv_chunk_pages or (128 if static else 16)
         kv_chunk = min(chunk, math.ceil(max_model_len / self.page_size))
         self.ladder = BucketLadder.build(
@@ -84,22 +98,25 @@ class ModelRunner:
         backend = config.attention_backend
         if backend == "auto":
             backend = "pallas" if jax.default_backend() == "gpu" else "reference"
-        opts = AttentionOptions(kv_chunk, static, backend, interpret=jax.default_backend() == "cpu")
-        self._step = make_step_fn(loaded, opts, config.max_num_seqs)
-        self._no_prev = jnp.zeros((config.max_num_seqs,), jnp.int32)
+        opts = AttentionOptions(kv_chunk, static, backend, interpret=jax.default_backend() == "cpu",
+                                mesh=plan.mesh if plan is not None and plan.tp > 1 else None)
+        kv_shardings = None if plan is None else [(kv_sharding, kv_sharding)] * cfg.num_layers
+        self._step = make_step_fn(loaded, opts, config.max_num_seqs, kv_shardings)
+        self._no_prev = jax.device_put(np.zeros((config.max_num_seqs,), np.int32), self._replicated)
         self._compiled: dict = {}  # Bucket -> (step, prompt_logprobs) executables
         self._prompt_logprobs = make_prompt_logprobs_fn(loaded)
 
     # ---- memory -------------------------------------------------------------------------------------------
     @property
     def kv_cache_bytes(self) -> int:
+        """Bytes of KV cache per device (the cache is split over the tensor-parallel devices)."""
         per_page = self.loaded.cfg.kv_bytes_per_token(jnp.dtype(self.kv_dtype).itemsize) * self.page_size
-        return per_page * self.num_pages
+        return per_page * self.num_pages // self._kv_shards
 
     def _pages_from_budget(self) -> int:
         cfg = self.loaded.cfg
-        per_page = cfg.kv_bytes_per_token(jnp.dtype(self.kv_dtype).itemsize) * self.page_size
-        stats = jax.devices()[0].memory_stats() or {}
+        per_page = cfg.kv_bytes_per_token(jnp.dtype(self.kv_dtype).itemsize) * self.page_size // self._kv_shards
+        stats = self._device.memory_stats() or {}
         if "bytes_limit" in stats:
             # Leave room for activations of the largest bucket: hidden/MLP intermediates and f32 logits.
             T, S = self.config.max_num_batched_tokens, self.config.max_num_seqs
@@ -128,7 +145,7 @@ class ModelRunner:
             step, _ = self._programs(b)
             if jax.default_backend() != "cpu":  # CPU programs have no kernels to load; keep CPU start-up short
                 ints, floats = jax.device_put(pack([SeqInput(token_ids=[0], start_pos=0, page_table=[0])], b,
-                                                   self.page_size).flat())
+                                                   self.page_size).flat(), self._replicated)
                 out, _ = self.run_compiled(step, ints, floats)
         self._penalty_writer()
         jax.block_until_ready(out)
@@ -148,11 +165,13 @@ class ModelRunner:
         if progs is None:
             ints, floats = pack([SeqInput(token_ids=[0], start_pos=0, page_table=[0])], bucket,
                                 self.page_size).flat()
-            spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731
+            rep = self._replicated
+            spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep)  # noqa: E731
             step = self._step.lower(self.loaded.params, self.kv_caches, spec(ints), spec(floats), self._no_prev,
                                     self.penalty_table, bucket=bucket).compile()
-            hidden = jax.ShapeDtypeStruct((bucket.num_tokens, self.loaded.cfg.hidden_size), self.loaded.dtype)
-            targets = jax.ShapeDtypeStruct((bucket.num_tokens,), jnp.int32)
+            hidden = jax.ShapeDtypeStruct((bucket.num_tokens, self.loaded.cfg.hidden_size), self.loaded.dtype,
+                                          sharding=rep)
+            targets = jax.ShapeDtypeStruct((bucket.num_tokens,), jnp.int32, sharding=rep)
             prompt = self._prompt_logprobs.lower(self.loaded.params, hidden, targets).compile()
             progs = self._compiled[bucket] = (step, prompt)
         return progs
@@ -183,7 +202,7 @@ class ModelRunner:
                     raise ValueError(f"penalty slot {slot} is outside [0, {self.num_penalty_slots})")
                 row = host_row(prompt_ids, output_ids, self.loaded.cfg.vocab_size)
                 self.penalty_table = self._penalty_writer()(self.penalty_table, np.int32(slot), row)
-        ints, floats = jax.device_put(batch.flat())
+        ints, floats = jax.device_put(batch.flat(), self._replicated)
         prev_tokens = prev.out.tokens if prev is not None else self._no_prev
         self.kv_caches, out, hidden, self.penalty_table = step(self.loaded.params, self.kv_caches, ints, floats,
                                                                prev_tokens, self.penalty_table)
@@ -193,7 +212,7 @@ class ModelRunner:
             for i, tgt in prompt_logprob_targets.items():
                 a = int(batch.token_offsets[i])
                 targets[a:a + len(tgt)] = tgt
-            prompt = prompt_fn(self.loaded.params, hidden, targets)
+            prompt = prompt_fn(self.loaded.params, hidden, jax.device_put(targets, self._replicated))
         want_top = any(s.want_logprobs for s in seqs)
         return InFlight(out, prompt, dict(prompt_logprob_targets or {}), batch.token_offsets, len(seqs), want_top)
 

@@ -59,9 +59,13 @@ def unflatten_batch(ints, floats, bucket) -> dict:
     return out
 
 
-def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int):
+def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int, kv_shardings=None):
     """Build the jitted step for a LoadedModel. The graphdef/treedef are closed over (static); so is the bucket,
-    which fixes the layout of the two transfer buffers."""
+    which fixes the layout of the two transfer buffers.
+
+    With a sharding plan (loaded.plan) the shardings are fixed once: weights keep the shardings they were loaded
+    with, the KV cache `kv_shardings` (list of (k, v) per layer), and the batch, sampled tokens and final hidden
+    states are replicated over the replica's devices."""
 
     def step(params, kv_caches, ints, floats, prev_tokens, penalty_table, bucket):
         batch = unflatten_batch(ints, floats, bucket)
@@ -70,6 +74,12 @@ def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int):
         input_ids = jnp.where(src >= 0, prev_tokens[jnp.maximum(src, 0)], batch["input_ids"])
         hidden, kv_caches = model(input_ids, kv_caches, _metadata(batch), opts)
         logits = model.logits(hidden[batch["sample_idx"]])  # [S, V] f32
+        if loaded.plan is not None:
+            # Vocab-parallel LM head: each device computes its vocab columns, then the logits are gathered once
+            # ([S, V] f32) and sampled replicated. Unconstrained, the sampler's sorts become all-to-alls; with
+            # only the replicated constraint XLA may all-gather the LM-head weight instead.
+            logits = jax.lax.with_sharding_constraint(logits, loaded.plan.sharding((None, "vocab"), logits.shape))
+            logits = jax.lax.with_sharding_constraint(logits, loaded.plan.replicated)
         slot = batch["penalty_slot"]
         out = sample(logits, _sampling(batch), penalty_table=penalty_table, penalty_slot=slot,
                      want_top_logprobs=jnp.any(batch["want_logprobs"] > 0))
@@ -78,7 +88,13 @@ def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int):
         tokens = jnp.zeros((max_num_seqs,), jnp.int32).at[: out.tokens.shape[0]].set(out.tokens)
         return kv_caches, StepOutput(tokens, out.logprobs, out.top_ids, out.top_logprobs), hidden, penalty_table
 
-    return jax.jit(step, donate_argnums=(1, 5), static_argnames=("bucket",))
+    if loaded.plan is None:
+        return jax.jit(step, donate_argnums=(1, 5), static_argnames=("bucket",))
+    # Input shardings are those of the arguments (weights as loaded, the cache as allocated, the batch placed
+    # replicated by the runner); the AOT-compiled program of a bucket then rejects anything else.
+    rep = loaded.plan.replicated
+    return jax.jit(step, donate_argnums=(1, 5), static_argnames=("bucket",),
+                   out_shardings=(kv_shardings, StepOutput(rep, rep, rep, rep), rep, rep))
 
 
 def make_prompt_logprobs_fn(loaded):
@@ -94,4 +110,7 @@ def make_prompt_logprobs_fn(loaded):
         top_lp, top_ids = jax.lax.top_k(logp, MAX_LOGPROBS)
         return chosen, top_ids.astype(jnp.int32), top_lp
 
-    return jax.jit(fn)
+    if loaded.plan is None:
+        return jax.jit(fn)
+    rep = loaded.plan.replicated
+    return jax.jit(fn, in_shardings=([p.sharding for p in loaded.params], rep, rep), out_shardings=rep)
