@@ -117,3 +117,11 @@ def test_quantized_weights_take_the_same_layout(kind, leaf):
     path = ("layers", 0, "attn" if leaf == "qkv" else "mlp", leaf, "w")
     got = relayout_quantized_for_tp(path, qt, lay)
     np.testing.assert_array_equal(got.dequantize(), relayout_for_tp(path, qt.dequantize(), lay))
+
+
+def test_quantization_with_tensor_parallelism_is_a_clear_error():
+    from jaxinfer import LLM
+
+    with pytest.raises(ValueError, match="quantization='int8' with tensor_parallel_size"):
+        LLM("tiny-llama", load_format="dummy", quantization="int8", tensor_parallel_size=2, max_model_len=64,
+            num_pages=8, warmup=False)
