@@ -24,12 +24,15 @@ def _add_model_args(p: argparse.ArgumentParser):
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "int8"],
+                   help="KV cache storage: the model dtype, or fp8 / int8 with per-token scales (~2x the pages)")
 
 
 def _engine_kwargs(a) -> dict:
     return dict(dtype=a.dtype, load_format=a.load_format, max_model_len=a.max_model_len, num_pages=a.num_pages,
                 page_size=a.page_size, max_num_seqs=a.max_num_seqs,
-                max_num_batched_tokens=a.max_num_batched_tokens, gpu_memory_utilization=a.gpu_memory_utilization)
+                max_num_batched_tokens=a.max_num_batched_tokens, gpu_memory_utilization=a.gpu_memory_utilization,
+                kv_cache_dtype=a.kv_cache_dtype)
 
 
 def cmd_generate(a) -> int:

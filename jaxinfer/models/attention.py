@@ -10,6 +10,7 @@ from typing import NamedTuple
 import jax
 
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention
+from pallas_kernels.paged_attention.kv_quant import QuantizedPages
 from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference, write_kv_pages
 
 
@@ -39,16 +40,21 @@ class AttentionMetadata(NamedTuple):
 
 def paged_attention(q, k, v, k_pages, v_pages, md: AttentionMetadata, opts: AttentionOptions, *,
                     sm_scale: float, sliding_window: int | None = None):
-    """q: [T, H, D]; k, v: [T, KVH, D] (this step's new tokens). Returns (out [T, H, D], k_pages, v_pages)."""
+    """q: [T, H, D]; k, v: [T, KVH, D] (this step's new tokens). Returns (out [T, H, D], k_pages, v_pages).
+
+    k_pages / v_pages: page arrays, or kv_quant.QuantizedPages (fp8 / int8 data + per-token scales)."""
     k_pages, v_pages = write_kv_pages(k_pages, v_pages, k, v, md.slot_mapping)
+    kd, vd, scales = k_pages, v_pages, {}
+    if isinstance(k_pages, QuantizedPages):
+        kd, vd, scales = k_pages.data, v_pages.data, dict(k_scales=k_pages.scale, v_scales=v_pages.scale)
     if opts.backend == "pallas":
         out = ragged_paged_attention(
-            q, k_pages, v_pages, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,
-            sm_scale=sm_scale, sliding_window=sliding_window, pages_per_block=_pages_per_block(k_pages.shape[1]),
-            interpret=opts.interpret)
+            q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,
+            sm_scale=sm_scale, sliding_window=sliding_window, pages_per_block=_pages_per_block(kd.shape[1]),
+            interpret=opts.interpret, **scales)
         return out, k_pages, v_pages
     out = ragged_paged_attention_reference(
-        q, k_pages, v_pages, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,
+        q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,
         sm_scale=sm_scale, kv_chunk_pages=opts.kv_chunk_pages, sliding_window=sliding_window,
-        static_loop=opts.static_kv_loop)
+        static_loop=opts.static_kv_loop, **scales)
     return out, k_pages, v_pages

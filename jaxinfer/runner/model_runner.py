@@ -24,6 +24,7 @@ from jaxinfer.runner.batch import SeqInput, pack
 from jaxinfer.runner.buckets import BucketLadder
 from jaxinfer.models.attention import AttentionOptions
 from jaxinfer.runner.step import make_prompt_logprobs_fn, make_step_fn
+from pallas_kernels.paged_attention import kv_quant
 
 log = logging.getLogger("jaxinfer")
 
@@ -57,11 +58,13 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.page_size = config.page_size
         cfg = loaded.cfg
-        self.kv_dtype = loaded.dtype
+        kind = config.kv_cache_dtype  # "auto" | "fp8" | "int8"
+        # The storage dtype; part of the prefix-cache hash (engine.py extra_key).
+        self.kv_dtype = loaded.dtype if kind == "auto" else kv_quant.storage_dtype(kind)
         self.num_pages = config.num_pages or self._pages_from_budget()
         shape = (self.num_pages, self.page_size, cfg.num_kv_heads, cfg.head_dim)
         # Zero-filled: attention masks unwritten slots by weight, and 0 * NaN would still poison the sum.
-        zeros = jax.jit(lambda: jnp.zeros(shape, self.kv_dtype))
+        zeros = jax.jit(lambda: kv_quant.empty_pages(kind, shape, loaded.dtype))
         self.kv_caches = [(zeros(), zeros()) for _ in range(cfg.num_layers)]
         log.info("KV cache: %d pages x %d tokens = %d tokens (%.2f GiB)", self.num_pages, self.page_size,
                  (self.num_pages - 1) * self.page_size, self.kv_cache_bytes / 2**30)
@@ -81,13 +84,20 @@ class ModelRunner:
 
     # ---- memory -------------------------------------------------------------------------------------------
     @property
+    def bytes_per_page(self) -> int:
+        """K + V of all layers for one page, scales included (quantized KV: ~half of bf16's)."""
+        cfg = self.loaded.cfg
+        per_head = kv_quant.bytes_per_token_head(self.config.kv_cache_dtype, cfg.head_dim,
+                                                 jnp.dtype(self.loaded.dtype).itemsize)
+        return 2 * cfg.num_layers * cfg.num_kv_heads * per_head * self.page_size
+
+    @property
     def kv_cache_bytes(self) -> int:
-        per_page = self.loaded.cfg.kv_bytes_per_token(jnp.dtype(self.kv_dtype).itemsize) * self.page_size
-        return per_page * self.num_pages
+        return self.bytes_per_page * self.num_pages
 
     def _pages_from_budget(self) -> int:
         cfg = self.loaded.cfg
-        per_page = cfg.kv_bytes_per_token(jnp.dtype(self.kv_dtype).itemsize) * self.page_size
+        per_page = self.bytes_per_page
         stats = jax.devices()[0].memory_stats() or {}
         if "bytes_limit" in stats:
             # Leave room for activations of the largest bucket: hidden/MLP intermediates and f32 logits.
