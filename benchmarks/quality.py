@@ -19,6 +19,8 @@ import os
 import sys
 import time
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import write_result  # noqa: E402
@@ -34,6 +36,13 @@ def greedy_prompts(text: str, n: int, words: int = 12) -> list[str]:
     """The first `words` words of each paragraph: fixed, varied prompts taken from the shipped text."""
     paras = [p.strip() for p in text.split("\n\n") if len(p.split()) > words]
     return [" ".join(p.split()[:words]) for p in paras[:n]]
+
+
+def _common_prefix(a, b) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def measure(model, dtype, kv, quant, ids, prompts, new_tokens, max_len):
@@ -85,10 +94,11 @@ def main():
     prompts = greedy_prompts(text, a.prompts)
     max_len = len(ids) + 16
 
-    rows = []
+    rows, baselines = [], {}
     for dtype in a.dtype:
         base, base_greedy = measure(a.model, dtype, "auto", None, ids, prompts, a.new_tokens, max_len)
         rows.append(base)
+        baselines[dtype] = base_greedy
         print(f"{dtype:9s} baseline                 perplexity {base['perplexity']:.4f}", flush=True)
         settings = [("kv", kv) for kv in a.kv_cache_dtype] + [("w", q) for q in a.quantization]
         for what, name in settings:
@@ -96,6 +106,8 @@ def main():
             row, greedy = measure(a.model, dtype, kv, quant, ids, prompts, a.new_tokens, max_len)
             row["increase"] = row["perplexity"] / base["perplexity"] - 1
             row["greedy_match_fraction"] = sum(g == b for g, b in zip(greedy, base_greedy)) / len(prompts)
+            row["mean_common_prefix_tokens"] = float(np.mean([_common_prefix(g, b) for g, b in
+                                                              zip(greedy, base_greedy)]))
             target = TARGETS.get((what, name.split("-")[0]))
             if target is not None:
                 row["target_increase"] = target
@@ -105,7 +117,13 @@ def main():
             print(f"{dtype:9s} {label:24s} perplexity {row['perplexity']:.4f} ({100 * row['increase']:+.2f}%, "
                   f"target {'-' if target is None else f'+{100 * target:.0f}%'}), greedy match "
                   f"{row['greedy_match_fraction']:.2f}", flush=True)
-    path = write_result("quality", dict(model=os.path.basename(a.model), text="jaxinfer/data/quality_text.txt",
+    noise = {}
+    if "bfloat16" in baselines and "float32" in baselines:  # the noise floor of the greedy metric
+        pairs = list(zip(baselines["bfloat16"], baselines["float32"]))
+        noise = dict(greedy_match_fraction_bf16_vs_f32=sum(x == y for x, y in pairs) / len(pairs),
+                     mean_common_prefix_tokens_bf16_vs_f32=float(np.mean([_common_prefix(x, y) for x, y in pairs])))
+        print("bf16 vs f32 baselines:", noise)
+    path = write_result("quality", dict(**noise, model=os.path.basename(a.model), text="jaxinfer/data/quality_text.txt",
                                         num_tokens=len(ids), greedy_prompts=len(prompts),
                                         greedy_new_tokens=a.new_tokens, rows=rows))
     print("wrote", path)

@@ -1,5 +1,6 @@
 """Quantized KV cache (fp8 e4m3 / int8 pages with per-(token, KV head) float32 scales): quantize-on-write, the
 jnp reference and the Pallas kernel (interpret mode) against float attention on the same ragged problems."""
+import jax
 import ml_dtypes
 import numpy as np
 import pytest
@@ -149,3 +150,26 @@ def test_kernel_scale_validation():
     with pytest.raises(TypeError, match="for float8_e4m3fn or int8 KV pages, got float32"):
         ragged_paged_attention(q, kf, kf, *meta, k_scales=jnp.zeros((4, ps, KVH)), v_scales=jnp.zeros((4, ps, KVH)),
                                **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
+@pytest.mark.parametrize("kind", ["fp8", "int8"])
+def test_gpu_compiled_quantized_kv_matches_reference(kind):
+    """The compiled Triton kernel reading fp8 / int8 pages + scales, bf16 queries, at the Llama-3-8B attention
+    shape (32 q heads / 8 KV heads / D 128, page 16), against the reference on the same quantized pages."""
+    ps, H, KVH, D = 16, 32, 8, 128
+    rng = np.random.default_rng(12)
+    steps = [(0, 37), (300, 100), (1000, 16), (31, 50), (0, 1), (900, 1), (1999, 1), (64, 200)]
+    d = build(rng, steps, H, KVH, D, ps, max_tokens=512, max_seqs=32, query_tile=16, max_model_len=4096)
+    kq, vq = _quantize_pool(d["kp"], DTYPES[kind]), _quantize_pool(d["vp"], DTYPES[kind])
+    d = dict(d, q=d["q"].astype(jnp.bfloat16))
+    kw = dict(sm_scale=D ** -0.5, k_scales=kq.scale, v_scales=vq.scale)
+    n = d["n_tok"]
+    with jax.default_matmul_precision("highest"):
+        ref = np.asarray(ragged_paged_attention_reference(*_args(d, kq.data, vq.data), kv_chunk_pages=16, **kw),
+                         np.float32)
+    for ppb, splits in ((1, 1), (4, 1), (4, 4), (8, 2)):
+        out = np.asarray(ragged_paged_attention(*_args(d, kq.data, vq.data), pages_per_block=ppb, kv_splits=splits,
+                                                **kw), np.float32)
+        assert _rel(out[:n], ref[:n]) < 1e-2, (kind, ppb, splits)
