@@ -35,6 +35,8 @@ def _add_model_args(p: argparse.ArgumentParser):
                      help="multi-host: HOST:PORT of process 0 (env JAXINFER_COORDINATOR_ADDRESS)")
     par.add_argument("--num-processes", type=int, default=None, help="multi-host: env JAXINFER_NUM_PROCESSES")
     par.add_argument("--process-id", type=int, default=None, help="multi-host: env JAXINFER_PROCESS_ID")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "int8"],
+                   help="KV cache storage: the model dtype, or fp8 / int8 with per-token scales (~2x the pages)")
 
 
 def _engine_kwargs(a) -> dict:
@@ -42,7 +44,8 @@ def _engine_kwargs(a) -> dict:
                 page_size=a.page_size, max_num_seqs=a.max_num_seqs,
                 max_num_batched_tokens=a.max_num_batched_tokens, gpu_memory_utilization=a.gpu_memory_utilization,
                 quantization=a.quantization, quantize_lm_head=a.quantize_lm_head,
-                tensor_parallel_size=a.tensor_parallel_size, data_parallel_size=a.data_parallel_size)
+                tensor_parallel_size=a.tensor_parallel_size, data_parallel_size=a.data_parallel_size,
+                kv_cache_dtype=a.kv_cache_dtype)
 
 
 def _init_distributed(a) -> bool:

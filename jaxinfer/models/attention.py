@@ -11,6 +11,7 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention
+from pallas_kernels.paged_attention.kv_quant import QuantizedPages
 from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference, write_kv_pages
 
 
@@ -45,7 +46,9 @@ def paged_attention(q, k, v, k_pages, v_pages, md: AttentionMetadata, opts: Atte
 
     With opts.mesh (tensor parallelism) the heads and the cache are split over the "model" axis and each device
     runs the whole function on its own q heads [T, H/tp, D] and KV heads [.., KVH/tp, D] (shard_map): attention
-    needs no communication, and the Pallas kernel only ever sees one device's shard."""
+    needs no communication, and the Pallas kernel only ever sees one device's shard.
+
+    k_pages / v_pages: page arrays, or kv_quant.QuantizedPages (fp8 / int8 data + per-token scales)."""
     if opts.mesh is None:
         return _paged_attention_local(q, k, v, k_pages, v_pages, md, opts, sm_scale, sliding_window)
     heads, pages = P(None, "model", None), P(None, None, "model", None)
@@ -56,14 +59,17 @@ def paged_attention(q, k, v, k_pages, v_pages, md: AttentionMetadata, opts: Atte
 
 def _paged_attention_local(q, k, v, k_pages, v_pages, md, opts, sm_scale, sliding_window):
     k_pages, v_pages = write_kv_pages(k_pages, v_pages, k, v, md.slot_mapping)
+    kd, vd, scales = k_pages, v_pages, {}
+    if isinstance(k_pages, QuantizedPages):
+        kd, vd, scales = k_pages.data, v_pages.data, dict(k_scales=k_pages.scale, v_scales=v_pages.scale)
     if opts.backend == "pallas":
         out = ragged_paged_attention(
-            q, k_pages, v_pages, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,
-            sm_scale=sm_scale, sliding_window=sliding_window, pages_per_block=_pages_per_block(k_pages.shape[1]),
-            interpret=opts.interpret)
+            q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,
+            sm_scale=sm_scale, sliding_window=sliding_window, pages_per_block=_pages_per_block(kd.shape[1]),
+            interpret=opts.interpret, **scales)
         return out, k_pages, v_pages
     out = ragged_paged_attention_reference(
-        q, k_pages, v_pages, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,
+        q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,
         sm_scale=sm_scale, kv_chunk_pages=opts.kv_chunk_pages, sliding_window=sliding_window,
-        static_loop=opts.static_kv_loop)
+        static_loop=opts.static_kv_loop, **scales)
     return out, k_pages, v_pages

@@ -25,6 +25,7 @@ from jaxinfer.runner.buckets import BucketLadder
 from jaxinfer.runner.penalties import host_row, write_row
 from jaxinfer.models.attention import AttentionOptions
 from jaxinfer.runner.step import make_prompt_logprobs_fn, make_step_fn
+from pallas_kernels.paged_attention import kv_quant
 
 log = logging.getLogger("jaxinfer")
 
@@ -58,7 +59,6 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.page_size = config.page_size
         cfg = loaded.cfg
-        self.kv_dtype = loaded.dtype
         # Tensor / data parallelism (jaxinfer/parallel.py): this replica's devices, the KV cache split by KV head.
         self.plan = plan = loaded.plan
         self._device = plan.devices[0] if plan is not None else jax.devices()[0]
@@ -71,6 +71,12 @@ class ModelRunner:
                                      out_shardings=self._replicated)()
         self._write_penalty_row = jax.jit(write_row, donate_argnums=(0,))
         self._write_penalty_row_exe = None
+        kind = config.kv_cache_dtype  # "auto" | "fp8" | "int8"
+        # The storage dtype; part of the prefix-cache hash (engine.py extra_key).
+        self.kv_dtype = loaded.dtype if kind == "auto" else kv_quant.storage_dtype(kind)
+        if kind != "auto" and plan is not None:
+            raise ValueError(f"kv_cache_dtype={kind!r} with tensor_parallel_size / data_parallel_size > 1 is not "
+                             "supported yet; use kv_cache_dtype='auto' or one device")
         self.num_pages = config.num_pages or self._pages_from_budget()
         shape = (self.num_pages, self.page_size, cfg.num_kv_heads, cfg.head_dim)
         kv_sharding = None
@@ -79,7 +85,7 @@ class ModelRunner:
 
             kv_sharding = plan.sharding(KV_CACHE_AXES, shape)
         # Zero-filled: attention masks unwritten slots by weight, and 0 * NaN would still poison the sum.
-        zeros = jax.jit(lambda: jnp.zeros(shape, self.kv_dtype), out_shardings=kv_sharding)
+        zeros = jax.jit(lambda: kv_quant.empty_pages(kind, shape, loaded.dtype), out_shardings=kv_sharding)
         self.kv_caches = [(zeros(), zeros()) for _ in range(cfg.num_layers)]
         log.info("KV cache: %d pages x %d tokens = %d tokens (%.2f GiB per device)", self.num_pages, self.page_size,
                  (self.num_pages - 1) * self.page_size, self.kv_cache_bytes / 2**30)
@@ -108,14 +114,21 @@ class ModelRunner:
 
     # ---- memory -------------------------------------------------------------------------------------------
     @property
+    def bytes_per_page(self) -> int:
+        """K + V of all layers for one page, scales included (quantized KV: ~half of bf16's)."""
+        cfg = self.loaded.cfg
+        per_head = kv_quant.bytes_per_token_head(self.config.kv_cache_dtype, cfg.head_dim,
+                                                 jnp.dtype(self.loaded.dtype).itemsize)
+        return 2 * cfg.num_layers * cfg.num_kv_heads * per_head * self.page_size
+
+    @property
     def kv_cache_bytes(self) -> int:
         """Bytes of KV cache per device (the cache is split over the tensor-parallel devices)."""
-        per_page = self.loaded.cfg.kv_bytes_per_token(jnp.dtype(self.kv_dtype).itemsize) * self.page_size
-        return per_page * self.num_pages // self._kv_shards
+        return self.bytes_per_page * self.num_pages // self._kv_shards
 
     def _pages_from_budget(self) -> int:
         cfg = self.loaded.cfg
-        per_page = cfg.kv_bytes_per_token(jnp.dtype(self.kv_dtype).itemsize) * self.page_size // self._kv_shards
+        per_page = self.bytes_per_page // self._kv_shards
         stats = self._device.memory_stats() or {}
         if "bytes_limit" in stats:
             # Leave room for activations of the largest bucket: hidden/MLP intermediates and f32 logits.

@@ -36,6 +36,11 @@ the probabilities are masked again before the PV dot, and V rows at or past tile
 garbage (even NaN) contents of the unused part of the last page never reach the output. Online softmax with
 float32 running max / sum / accumulator, identical in structure to the reference (mask value -1e30).
 
+Quantized KV (fp8 / int8 pages + float32 per-(token, KV head) scales, see kv_quant.py; opt-in through k_scales /
+v_scales): the kernel also gets the scale pools of its KV head [num_pages, page_size], casts each loaded K / V block
+to q's dtype (exact for e4m3 and int8) and multiplies the scores by the K scales and the probabilities by the V
+scales, so no dequantized copy of a page exists anywhere. Without scales the kernel is unchanged.
+
 With kv_splits > 1 the blocks of a tile are divided between kv_splits programs (split-K / flash-decoding), each
 writing unnormalised float32 partials that the wrapper merges in jnp: this fills the GPU when there are few
 sequences (decode at small batch), at the cost of a small float32 round trip through HBM.
@@ -89,13 +94,19 @@ def _attention_kernel(
     q_ref,            # [R, D]
     k_ref,            # [num_pages, page_size, D]  (KV head squeezed)
     v_ref,            # [num_pages, page_size, D]
-    *out_refs,        # o [R, D] (+ m [R], l [R] when split)
+    *refs,            # (k_scale [num_pages, page_size], v_scale [...] when quantized), then
+                      # o [R, D] (+ m [R], l [R] when split)
     sm_scale: float,
     sliding_window: int | None,
     soft_cap: float | None,
     pages_per_block: int,
     kv_splits: int,
+    quantized: bool = False,
 ):
+    if quantized:
+        ks_ref, vs_ref, *out_refs = refs
+    else:
+        out_refs = refs
     i = pl.program_id(0)
     _, page_size, head_dim = k_ref.shape
     num_rows = q_ref.shape[0]
@@ -125,13 +136,21 @@ def _attention_kernel(
             page = page_tables_ref[seq, j]                   # scalar load at a dynamic index
             k = k_ref[page]                                  # [page_size, D]
             v = v_ref[page]
+            if quantized:
+                ks, vs = ks_ref[page], vs_ref[page]          # f32[page_size]
         else:
             pages = page_tables_ref[seq, pl.ds(j * P, P)]    # [P] page ids
             k = k_ref[pages].reshape(C, head_dim)            # gather P pages -> [C, D]
             v = v_ref[pages].reshape(C, head_dim)
+            if quantized:
+                ks, vs = ks_ref[pages].reshape(C), vs_ref[pages].reshape(C)
+        if quantized:  # fp8 / int8 values are exact in q's dtype; their scales multiply scores / probabilities
+            k, v = k.astype(q.dtype), v.astype(q.dtype)
         kv_pos = j * C + lax.broadcasted_iota(jnp.int32, (C,), 0)           # [C]
         s_ = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=_precision(k.dtype),
                              preferred_element_type=jnp.float32) * sm_scale  # [R, C]
+        if quantized:
+            s_ = s_ * ks[None, :]
         if soft_cap is not None:
             s_ = soft_cap * jnp.tanh(s_ / soft_cap)
         kv_ok = kv_pos < kv_len                                              # [C]
@@ -144,6 +163,8 @@ def _attention_kernel(
         p = jnp.where(visible, jnp.exp(s_ - m_new[:, None]), 0.0)
         l_new = alpha * l + jnp.sum(p, axis=1)
         v = jnp.where(kv_ok[:, None], v, jnp.zeros_like(v))  # garbage/NaN past kv_len must not meet p = 0
+        if quantized:
+            p = p * jnp.where(kv_ok, vs, 0.0)[None, :]
         pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=_precision(v.dtype),
                              preferred_element_type=jnp.float32)             # [R, D]
         return m_new, l_new, alpha[:, None] * acc + pv
@@ -169,7 +190,7 @@ def _attention_kernel(
     "interpret"))
 def _ragged_paged_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, tile_kv_len, page_tables, *,
                             sm_scale, sliding_window, soft_cap, pages_per_block, kv_splits, num_warps, num_stages,
-                            interpret):
+                            interpret, k_scales=None, v_scales=None):
     T, H, D = q.shape
     num_pages, page_size, KVH, _ = k_pages.shape
     NT, Bq = tile_tokens.shape
@@ -211,6 +232,11 @@ def _ragged_paged_attention(q, k_pages, v_pages, positions, tile_tokens, tile_se
         pl.BlockSpec((num_pages, page_size, None, D), lambda i, h, s: (0, 0, h, 0)),
         pl.BlockSpec((num_pages, page_size, None, D), lambda i, h, s: (0, 0, h, 0)),
     ]
+    quantized = k_scales is not None
+    scale_args = ()
+    if quantized:  # f32 [num_pages, page_size, KVH] -> the program's KV head: [num_pages, page_size]
+        in_specs += [pl.BlockSpec((num_pages, page_size, None), lambda i, h, s: (0, 0, h))] * 2
+        scale_args = (k_scales.astype(jnp.float32), v_scales.astype(jnp.float32))
     if S == 1:
         out_shape = jax.ShapeDtypeStruct((NT, KVH, R, D), q.dtype)
         out_specs = pl.BlockSpec((None, None, R, D), lambda i, h, s: (i, h, 0, 0))
@@ -223,7 +249,7 @@ def _ragged_paged_attention(q, k_pages, v_pages, positions, tile_tokens, tile_se
                      pl.BlockSpec((None, None, None, R), lambda i, h, s: (s, i, h, 0)))
     kernel = functools.partial(_attention_kernel, sm_scale=float(sm_scale), sliding_window=sliding_window,
                                soft_cap=None if soft_cap is None else float(soft_cap), pages_per_block=P,
-                               kv_splits=S)
+                               kv_splits=S, quantized=quantized)
     compiler_params = None
     if not interpret and _TritonCompilerParams is not None:
         compiler_params = _TritonCompilerParams(num_warps=num_warps, num_stages=num_stages)
@@ -237,7 +263,7 @@ def _ragged_paged_attention(q, k_pages, v_pages, positions, tile_tokens, tile_se
         interpret=interpret,
         name=f"ragged_paged_attention_R{R}_C{C}_S{S}",
     )(tile_seq.astype(jnp.int32), tile_kv_len.astype(jnp.int32), tile_lo, page_tables, qpos_rows, qt,
-      k_pages, v_pages)
+      k_pages, v_pages, *scale_args)
 
     if S == 1:
         o = out
@@ -265,6 +291,23 @@ def _check_int32(name, x, ndim):
         raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(x.shape)}")
 
 
+def _check_kv_scales(k_pages, k_scales, v_scales):
+    if (k_scales is None) != (v_scales is None):
+        raise ValueError("pass both k_scales and v_scales (quantized KV) or neither")
+    quant = jnp.dtype(k_pages.dtype) in (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.int8))
+    if k_scales is None:
+        if quant:
+            raise ValueError(f"KV pages of dtype {k_pages.dtype} are quantized: pass k_scales and v_scales "
+                             "[num_pages, page_size, kv_heads]")
+        return
+    if not quant:
+        raise TypeError(f"k_scales / v_scales are for float8_e4m3fn or int8 KV pages, got {k_pages.dtype}")
+    for name, sc in (("k_scales", k_scales), ("v_scales", v_scales)):
+        if tuple(sc.shape) != tuple(k_pages.shape[:3]):
+            raise ValueError(f"{name} shape {tuple(sc.shape)} != (num_pages, page_size, kv_heads) "
+                             f"{tuple(k_pages.shape[:3])} of the KV pages")
+
+
 def ragged_paged_attention(
     q,            # [T, num_heads, head_dim]
     k_pages,      # [num_pages, page_size, kv_heads, head_dim]
@@ -283,6 +326,8 @@ def ragged_paged_attention(
     num_warps: int = 4,
     num_stages: int = 2,
     interpret: bool = False,
+    k_scales=None,  # f32[num_pages, page_size, kv_heads] for fp8 / int8 pages (kv_quant.py), else None
+    v_scales=None,
 ):
     """Pallas (Triton) ragged paged attention; same contract as `ragged_paged_attention_reference`.
 
@@ -293,6 +338,8 @@ def ragged_paged_attention(
       D = 128 and page 16, bf16 fits up to pages_per_block 8, float32 up to 4 (measured from the compiled
       kernels: 147 KB and 164 KB at R = 64; float32 with 8 pages needs ~290 KB and cannot launch).
     interpret: run the kernel body with the Pallas interpreter (CPU tests).
+    k_scales / v_scales: quantized KV (float8_e4m3fn or int8 pages): k = k_pages * k_scales[..., None]; the
+      kernel casts each loaded block to q's dtype (exact) and multiplies scores / probabilities by the scales.
     """
     if q.ndim != 3:
         raise ValueError(f"q must be [T, num_heads, head_dim], got shape {tuple(q.shape)}")
@@ -303,7 +350,9 @@ def ragged_paged_attention(
         raise ValueError(f"v_pages shape {tuple(v_pages.shape)} != k_pages shape {tuple(k_pages.shape)}")
     if jnp.dtype(v_pages.dtype) != jnp.dtype(k_pages.dtype):
         raise TypeError(f"v_pages dtype {v_pages.dtype} != k_pages dtype {k_pages.dtype}")
-    if not jnp.issubdtype(q.dtype, jnp.floating) or not jnp.issubdtype(k_pages.dtype, jnp.floating):
+    _check_kv_scales(k_pages, k_scales, v_scales)
+    if not jnp.issubdtype(q.dtype, jnp.floating) or not (
+            jnp.issubdtype(k_pages.dtype, jnp.floating) or k_scales is not None):
         raise TypeError(f"q and the KV pages must be floating point, got {q.dtype} and {k_pages.dtype}")
     T, H, D = q.shape
     num_pages, page_size, KVH, Dk = k_pages.shape
@@ -342,4 +391,5 @@ def ragged_paged_attention(
         q, k_pages, v_pages, positions, tile_tokens, tile_seq, tile_kv_len, page_tables,
         sm_scale=float(sm_scale), sliding_window=None if sliding_window is None else int(sliding_window),
         soft_cap=None if soft_cap is None else float(soft_cap), pages_per_block=int(pages_per_block),
-        kv_splits=kv_splits, num_warps=int(num_warps), num_stages=int(num_stages), interpret=bool(interpret))
+        kv_splits=kv_splits, num_warps=int(num_warps), num_stages=int(num_stages), interpret=bool(interpret),
+        k_scales=k_scales, v_scales=v_scales)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.paged_attention.kv_quant import QuantizedPages, quantize_kv
+
 _MASKED = -1e30  # finite, so fully-masked (padding) rows never produce inf - inf = NaN
 
 
@@ -27,12 +29,18 @@ def write_kv_pages(k_pages, v_pages, k, v, slot_mapping):
     """Scatter this step's k, v: [T, kv_heads, head_dim] into flat slots (page * page_size + offset).
 
     Padding tokens carry slots inside page 0, which the host never hands out. In-place on a donated cache.
+    Quantized pages (`kv_quant.QuantizedPages`): each token / head is quantized here, its scale written to the
+    parallel scale pool at the same slot.
     """
-    num_pages, page_size, kv_heads, head_dim = k_pages.shape
-    flat = (num_pages * page_size, kv_heads, head_dim)
-    k_pages = k_pages.reshape(flat).at[slot_mapping].set(k.astype(k_pages.dtype)).reshape(k_pages.shape)
-    v_pages = v_pages.reshape(flat).at[slot_mapping].set(v.astype(v_pages.dtype)).reshape(v_pages.shape)
-    return k_pages, v_pages
+    return _write(k_pages, k, slot_mapping), _write(v_pages, v, slot_mapping)
+
+
+def _write(pages, x, slot_mapping):
+    if isinstance(pages, QuantizedPages):
+        xq, scale = quantize_kv(x, pages.data.dtype)  # [T, kvh, D], f32[T, kvh]
+        return QuantizedPages(_write(pages.data, xq, slot_mapping), _write(pages.scale, scale, slot_mapping))
+    flat = (pages.shape[0] * pages.shape[1],) + pages.shape[2:]
+    return pages.reshape(flat).at[slot_mapping].set(x.astype(pages.dtype)).reshape(pages.shape)
 
 
 def ragged_paged_attention_reference(
@@ -50,6 +58,8 @@ def ragged_paged_attention_reference(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
     static_loop: bool = False,
+    k_scales=None,  # f32[num_pages, page_size, kv_heads] when the pages are quantized (fp8 / int8), else None
+    v_scales=None,
 ):
     """static_loop=False: a while loop that stops after the longest context (cheapest on CPU). True: a Python
     loop over every chunk of the page-table width — no data-dependent control flow, which on GPU would force
@@ -75,9 +85,11 @@ def ragged_paged_attention_reference(
     def body(carry):
         j, m, l, acc = carry
         pages = jax.lax.dynamic_slice_in_dim(tile_pages, j * kv_chunk_pages, kv_chunk_pages, axis=1)
-        kc = k_pages[pages].reshape(NT, chunk, kv_heads, head_dim)  # [NT, C, kvh, D]
-        vc = v_pages[pages].reshape(NT, chunk, kv_heads, head_dim)
+        kc = k_pages[pages].reshape(NT, chunk, kv_heads, head_dim).astype(qt.dtype)  # [NT, C, kvh, D]
+        vc = v_pages[pages].reshape(NT, chunk, kv_heads, head_dim).astype(qt.dtype)
         s = jnp.einsum("tbkgd,tckd->tkgbc", qt, kc, preferred_element_type=jnp.float32) * sm_scale
+        if k_scales is not None:  # per (token, kv head) scales -> [NT, kvh, 1, 1, C]
+            s = s * k_scales[pages].reshape(NT, chunk, kv_heads).transpose(0, 2, 1)[:, :, None, None, :]
         if soft_cap is not None:
             s = soft_cap * jnp.tanh(s / soft_cap)
         kv_pos = j * chunk + jnp.arange(chunk)  # [C]
@@ -90,6 +102,8 @@ def ragged_paged_attention_reference(
         alpha = jnp.exp(m - m_new)
         p = jnp.exp(s - m_new[..., None])
         l_new = alpha * l + jnp.sum(p, axis=-1)
+        if v_scales is not None:
+            p = p * v_scales[pages].reshape(NT, chunk, kv_heads).transpose(0, 2, 1)[:, :, None, None, :]
         pv = jnp.einsum("tkgbc,tckd->tkgbd", p.astype(vc.dtype), vc, preferred_element_type=jnp.float32)
         acc_new = alpha[..., None] * acc + pv
         return j + 1, m_new, l_new, acc_new
