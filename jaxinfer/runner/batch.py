@@ -27,13 +27,16 @@ class SeqInput:
     step: int = 0              # index of the token being sampled (number generated so far)
     prev_row: int = -1         # >= 0: the last token is a placeholder (-1), sampled by the previous step (still in
                                # flight) in its output row `prev_row`; the device fills it in
+    num_spec: int = 0          # speculative decoding: the last num_spec tokens are drafts to verify (needs a
+                               # verify row: bucket.spec_rows > 0)
 
 
 # Fields of a packed batch, in transfer order. All integer fields travel in one int32 buffer and all float fields
 # in one float32 buffer: two host->device copies per step instead of fifteen (each copy costs ~0.1-0.4 ms of
 # host time). `seed` is uint32 and travels bit-cast to int32.
 INT_FIELDS = ("input_ids", "prev_src", "positions", "slot_mapping", "page_tables", "tile_tokens", "tile_seq",
-              "tile_kv_len", "sample_idx", "top_k", "seed", "step")
+              "tile_kv_len", "sample_idx", "top_k", "seed", "step", "verify_idx", "verify_row", "draft_tokens",
+              "num_draft")
 FLOAT_FIELDS = ("temperature", "top_p", "min_p")
 
 
@@ -54,9 +57,11 @@ class HostBatch:
 
 def field_shapes(bucket: Bucket) -> dict[str, tuple[int, ...]]:
     T, S, NT, Bq, W = bucket.num_tokens, bucket.num_seqs, bucket.num_tiles, bucket.query_tile, bucket.table_width
+    R, K = bucket.spec_rows, bucket.spec_len
     return dict(input_ids=(T,), prev_src=(T,), positions=(T,), slot_mapping=(T,), page_tables=(S + 1, W),
                 tile_tokens=(NT, Bq), tile_seq=(NT,), tile_kv_len=(NT,), sample_idx=(S,), top_k=(S,), seed=(S,),
-                step=(S,), temperature=(S,), top_p=(S,), min_p=(S,))
+                step=(S,), temperature=(S,), top_p=(S,), min_p=(S,), verify_idx=(R, K + 1), verify_row=(R,),
+                draft_tokens=(R, K), num_draft=(R,))
 
 
 def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
@@ -88,6 +93,14 @@ def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
     min_p = np.zeros(S, np.float32)
     seed = np.zeros(S, np.uint32)
     step = np.zeros(S, np.int32)
+    # Verify rows (speculative decoding): flat token indices of the K + 1 scored positions, the sequence (sampled
+    # row) they belong to (S = padding), the drafts and their count (0 = padding row).
+    R, K = bucket.spec_rows, bucket.spec_len
+    verify_idx = np.zeros((R, K + 1), np.int32)
+    verify_row = np.full(R, S, np.int32)
+    draft_tokens = np.zeros((R, K), np.int32)
+    num_draft = np.zeros(R, np.int32)
+    n_verify = 0
 
     tile = 0
     for i, s in enumerate(seqs):
@@ -114,6 +127,17 @@ def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
             tile_kv_len[tile] = s.start_pos + t1
             tile += 1
         sample_idx[i] = b - 1
+        if s.num_spec:
+            k = s.num_spec
+            if n_verify == R or k > K or k >= n:
+                raise ValueError(f"sequence {i} verifies {k} drafts of {n} tokens but bucket {bucket} has "
+                                 f"{R} verify rows of {K} drafts ({n_verify} used)")
+            verify_idx[n_verify, :k + 1] = np.arange(b - 1 - k, b)
+            verify_idx[n_verify, k + 1:] = b - 1
+            verify_row[n_verify] = i
+            draft_tokens[n_verify, :k] = s.token_ids[n - k:]
+            num_draft[n_verify] = k
+            n_verify += 1
         temperature[i] = s.temperature
         top_k[i] = s.top_k
         top_p[i] = s.top_p
@@ -126,5 +150,6 @@ def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
         input_ids=input_ids, prev_src=prev_src, positions=positions, slot_mapping=slot_mapping, page_tables=page_tables,
         tile_tokens=tile_tokens, tile_seq=tile_seq, tile_kv_len=tile_kv_len, sample_idx=sample_idx,
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, step=step,
+        verify_idx=verify_idx, verify_row=verify_row, draft_tokens=draft_tokens, num_draft=num_draft,
     )
     return HostBatch(bucket, arrays, n_tok, n_seqs, offsets)

@@ -37,6 +37,10 @@ class RunnerOutput:
     top_ids: np.ndarray       # i32[num_seqs, 20]
     top_logprobs: np.ndarray  # f32[num_seqs, 20]
     prompt_logprobs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]  # seq index -> (lp[n], ids[n,20], lp[n,20])
+    # speculative decoding, per sequence (zeros for sequences that did not verify drafts):
+    spec_tokens: np.ndarray | None = None     # i32[num_seqs, K+1]: the first num_accepted + 1 are emitted
+    num_accepted: np.ndarray | None = None    # i32[num_seqs]
+    spec_logprobs: np.ndarray | None = None   # f32[num_seqs, K+1]
 
 
 def enable_compilation_cache(cache_dir: str | None):
@@ -51,14 +55,15 @@ def enable_compilation_cache(cache_dir: str | None):
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int):
+    def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int,
+                 num_pages: int | None = None):
         self.loaded = loaded
         self.config = config
         self.max_model_len = max_model_len
         self.page_size = config.page_size
         cfg = loaded.cfg
         self.kv_dtype = loaded.dtype
-        self.num_pages = config.num_pages or self._pages_from_budget()
+        self.num_pages = num_pages or config.num_pages or self._pages_from_budget()
         shape = (self.num_pages, self.page_size, cfg.num_kv_heads, cfg.head_dim)
         # Zero-filled: attention masks unwritten slots by weight, and 0 * NaN would still poison the sum.
         zeros = jax.jit(lambda: jnp.zeros(shape, self.kv_dtype))
@@ -71,7 +76,7 @@ class ModelRunner:
         self.ladder = BucketLadder.build(
             max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
             max_model_len=max_model_len, page_size=self.page_size, query_tile=config.query_tile,
-            kv_chunk_pages=kv_chunk)
+            kv_chunk_pages=kv_chunk, **_spec_ladder_args(config))
         backend = "reference" if config.attention_backend == "auto" else config.attention_backend
         opts = AttentionOptions(kv_chunk, static, backend, interpret=jax.default_backend() == "cpu")
         self._step = make_step_fn(loaded, opts, config.max_num_seqs)
@@ -149,7 +154,8 @@ class ModelRunner:
                 a = int(batch.token_offsets[i])
                 targets[a:a + len(tgt)] = tgt
             prompt = prompt_fn(self.loaded.params, hidden, targets)
-        return InFlight(out, prompt, dict(prompt_logprob_targets or {}), batch.token_offsets, len(seqs))
+        spec_seqs = [i for i, s in enumerate(seqs) if s.num_spec]  # verify row r holds sequence spec_seqs[r]
+        return InFlight(out, prompt, dict(prompt_logprob_targets or {}), batch.token_offsets, len(seqs), spec_seqs)
 
     def fetch(self, flight: "InFlight") -> RunnerOutput:
         """Wait for a dispatched step and copy its (small) results to the host."""
@@ -162,7 +168,18 @@ class ModelRunner:
             for i, tgt in flight.prompt_targets.items():
                 a = int(flight.token_offsets[i])
                 prompt_lp[i] = (lp[a:a + len(tgt)], ids[a:a + len(tgt)], top[a:a + len(tgt)])
-        return RunnerOutput(tokens[:n], logprobs[:n], top_ids[:n], top_lp[:n], prompt_lp)
+        res = RunnerOutput(tokens[:n], logprobs[:n], top_ids[:n], top_lp[:n], prompt_lp)
+        if flight.spec_seqs:
+            toks, acc, lps = jax.device_get((flight.out.spec_tokens, flight.out.num_accepted,
+                                             flight.out.spec_logprobs))
+            rows = np.asarray(flight.spec_seqs)
+            res.spec_tokens = np.zeros((n, toks.shape[1]), np.int32)
+            res.num_accepted = np.zeros(n, np.int32)
+            res.spec_logprobs = np.zeros((n, toks.shape[1]), np.float32)
+            res.spec_tokens[rows] = toks[:len(rows)]
+            res.num_accepted[rows] = acc[:len(rows)]
+            res.spec_logprobs[rows] = lps[:len(rows)]
+        return res
 
 
 @dataclasses.dataclass
@@ -174,3 +191,13 @@ class InFlight:
     prompt_targets: dict[int, np.ndarray]
     token_offsets: np.ndarray
     num_seqs: int
+    spec_seqs: list[int] = dataclasses.field(default_factory=list)  # sequence index of each verify row
+
+
+def _spec_ladder_args(config: EngineConfig) -> dict:
+    """Verify rows per bucket: up to the speculation batch limit, k drafts each; none without speculation."""
+    spec = config.speculative_config
+    if spec is None:
+        return {}
+    return dict(max_spec_seqs=min(spec.max_batch_size, config.max_num_seqs),
+                num_spec_tokens=spec.num_speculative_tokens)

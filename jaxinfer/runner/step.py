@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jaxinfer.models.attention import AttentionMetadata, AttentionOptions
 from jaxinfer.runner.batch import FLOAT_FIELDS, INT_FIELDS, field_shapes
 from jaxinfer.runner.sampler import MAX_LOGPROBS, SamplingTensors, sample
+from jaxinfer.runner.spec_decode import verify
 
 
 class StepOutput(NamedTuple):
@@ -26,6 +27,10 @@ class StepOutput(NamedTuple):
     logprobs: jax.Array      # f32[S]   log-prob of the sampled token (raw model distribution)
     top_ids: jax.Array       # i32[S, MAX_LOGPROBS]
     top_logprobs: jax.Array  # f32[S, MAX_LOGPROBS]
+    # speculative decoding (R = bucket.spec_rows verify rows; R = 0 when off): runner/spec_decode.py
+    spec_tokens: jax.Array   # i32[R, K+1]
+    num_accepted: jax.Array  # i32[R]
+    spec_logprobs: jax.Array  # f32[R, K+1]
 
 
 def _metadata(b: dict) -> AttentionMetadata:
@@ -71,9 +76,27 @@ def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int):
         logits = model.logits(hidden[batch["sample_idx"]])  # [S, V] f32
         out = sample(logits, _sampling(batch))
         tokens = jnp.zeros((max_num_seqs,), jnp.int32).at[: out.tokens.shape[0]].set(out.tokens)
-        return kv_caches, StepOutput(tokens, out.logprobs, out.top_ids, out.top_logprobs), hidden
+        spec = _verify(model, hidden, batch, bucket)
+        if bucket.spec_rows:
+            # A verified row's last emitted token stands in for its sampled token (a pipelined next step reads it).
+            spec_tokens, num_accepted, _ = spec
+            last = jnp.take_along_axis(spec_tokens, num_accepted[:, None], axis=1)[:, 0]
+            tokens = tokens.at[batch["verify_row"]].set(last, mode="drop")  # padding rows (S) are dropped
+        return kv_caches, StepOutput(tokens, out.logprobs, out.top_ids, out.top_logprobs, *spec), hidden
 
     return jax.jit(step, donate_argnums=(1,), static_argnames=("bucket",))
+
+
+def _verify(model, hidden, batch, bucket):
+    """Score the K + 1 positions of each verify row and run the acceptance rule (empty arrays when R = 0)."""
+    R, K = bucket.spec_rows, bucket.spec_len
+    if not R:
+        return jnp.zeros((0, 1), jnp.int32), jnp.zeros((0,), jnp.int32), jnp.zeros((0, 1), jnp.float32)
+    S = bucket.num_seqs
+    logits = model.logits(hidden[batch["verify_idx"].reshape(-1)]).reshape(R, K + 1, -1)  # [R, K+1, V] f32
+    row = jnp.minimum(batch["verify_row"], S - 1)  # padding rows borrow row S-1's settings; their result is unused
+    return tuple(verify(logits, batch["draft_tokens"], batch["num_draft"], batch["temperature"][row],
+                        batch["seed"][row], batch["step"][row]))
 
 
 def make_prompt_logprobs_fn(loaded):
