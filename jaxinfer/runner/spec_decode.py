@@ -26,8 +26,8 @@ import jax.numpy as jnp
 
 from jaxinfer.runner.sampler import GREEDY_EPS
 
-# Stream tags folded into a row's key, so verification draws never reuse the sampler's draws for the same step.
-_UNIFORM_TAG, _GUMBEL_TAG = 0x5EC0, 0x5EC1
+# Mixed into the key data so verification never draws the sampler's stream of the same (seed, step).
+_STREAM_TAG = 0x5EC0DE00
 
 
 class VerifyOutput(NamedTuple):
@@ -89,16 +89,20 @@ def verify(logits: jax.Array, draft: jax.Array, num_draft: jax.Array, temperatur
            step: jax.Array) -> VerifyOutput:
     """Verify deterministic drafts. logits f32[R, K+1, V] (raw target logits at the chunk's positions),
     draft i32[R, K], num_draft i32[R], temperature f32[R], seed u32[R], step i32[R] (index of the first token
-    emitted: the row's randomness is fold_in(key(seed), step), then one stream for the uniforms and one for Gumbel).
+    emitted): a row's randomness depends only on (seed, step), not on its row or its batch mates.
     Rows with top-k / top-p / min-p must not speculate (the engine does not send them here)."""
     R, K1, V = logits.shape
     logits = logits.astype(jnp.float32)
     p = target_probs(logits, temperature)
     q = jax.nn.one_hot(draft, V, dtype=jnp.float32)                                  # point masses [R, K, V]
-    keys = jax.vmap(lambda s, n: jax.random.fold_in(jax.random.key(s), n))(seed.astype(jnp.uint32),
-                                                                          step.astype(jnp.uint32))
-    uniform = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, _UNIFORM_TAG), (K1 - 1,)))(keys)
-    gumbel = jax.vmap(lambda k: jax.random.gumbel(jax.random.fold_in(k, _GUMBEL_TAG), (K1, V)))(keys)
+    # One threefry key per row whose raw data is (seed, step) and one uniform draw per row for everything (the
+    # uniforms of the acceptance tests and the Gumbel noise): far cheaper to compile than per-stream fold_ins.
+    data = jnp.stack([seed.astype(jnp.uint32), step.astype(jnp.uint32) ^ jnp.uint32(_STREAM_TAG)], axis=-1)
+    keys = jax.random.wrap_key_data(data, impl="threefry2x32")
+    n_u = K1 - 1
+    u = jax.vmap(lambda k: jax.random.uniform(k, (n_u + K1 * V,), minval=jnp.finfo(jnp.float32).tiny))(keys)
+    uniform = u[:, :n_u]                                                             # [R, K] in (0, 1)
+    gumbel = -jnp.log(-jnp.log(u[:, n_u:].reshape(R, K1, V)))                        # [R, K+1, V]
     tokens, num_accepted = rejection_sample(p, q, draft, num_draft, uniform, gumbel)
     logp = jax.nn.log_softmax(logits, axis=-1)
     logprobs = jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
