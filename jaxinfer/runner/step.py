@@ -73,10 +73,13 @@ def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int):
         src = batch["prev_src"]
         input_ids = jnp.where(src >= 0, prev_tokens[jnp.maximum(src, 0)], batch["input_ids"])
         hidden, kv_caches = model(input_ids, kv_caches, _metadata(batch), opts)
-        logits = model.logits(hidden[batch["sample_idx"]])  # [S, V] f32
-        out = sample(logits, _sampling(batch))
+        S, R, K = bucket.num_seqs, bucket.spec_rows, bucket.spec_len
+        # Sampled rows and verified positions share one head matmul (one read of the vocabulary weights).
+        rows = batch["sample_idx"] if not R else jnp.concatenate([batch["sample_idx"], batch["verify_idx"].reshape(-1)])
+        all_logits = model.logits(hidden[rows])  # [S + R*(K+1), V] f32
+        out = sample(all_logits[:S], _sampling(batch))
         tokens = jnp.zeros((max_num_seqs,), jnp.int32).at[: out.tokens.shape[0]].set(out.tokens)
-        spec = _verify(model, hidden, batch, bucket)
+        spec = _verify(all_logits[S:].reshape(R, K + 1, -1) if R else None, batch, bucket)
         if bucket.spec_rows:
             # A verified row's last emitted token stands in for its sampled token (a pipelined next step reads it).
             spec_tokens, num_accepted, _ = spec
@@ -87,13 +90,12 @@ def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int):
     return jax.jit(step, donate_argnums=(1,), static_argnames=("bucket",))
 
 
-def _verify(model, hidden, batch, bucket):
-    """Score the K + 1 positions of each verify row and run the acceptance rule (empty arrays when R = 0)."""
-    R, K = bucket.spec_rows, bucket.spec_len
-    if not R:
+def _verify(logits, batch, bucket):
+    """The acceptance rule on the target's logits at the K + 1 positions of each verify row, [R, K+1, V]
+    (empty outputs when R = 0)."""
+    if not bucket.spec_rows:
         return jnp.zeros((0, 1), jnp.int32), jnp.zeros((0,), jnp.int32), jnp.zeros((0, 1), jnp.float32)
     S = bucket.num_seqs
-    logits = model.logits(hidden[batch["verify_idx"].reshape(-1)]).reshape(R, K + 1, -1)  # [R, K+1, V] f32
     row = jnp.minimum(batch["verify_row"], S - 1)  # padding rows borrow row S-1's settings; their result is unused
     return tuple(verify(logits, batch["draft_tokens"], batch["num_draft"], batch["temperature"][row],
                         batch["seed"][row], batch["step"][row]))
