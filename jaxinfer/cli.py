@@ -24,12 +24,16 @@ def _add_model_args(p: argparse.ArgumentParser):
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--speculative-config", type=json.loads, default=None, metavar="JSON",
+                   help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' '
+                        '(fields of jaxinfer.config.SpeculativeConfig)')
 
 
 def _engine_kwargs(a) -> dict:
     return dict(dtype=a.dtype, load_format=a.load_format, max_model_len=a.max_model_len, num_pages=a.num_pages,
                 page_size=a.page_size, max_num_seqs=a.max_num_seqs,
-                max_num_batched_tokens=a.max_num_batched_tokens, gpu_memory_utilization=a.gpu_memory_utilization)
+                max_num_batched_tokens=a.max_num_batched_tokens, gpu_memory_utilization=a.gpu_memory_utilization,
+                speculative_config=a.speculative_config)
 
 
 def cmd_generate(a) -> int:

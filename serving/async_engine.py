@@ -43,6 +43,7 @@ class EngineStats:
     num_waiting: int = 0
     kv_pages_used: int = 0
     kv_pages_total: int = 0
+    spec: dict | None = None  # speculative decoding counters (LLMEngine.spec_stats()), None when off
 
 
 class _Sink:
@@ -212,7 +213,7 @@ class AsyncEngine:
         sched = self.engine.scheduler
         self.stats = EngineStats(num_running=sched.num_running, num_waiting=sched.num_waiting,
                                  kv_pages_used=int(self.engine.kv.num_used_pages),
-                                 kv_pages_total=self.stats.kv_pages_total)
+                                 kv_pages_total=self.stats.kv_pages_total, spec=self.engine.spec_stats())
 
 
 async def collect(stream: AsyncIterator[RequestOutput]) -> RequestOutput:

@@ -229,3 +229,16 @@ def test_adaptive_k_and_batch_threshold():
     assert m["spec_verify_steps"] == 16 and 0 < m["spec_acceptance_rate"] < 1
     assert SpecControl.eligible(SP(temperature=0.7)) and not SpecControl.eligible(SP(temperature=0.7, top_p=0.9))
     assert not SpecControl.eligible(SP(logprobs=1))
+
+
+def test_speculative_config_errors_name_the_value():
+    import pytest
+
+    from jaxinfer.config import ConfigError, EngineConfig, SpeculativeConfig
+
+    assert EngineConfig(speculative_config={"method": "ngram"}).speculative_config == SpeculativeConfig("ngram")
+    for bad, words in (({"method": "medusa"}, "'medusa'"), ({"methd": "ngram"}, "'methd'"),
+                       ({"num_speculative_tokens": 0}, "num_speculative_tokens=0"),
+                       ({"method": "draft"}, "draft_model=PATH"), ({"max_batch_size": 0}, "max_batch_size=0")):
+        with pytest.raises(ConfigError, match=words):
+            EngineConfig(speculative_config=bad)
