@@ -44,6 +44,8 @@ class OracleProposer:
 
     def propose(self, seqs):
         if self.inner is not None:
+            # Run for its cost only. Its cache then holds KV of its own drafts where the oracle's were accepted;
+            # that is wrong content but the same amount of work (catch-up is one token per step either way).
             self.inner.propose(seqs)
         out = {}
         for rid, tokens, k in seqs:
