@@ -39,6 +39,7 @@ class LLM:
             raise ConfigError(
                 f"unknown option(s) {unknown}; valid engine options are {sorted(_ENGINE_FIELDS - {'dtype'})}")
         t0 = time.perf_counter()
+        self._progress = progress
         from jaxinfer.models.loader import load_model, resolve_model
         from jaxinfer.runner.model_runner import ModelRunner, enable_compilation_cache
         from jaxinfer.tokenizer import Tokenizer
@@ -69,7 +70,8 @@ class LLM:
             runner, self.tokenizer, max_num_batched_tokens=self.config.max_num_batched_tokens,
             max_num_seqs=self.config.max_num_seqs, max_model_len=max_len, eos_token_ids=eos,
             vocab_size=cfg.vocab_size, seed=self.config.seed, async_scheduling=self.config.async_scheduling,
-            enable_prefix_caching=self.config.enable_prefix_caching)  # prefix caching option passed through
+            enable_prefix_caching=self.config.enable_prefix_caching,  # prefix caching option passed through
+            spec=self._speculation(max_len))
             for runner in self.runners]
         if len(engines) == 1:
             self.engine = engines[0]
@@ -80,10 +82,32 @@ class LLM:
         if warmup:
             for runner in self.runners:
                 runner.warmup(progress=progress)
+            spec = getattr(self.engine, "spec", None)
+            if spec is not None and hasattr(spec.proposer, "warmup"):
+                spec.proposer.warmup(progress=progress)
         self.startup_seconds = time.perf_counter() - t0
         log.info("engine ready in %.1f s", self.startup_seconds)
 
     # ---- set-up helpers -----------------------------------------------------------------------------------
+    def _speculation(self, max_len: int):
+        """SpecControl with the configured proposer, or None (engine/spec_control.py)."""
+        sc = self.config.speculative_config
+        if sc is None:
+            return None
+        from jaxinfer.engine.spec_control import SpecControl
+
+        if sc.method == "ngram":
+            from jaxinfer.engine.ngram_proposer import NgramProposer
+
+            proposer = NgramProposer(sc.ngram_min_n, sc.ngram_max_n)
+        else:
+            from jaxinfer.runner.draft_proposer import build_model_proposer
+
+            proposer = build_model_proposer(sc, self.model, self.config, max_len, self.runner.num_pages,
+                                            progress=self._progress)
+        return SpecControl(proposer, sc.num_speculative_tokens, min(sc.max_batch_size, self.config.max_num_seqs),
+                           sc.adaptive, sc.min_acceptance)
+
     def _load_tokenizer(self, override, Tokenizer):
         src = self.source
         path = override or src.tokenizer_path

@@ -37,6 +37,9 @@ def _add_model_args(p: argparse.ArgumentParser):
     par.add_argument("--process-id", type=int, default=None, help="multi-host: env JAXINFER_PROCESS_ID")
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "int8"],
                    help="KV cache storage: the model dtype, or fp8 / int8 with per-token scales (~2x the pages)")
+    p.add_argument("--speculative-config", type=json.loads, default=None, metavar="JSON",
+                   help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' '
+                        '(fields of jaxinfer.config.SpeculativeConfig)')
 
 
 def _engine_kwargs(a) -> dict:
@@ -45,7 +48,7 @@ def _engine_kwargs(a) -> dict:
                 max_num_batched_tokens=a.max_num_batched_tokens, gpu_memory_utilization=a.gpu_memory_utilization,
                 quantization=a.quantization, quantize_lm_head=a.quantize_lm_head,
                 tensor_parallel_size=a.tensor_parallel_size, data_parallel_size=a.data_parallel_size,
-                kv_cache_dtype=a.kv_cache_dtype)
+                kv_cache_dtype=a.kv_cache_dtype, speculative_config=a.speculative_config)
 
 
 def _init_distributed(a) -> bool:

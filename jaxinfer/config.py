@@ -212,6 +212,78 @@ def rope_inv_freq(cfg: ModelConfig):
     return np.where(medium, smoothed, scaled)
 
 
+SPEC_METHODS = ("ngram", "draft", "layer_skip")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (runner/spec_decode.py verifies; engine/spec_control.py drives it).
+
+    method: "ngram" (prompt lookup, no model), "draft" (a smaller model with the same tokenizer, `draft_model`,
+        run by its own runner with its own paged KV cache) or "layer_skip" (the first `num_draft_layers` layers of
+        the target + its final norm and head; shares the weights, has its own KV cache).
+    num_speculative_tokens: k, the most draft tokens verified per request and step (the target scores k + 1
+        positions). With `adaptive`, a request's k shrinks (to 1 at least) while its acceptance rate is below
+        `min_acceptance` and grows back above (1 + min_acceptance) / 2.
+    max_batch_size: speculation switches off while more than this many requests are running (verification
+        costs k extra tokens of compute per request; at large batches decoding is compute-bound and the extra
+        work costs more than it saves). Also the most speculating requests in one step.
+    ngram_min_n / ngram_max_n: n-gram sizes matched, longest first.
+    draft_model / draft_load_format: the draft checkpoint (path, GGUF, preset with load_format="dummy").
+    num_draft_layers: layer_skip draft depth (default: a quarter of the target's layers, at least 1).
+    draft_num_pages: KV pages of the draft's own cache (default: as many as the target's).
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    max_batch_size: int = 32
+    adaptive: bool = True
+    min_acceptance: float = 0.5
+    ngram_min_n: int = 1
+    ngram_max_n: int = 4
+    draft_model: str | None = None
+    draft_load_format: str = "auto"
+    num_draft_layers: int | None = None
+    draft_num_pages: int | None = None
+
+    def __post_init__(self):
+        if self.method not in SPEC_METHODS:
+            raise ConfigError(f"speculative method {self.method!r} is unknown; use one of {list(SPEC_METHODS)}")
+        if not isinstance(self.num_speculative_tokens, int) or not 1 <= self.num_speculative_tokens <= 16:
+            raise ConfigError(f"num_speculative_tokens={self.num_speculative_tokens!r} must be an int in [1, 16]")
+        if not isinstance(self.max_batch_size, int) or self.max_batch_size < 1:
+            raise ConfigError(f"speculative max_batch_size={self.max_batch_size!r} must be an int >= 1")
+        if not 0.0 <= self.min_acceptance < 1.0:
+            raise ConfigError(f"min_acceptance={self.min_acceptance!r} must be in [0, 1)")
+        if not 1 <= self.ngram_min_n <= self.ngram_max_n:
+            raise ConfigError(f"ngram_min_n={self.ngram_min_n}, ngram_max_n={self.ngram_max_n} must satisfy "
+                              f"1 <= ngram_min_n <= ngram_max_n")
+        if self.method == "draft" and not self.draft_model:
+            raise ConfigError("speculative method 'draft' needs draft_model=PATH (a smaller model with the "
+                              "target's tokenizer); or use method 'ngram' / 'layer_skip'")
+        if self.method != "draft" and self.draft_model:
+            raise ConfigError(f"draft_model={self.draft_model!r} is only used by method 'draft', not "
+                              f"{self.method!r}")
+        if self.num_draft_layers is not None and self.num_draft_layers < 1:
+            raise ConfigError(f"num_draft_layers={self.num_draft_layers} must be >= 1")
+        if self.draft_num_pages is not None and self.draft_num_pages < 2:
+            raise ConfigError(f"draft_num_pages={self.draft_num_pages} must be >= 2 (page 0 is reserved)")
+
+    @classmethod
+    def coerce(cls, value) -> "SpeculativeConfig | None":
+        """None, a SpeculativeConfig, or a dict of its fields (unknown keys are an error naming them)."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            names = {f.name for f in dataclasses.fields(cls)}
+            unknown = sorted(set(value) - names)
+            if unknown:
+                raise ConfigError(f"unknown speculative_config key(s) {unknown}; valid keys are {sorted(names)}")
+            return cls(**value)
+        raise ConfigError(f"speculative_config must be None, a dict or a SpeculativeConfig, got "
+                          f"{type(value).__name__}")
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs besides the model. Unknown options are rejected by `LLM(**kwargs)`.
@@ -239,6 +311,7 @@ class EngineConfig:
     kv_cache_dtype: "auto" (the model dtype), "fp8" (e4m3) or "int8": quantized KV pages with one float32
         scale per token and KV head (pallas_kernels/paged_attention/kv_quant.py), ~1.9x the pages of bf16 for
         the same memory.
+    speculative_config: SpeculativeConfig (or a dict of its fields) to turn on speculative decoding.
     """
 
     dtype: str = "auto"
@@ -264,7 +337,13 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
 
+    speculative_config: SpeculativeConfig | None = None  # a dict is accepted too; None: no speculation
+
     def __post_init__(self):
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.coerce(self.speculative_config))
+        if self.speculative_config is not None and (self.tensor_parallel_size > 1 or self.data_parallel_size > 1):
+            raise ConfigError("speculative_config with tensor_parallel_size / data_parallel_size > 1 is not supported "
+                              "yet; run speculative decoding on one device")
         for name in ("tensor_parallel_size", "data_parallel_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")

@@ -44,6 +44,7 @@ class EngineStats:
     kv_pages_used: int = 0
     kv_pages_total: int = 0
     prefix_cache: dict = dataclasses.field(default_factory=dict)  # LLMEngine.prefix_cache_stats()
+    spec: dict | None = None  # speculative decoding counters (LLMEngine.spec_stats()), None when off
 
 
 class _Sink:
@@ -215,7 +216,7 @@ class AsyncEngine:
         self.stats = EngineStats(num_running=sched.num_running, num_waiting=sched.num_waiting,
                                  kv_pages_used=int(self.engine.kv.num_used_pages),
                                  kv_pages_total=self.stats.kv_pages_total,
-                                 prefix_cache=self.engine.prefix_cache_stats())
+                                 prefix_cache=self.engine.prefix_cache_stats(), spec=self.engine.spec_stats())
 
 
 async def collect(stream: AsyncIterator[RequestOutput]) -> RequestOutput:

@@ -57,6 +57,13 @@ class _Metrics:
         g = Gauge("jaxinfer_kv_pages_total", "usable KV-cache pages", registry=r)
         g.set_function(lambda: aeng.stats.kv_pages_total)
         r.register(PrefixCacheCollector(aeng))
+        # speculative decoding (0 when off): counters since start, as gauges of the engine's running totals
+        for key, doc in (("num_draft_tokens", "draft tokens verified"), ("num_accepted_tokens", "draft tokens accepted"),
+                         ("num_verify_steps", "speculative verifications (one per request and step)"),
+                         ("acceptance_rate", "accepted / drafted tokens"),
+                         ("mean_accepted_length", "tokens produced per verification (accepted + 1)")):
+            g = Gauge(f"jaxinfer_spec_{key}", doc, registry=r)
+            g.set_function(lambda key=key: (aeng.stats.spec or {}).get(key, 0))
 
 
 def _err(status: int, message: str, param: str | None = None, type: str = "invalid_request_error",

@@ -12,6 +12,10 @@ Pipelining: step n+1 is scheduled, packed and dispatched while step n runs on th
 step n is still sampling are placeholders that the device fills from step n's output. A request that stops
 at step n (eos, stop string) may have computed one extra token in step n+1; it is discarded. With
 `async_scheduling=False` each step is finished before the next is scheduled.
+
+Speculative decoding (optional `spec`, engine/spec_control.py): before scheduling, decode-ready requests get
+draft tokens; the scheduler makes each a k+1-token chunk in the same batch; the step returns 1..k+1 verified
+tokens per such request. Steps that speculate are not pipelined (see spec_control.py).
 """
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ class _Step:
     sched: Any
     flight: Any
     rows: dict[str, int]  # request id -> output row, for sequences that sample
+    speculative: bool = False  # some sequence verifies drafts: finish before scheduling the next step
 
 
 @dataclasses.dataclass
@@ -83,7 +88,7 @@ def _uses_penalties(p: SamplingParams) -> bool:
 class LLMEngine:
     def __init__(self, runner: Runner, tokenizer, *, max_num_batched_tokens: int, max_num_seqs: int,
                  max_model_len: int, eos_token_ids: set[int], vocab_size: int, seed: int = 0,
-                 async_scheduling: bool = True, enable_prefix_caching: bool = True):
+                 async_scheduling: bool = True, enable_prefix_caching: bool = True, spec=None):
         self.runner = runner
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
@@ -101,6 +106,7 @@ class LLMEngine:
         self.async_scheduling = async_scheduling
         self._in_flight: _Step | None = None
         self._penalty_slots = PenaltySlots(int(getattr(runner, "num_penalty_slots", 0)))
+        self.spec = spec  # SpecControl or None
 
     # ---- requests -----------------------------------------------------------------------------------------
     def add_request(self, request_id: str | None, prompt: str | Sequence[int],
@@ -166,6 +172,8 @@ class LLMEngine:
         for sid in group.seq_ids:
             self.scheduler.abort(sid)
             self._seqs.pop(sid, None)
+            if self.spec is not None:
+                self.spec.free(sid, forget=True)
         return True
 
     def has_unfinished(self) -> bool:
@@ -181,13 +189,27 @@ class LLMEngine:
                 "evictions": self.kv.num_evictions}
 
     # ---- the loop -----------------------------------------------------------------------------------------
+    def spec_stats(self) -> dict | None:
+        """Speculative decoding counters since start (None when off): verify steps, draft / accepted / emitted
+        tokens, acceptance_rate, mean_accepted_length (tokens per verification, accepted + 1)."""
+        return None if self.spec is None else self.spec.stats.as_dict()
+
     def step(self) -> list[RequestOutput]:
-        launched = self._launch(self.scheduler.schedule())
         outputs = []
+        if self.spec is not None and self.spec.active(self.scheduler.num_running):
+            if self._in_flight is not None:  # drafts need every token known: finish the step in flight first
+                outputs = self._finish_step(self._in_flight)
+                self._in_flight = None
+            self.spec.propose(self.scheduler.running, lambda rid: self._seqs[rid].params)
+        sched = self.scheduler.schedule()
+        if self.spec is not None:
+            for rid in sched.preempted_ids + sched.finished_ids:
+                self.spec.free(rid)
+        launched = self._launch(sched)
         if self._in_flight is not None:
-            outputs = self._finish_step(self._in_flight)
+            outputs += self._finish_step(self._in_flight)
         self._in_flight = launched
-        if launched is not None and not self.async_scheduling:
+        if launched is not None and (not self.async_scheduling or launched.speculative):
             self._in_flight = None
             outputs += self._finish_step(launched)
         return outputs
@@ -209,7 +231,8 @@ class LLMEngine:
             inputs.append(SeqInput(
                 token_ids=s.token_ids, start_pos=s.start_pos, page_table=s.page_table,
                 temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
-                seed=st.seed, step=s.output_index, want_logprobs=st.logprobs is not None, prev_row=prev_row))
+                seed=st.seed, step=s.output_index, want_logprobs=st.logprobs is not None, prev_row=prev_row,
+                num_spec=s.num_spec_tokens))
             if _uses_penalties(p):
                 self._penalty_feed(inputs[-1], st, s)
             if s.sample:
@@ -218,7 +241,8 @@ class LLMEngine:
             if tgt is not None:
                 lp_targets[i] = tgt
         prev = self._in_flight.flight if self._in_flight is not None else None
-        return _Step(sched, self.runner.dispatch(inputs, prev, lp_targets or None), rows)
+        speculative = any(s.num_spec_tokens for s in sched.scheduled)
+        return _Step(sched, self.runner.dispatch(inputs, prev, lp_targets or None), rows, speculative)
 
     def _penalty_feed(self, inp: SeqInput, st: _SeqState, s: ScheduledSeq) -> None:
         """Penalty fields of a penalised sequence's row; on its first schedule since admission, take a slot of the
@@ -239,15 +263,20 @@ class LLMEngine:
         out = self.runner.fetch(done.flight)
         sched = done.sched
         sampled: dict[str, list[int]] = {}
+        sampled_lps: dict[str, list[float]] = {}
         for i, s in enumerate(sched.scheduled):
             st = self._seqs.get(s.request_id)
             if st is None or st.request.is_finished:
                 continue  # aborted or stopped while this step ran: its results are dropped
             if i in out.prompt_logprobs:
                 self._record_prompt_logprobs(st, s, out.prompt_logprobs[i])
-            if s.sample:
-                tok = int(out.tokens[i])
-                sampled[s.request_id] = [tok]
+            if s.sample and s.num_spec_tokens:  # verified drafts: accepted ones + the target's next token
+                m = int(out.num_accepted[i])
+                sampled[s.request_id] = [int(t) for t in out.spec_tokens[i, :m + 1]]
+                sampled_lps[s.request_id] = [float(x) for x in out.spec_logprobs[i, :m + 1]]
+            elif s.sample:
+                sampled[s.request_id] = [int(out.tokens[i])]
+                sampled_lps[s.request_id] = [float(out.logprobs[i])]
         finished = {r.request_id for r in self.scheduler.update(sched, sampled)}
         touched = set()
         for i, s in enumerate(sched.scheduled):
@@ -255,25 +284,34 @@ class LLMEngine:
             if sid not in sampled:
                 continue
             st = self._seqs[sid]
-            if len(st.request.output_token_ids) <= s.output_index:
-                continue  # dropped by the scheduler (preempted in between, or after a stop)
-            tok = sampled[sid][0]
-            st.cumulative_logprob += float(out.logprobs[i])
-            if st.logprobs is not None:
-                st.logprobs.append(self._logprob_dict(tok, float(out.logprobs[i]), out.top_ids[i],
-                                                      out.top_logprobs[i], st.params.logprobs))
-            if st.detok is not None:
+            # tokens the scheduler kept (none if preempted in between; none after a stop)
+            new = st.request.output_token_ids[s.output_index:s.output_index + len(sampled[sid])]
+            if s.num_spec_tokens and self.spec is not None and new:
+                self.spec.record(sid, s.num_spec_tokens, len(sampled[sid]) - 1, st.request.num_computed_tokens)
+            for j, tok in enumerate(new):
+                lp = sampled_lps[sid][j]
+                st.cumulative_logprob += lp
+                if st.logprobs is not None:  # (requests asking for logprobs never speculate: j == 0)
+                    st.logprobs.append(self._logprob_dict(tok, lp, out.top_ids[i], out.top_logprobs[i],
+                                                          st.params.logprobs))
+                if st.detok is None:
+                    continue
+                last = j == len(new) - 1
                 # eos / a stop token id ended it: its text is not part of the output (vLLM semantics)
-                by_token = sid in finished and st.request.finish_reason == "stop"
+                by_token = last and sid in finished and st.request.finish_reason == "stop"
                 _, stop = st.detok.append([tok], stop_terminated=by_token)
                 if stop is not None:
-                    if sid in finished:  # finished for another reason in the same token: the stop string wins
+                    if sid in finished:  # finished for another reason too: the stop string wins
                         st.request.status = type(st.request.status).FINISHED_STOPPED
                         st.request.stop_reason = stop
                     else:
                         self.scheduler.finish(sid, "stop", stop)
                         finished.add(sid)
-            touched.add(sid)
+                    # verified tokens after the stop string are not part of the output
+                    del st.request.output_token_ids[s.output_index + j + 1:]
+                    break
+            if new:
+                touched.add(sid)
         for sid in finished:
             st = self._seqs[sid]
             if st.detok is not None:
@@ -315,10 +353,13 @@ class LLMEngine:
                 prompt_logprobs=list(first.prompt_logprobs) if first.prompt_logprobs is not None else None,
                 outputs=comps, finished=done,
                 metrics={"arrival_time": g.arrival_time, "first_token_time": g.first_token_time,
-                         "finished_time": now if done else None}))
+                         "finished_time": now if done else None,
+                         **(self.spec.request_metrics(g.seq_ids) if self.spec is not None else {})}))
             if done:
                 for sid in g.seq_ids:
                     self._seqs.pop(sid, None)
+                    if self.spec is not None:
+                        self.spec.free(sid, forget=True)
                 del self._groups[gid]
         return outs
 

@@ -253,6 +253,30 @@ class KVCacheManager:
                 else:
                     self._evictable[p] = None
 
+    def truncate(self, request_id: str, num_tokens: int) -> int:
+        """Shrink request_id's page list to the pages holding its first num_tokens tokens, releasing the rest
+        tail first like free() (speculative decoding: pages that held only rejected draft tokens). Returns the
+        number of pages released. Pages past num_tokens were never registered in the prefix cache (only full
+        pages of computed, accepted tokens are), so they go back to the unhashed free queue."""
+        pages = self._pages.get(request_id)
+        if not pages:
+            return 0
+        keep = max(self.pages_needed(num_tokens), 1)  # an empty page list is never kept (see free())
+        if keep >= len(pages):
+            return 0
+        released = pages[keep:]
+        del pages[keep:]
+        self._num_hashed[request_id] = min(self._num_hashed.get(request_id, 0), keep)
+        for p in reversed(released):
+            assert self._ref[p] >= 1, f"page {p} released with ref count {self._ref[p]}"
+            self._ref[p] -= 1
+            if self._ref[p] == 0:
+                if self._page_hash[p] is None:
+                    self._free.append(p)
+                else:
+                    self._evictable[p] = None
+        return len(released)
+
     # ---- debugging / tests -------------------------------------------------------------------------
     def free_pages(self) -> list[int]:
         """All free pages in allocation order (copy): unhashed FIFO, then evictable cached pages LRU."""

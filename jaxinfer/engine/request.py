@@ -63,6 +63,10 @@ class Request:
     # Chained hashes of the full pages of all_token_ids (filled lazily by the KVCacheManager; stable, since
     # tokens are only ever appended — preemption keeps the outputs).
     page_hashes: list = field(default_factory=list, repr=False)
+    # Speculative decoding: draft tokens proposed for the next step (set by the engine right before
+    # schedule(), consumed or dropped by it). A decode-ready request with drafts is scheduled as one chunk of
+    # [last token] + drafts; update() rolls num_computed_tokens back past the rejected ones.
+    spec_token_ids: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)

@@ -97,6 +97,10 @@ class DataParallelEngine:
                     self._load[i] -= 1
         return outputs
 
+    def spec_stats(self) -> None:
+        """Speculative decoding is single-replica only (EngineConfig refuses it with data parallelism)."""
+        return None
+
     def prefix_cache_stats(self) -> dict:
         per = [e.prefix_cache_stats() for e in self.engines]
         out = {k: sum(p[k] for p in per) for k in ("queries", "hits", "hit_requests", "cached_pages", "evictions")}

@@ -29,6 +29,15 @@ conservative rule: a page is never offered to another request before its KV is k
 request aborted or preempted before its step returns registers nothing). Nothing is ever written into a
 cached page: hits are whole pages and the computed rest goes into fresh pages (ref count 1, no hash).
 
+Speculative decoding: the engine puts draft tokens on a decode-ready running request (all its tokens known,
+num_computed_tokens = num_tokens - 1) right before schedule(). Such a request is scheduled as ONE chunk of
+1 + k tokens — its last token plus the k drafts, positions num_tokens-1 .. num_tokens-1+k — in the same batch as
+everything else, with sample=True; the device verifies the drafts and returns 1..k+1 tokens. update() then
+rolls num_computed_tokens back to the accepted length (KV slots of rejected drafts are simply overwritten
+later) and releases pages that held only rejected drafts, before registering any page in the prefix cache (so
+no page hash ever covers a rejected token). Drafts are trimmed so the chunk stays within max_model_len and the
+request's max_tokens, and to the step's token budget; drafts not consumed by this schedule() are dropped.
+
 No deadlock: add_request rejects any request whose whole lifetime (prompt + max_tokens, or max_model_len
 when max_tokens is None) does not fit an empty cache, and waiting requests hold no pages, so the oldest
 running request can always allocate by preempting the others, and with nothing running the head of the
@@ -58,6 +67,7 @@ class ScheduledSeq:
     # flight) is sampling; the runner takes them from that step's device output. 0 when nothing is in flight.
     num_placeholders: int = 0
     output_index: int = 0     # index (in the request's outputs) of the token this chunk samples
+    num_spec_tokens: int = 0  # speculative decoding: the last num_spec_tokens of token_ids are draft tokens
 
     @property
     def num_tokens(self) -> int:
@@ -180,9 +190,11 @@ class Scheduler:
             if n <= 0:  # nothing to compute (only if update() was not given its sampled token)
                 i += 1
                 continue
+            spec = self._drafts(req, n, budget)
+            n += len(spec)
             if not self._allocate_or_preempt(req, n, preempted):
                 break  # req was the last running request and preempted itself
-            scheduled.append(self._make_seq(req, n))
+            scheduled.append(self._make_seq(req, n, spec))
             budget -= n
             i += 1
 
@@ -207,6 +219,8 @@ class Scheduler:
                 scheduled.append(self._make_seq(req, n))
                 budget -= n
 
+        for req in self.running:  # drafts belong to this step's token state: never reuse them later
+            req.spec_token_ids = []
         finished_ids, self._finished_ids = self._finished_ids, []
         return SchedulerOutput(scheduled=scheduled, preempted_ids=preempted,
                                num_batched_tokens=self.max_num_batched_tokens - budget, finished_ids=finished_ids)
@@ -228,6 +242,16 @@ class Scheduler:
             n = min(n, self.long_prefill_token_threshold)
         return n
 
+    def _drafts(self, req: Request, n: int, budget: int) -> list[int]:
+        """The draft tokens to verify with req's decode this step (possibly trimmed), or []."""
+        spec = req.spec_token_ids
+        if not spec or n != 1 or req.num_pending_tokens or req.num_computed_tokens != req.num_tokens - 1:
+            return []
+        k = min(len(spec), budget - 1, self.max_model_len - req.num_tokens)
+        if req.max_tokens is not None:
+            k = min(k, req.max_tokens - req.num_output_tokens - 1)  # the bonus token is the max_tokens-th
+        return list(spec[:max(k, 0)])
+
     def _allocate_or_preempt(self, req: Request, n: int, preempted: list[str]) -> bool:
         """Allocate pages for req's next n tokens, preempting from the back of `running` as needed.
         False iff req itself got preempted (it was the last running request)."""
@@ -243,6 +267,7 @@ class Scheduler:
         self.kv.free(req.request_id)
         req.num_computed_tokens = 0           # recompute prompt + outputs (outputs are kept)
         req.num_pending_tokens = 0            # a token sampled in flight is dropped; it is sampled again later
+        req.spec_token_ids = []
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
         self._num_preemptions_total += 1
@@ -255,17 +280,20 @@ class Scheduler:
             (mt is not None and req.num_output_tokens + req.num_pending_tokens >= mt)
             or req.num_tokens_with_pending >= self.max_model_len))
 
-    def _make_seq(self, req: Request, n: int) -> ScheduledSeq:
+    def _make_seq(self, req: Request, n: int, spec: list[int] = ()) -> ScheduledSeq:
         """Schedule tokens [start, start+n) of req and advance its counters now (not at update), so the next
-        schedule() can run while this step is still on the device."""
+        schedule() can run while this step is still on the device. spec: draft tokens, the last len(spec) of
+        the n (a speculative chunk always samples)."""
         start = req.num_computed_tokens
-        known_end = min(start + n, req.num_tokens)
-        placeholders = start + n - known_end
-        sample = start + n == req.num_tokens_with_pending
-        seq = ScheduledSeq(request_id=req.request_id, token_ids=req.token_slice(start, known_end) + [-1] * placeholders,
+        k = len(spec)
+        known_end = min(start + n - k, req.num_tokens)
+        placeholders = start + n - k - known_end
+        sample = start + n - k == req.num_tokens_with_pending
+        seq = ScheduledSeq(request_id=req.request_id,
+                           token_ids=req.token_slice(start, known_end) + [-1] * placeholders + list(spec),
                            start_pos=start, page_table=self.kv.page_table(req.request_id), sample=sample,
-                           is_prefill=n > 1 or start == 0, num_placeholders=placeholders,
-                           output_index=req.num_output_tokens + req.num_pending_tokens)
+                           is_prefill=n - k > 1 or start == 0, num_placeholders=placeholders,
+                           output_index=req.num_output_tokens + req.num_pending_tokens, num_spec_tokens=k)
         req.num_computed_tokens += n
         if sample:
             req.num_pending_tokens += 1
@@ -292,7 +320,19 @@ class Scheduler:
             if seq.sample and not sampled.get(seq.request_id):
                 raise ValueError(f"request {seq.request_id!r} was scheduled with sample=True but sampled has no "
                                  f"token for it; pass sampled[{seq.request_id!r}] = [token_id, ...]")
+            if seq.num_spec_tokens and len(sampled[seq.request_id]) > seq.num_spec_tokens + 1:
+                raise ValueError(f"request {seq.request_id!r} got {len(sampled[seq.request_id])} tokens from a step "
+                                 f"that verified {seq.num_spec_tokens} draft tokens; at most "
+                                 f"{seq.num_spec_tokens + 1} (accepted drafts + one) can come back")
             live.append((seq, req))
+
+        for seq, req in live:
+            if seq.num_spec_tokens:
+                # Roll back past the rejected drafts: their KV slots are overwritten by later steps; pages that
+                # held only rejected drafts go back to the pool. Done before any prefix-cache registration.
+                rejected = seq.num_spec_tokens + 1 - len(sampled[seq.request_id])
+                req.num_computed_tokens -= rejected
+                self.kv.truncate(req.request_id, req.num_computed_tokens)
 
         if self.kv.enable_prefix_caching:
             # The step is done: its tokens' KV is written, and every token id below the end of its chunks is

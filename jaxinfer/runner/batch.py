@@ -35,13 +35,16 @@ class SeqInput:
     penalty_slot: int = -1     # >= 0: row of the device token-count table that penalises this row's sample and
                                # counts it (only rows that sample; -1 for the others)
     penalty_init: tuple | None = None  # (slot, prompt ids, known output ids): write that row before this step
+    num_spec: int = 0          # speculative decoding: the last num_spec tokens are drafts to verify (needs a
+                               # verify row: bucket.spec_rows > 0)
 
 
 # Fields of a packed batch, in transfer order. All integer fields travel in one int32 buffer and all float fields
 # in one float32 buffer: two host->device copies per step instead of fifteen (each copy costs ~0.1-0.4 ms of
 # host time). `seed` is uint32 and travels bit-cast to int32.
 INT_FIELDS = ("input_ids", "prev_src", "positions", "slot_mapping", "page_tables", "tile_tokens", "tile_seq",
-              "tile_kv_len", "sample_idx", "top_k", "seed", "step", "want_logprobs", "penalty_slot")
+              "tile_kv_len", "sample_idx", "top_k", "seed", "step", "want_logprobs", "penalty_slot", "verify_idx",
+              "verify_row", "draft_tokens", "num_draft")
 FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
@@ -62,10 +65,12 @@ class HostBatch:
 
 def field_shapes(bucket: Bucket) -> dict[str, tuple[int, ...]]:
     T, S, NT, Bq, W = bucket.num_tokens, bucket.num_seqs, bucket.num_tiles, bucket.query_tile, bucket.table_width
+    R, K = bucket.spec_rows, bucket.spec_len
     return dict(input_ids=(T,), prev_src=(T,), positions=(T,), slot_mapping=(T,), page_tables=(S + 1, W),
                 tile_tokens=(NT, Bq), tile_seq=(NT,), tile_kv_len=(NT,), sample_idx=(S,), top_k=(S,), seed=(S,),
                 step=(S,), want_logprobs=(S,), penalty_slot=(S,), temperature=(S,), top_p=(S,), min_p=(S,),
-                presence_penalty=(S,), frequency_penalty=(S,), repetition_penalty=(S,))
+                presence_penalty=(S,), frequency_penalty=(S,), repetition_penalty=(S,), verify_idx=(R, K + 1),
+                verify_row=(R,), draft_tokens=(R, K), num_draft=(R,))
 
 
 def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
@@ -152,5 +157,33 @@ def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
         presence_penalty=col("presence_penalty", np.float32, 0.0),
         frequency_penalty=col("frequency_penalty", np.float32, 0.0),
         repetition_penalty=col("repetition_penalty", np.float32, 1.0),
+        **_verify_rows(seqs, bucket, offsets, lens),
     )
     return HostBatch(bucket, arrays, n_tok, n_seqs, offsets)
+
+
+def _verify_rows(seqs: Sequence[SeqInput], bucket: Bucket, offsets: np.ndarray, lens: np.ndarray) -> dict:
+    """Verify rows (speculative decoding): flat token indices of the K + 1 scored positions, the sequence (sampled
+    row) they belong to (S = padding), the drafts and their count (0 = padding row). Only speculating sequences
+    loop here, so the common (non-speculative) step pays nothing."""
+    S, R, K = bucket.num_seqs, bucket.spec_rows, bucket.spec_len
+    verify_idx = np.zeros((R, K + 1), np.int32)
+    verify_row = np.full(R, S, np.int32)
+    draft_tokens = np.zeros((R, K), np.int32)
+    num_draft = np.zeros(R, np.int32)
+    n_verify = 0
+    for i, s in enumerate(seqs):
+        k = s.num_spec
+        if not k:
+            continue
+        n, b = int(lens[i]), int(offsets[i + 1])
+        if n_verify == R or k > K or k >= n:
+            raise ValueError(f"sequence {i} verifies {k} drafts of {n} tokens but bucket {bucket} has "
+                             f"{R} verify rows of {K} drafts ({n_verify} used)")
+        verify_idx[n_verify, :k + 1] = np.arange(b - 1 - k, b)
+        verify_idx[n_verify, k + 1:] = b - 1
+        verify_row[n_verify] = i
+        draft_tokens[n_verify, :k] = list(s.token_ids)[n - k:]
+        num_draft[n_verify] = k
+        n_verify += 1
+    return dict(verify_idx=verify_idx, verify_row=verify_row, draft_tokens=draft_tokens, num_draft=num_draft)

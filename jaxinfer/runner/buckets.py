@@ -8,6 +8,8 @@ follow from T, so the ladder is one list of ints and warm-up compiles exactly le
                                       where a wide tile only multiplies padding work
   NT = ceil(T / Bq) + S               query tiles (a sequence of n tokens needs ceil(n / Bq) tiles)
   W  = pages of max_model_len, rounded up to a multiple of kv_chunk_pages (page-table width)
+  R  = min(S, max_spec_seqs)          speculative decoding: verify rows (sequences scoring K + 1 positions);
+                                      0 when speculation is off, so the step carries no verification at all
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ class Bucket:
     num_tiles: int    # NT
     query_tile: int   # Bq
     table_width: int  # W
+    spec_rows: int = 0  # R
+    spec_len: int = 0   # K (draft tokens per verify row)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +37,8 @@ class BucketLadder:
 
     @classmethod
     def build(cls, *, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, page_size: int,
-              query_tile: int, kv_chunk_pages: int, min_tokens: int = 16) -> "BucketLadder":
+              query_tile: int, kv_chunk_pages: int, min_tokens: int = 16, max_spec_seqs: int = 0,
+              num_spec_tokens: int = 0) -> "BucketLadder":
         sizes = []
         t = max(min_tokens, 1)
         while t < max_num_batched_tokens:
@@ -46,7 +51,8 @@ class BucketLadder:
         for t in sizes:
             s = min(t, max_num_seqs)
             bq = min(query_tile, _DECODE_TILE) if t <= max_num_seqs else query_tile
-            buckets.append(Bucket(t, s, math.ceil(t / bq) + s, bq, width))
+            r = min(s, max_spec_seqs) if num_spec_tokens else 0
+            buckets.append(Bucket(t, s, math.ceil(t / bq) + s, bq, width, r, num_spec_tokens if r else 0))
         return cls(tuple(buckets))
 
     def pick(self, num_tokens: int, num_seqs: int) -> Bucket:

@@ -39,6 +39,10 @@ class RunnerOutput:
     top_ids: np.ndarray | None       # i32[num_seqs, 20]; None when no sequence of the step asked for logprobs
     top_logprobs: np.ndarray | None  # f32[num_seqs, 20]; likewise
     prompt_logprobs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]  # seq index -> (lp[n], ids[n,20], lp[n,20])
+    # speculative decoding, per sequence (zeros for sequences that did not verify drafts):
+    spec_tokens: np.ndarray | None = None     # i32[num_seqs, K+1]: the first num_accepted + 1 are emitted
+    num_accepted: np.ndarray | None = None    # i32[num_seqs]
+    spec_logprobs: np.ndarray | None = None   # f32[num_seqs, K+1]
 
 
 def enable_compilation_cache(cache_dir: str | None):
@@ -53,7 +57,8 @@ def enable_compilation_cache(cache_dir: str | None):
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int):
+    def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int,
+                 num_pages: int | None = None):
         self.loaded = loaded
         self.config = config
         self.max_model_len = max_model_len
@@ -77,7 +82,7 @@ class ModelRunner:
         if kind != "auto" and plan is not None:
             raise ValueError(f"kv_cache_dtype={kind!r} with tensor_parallel_size / data_parallel_size > 1 is not "
                              "supported yet; use kv_cache_dtype='auto' or one device")
-        self.num_pages = config.num_pages or self._pages_from_budget()
+        self.num_pages = num_pages or config.num_pages or self._pages_from_budget()
         shape = (self.num_pages, self.page_size, cfg.num_kv_heads, cfg.head_dim)
         kv_sharding = None
         if plan is not None:
@@ -98,7 +103,7 @@ class ModelRunner:
         self.ladder = BucketLadder.build(
             max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
             max_model_len=max_model_len, page_size=self.page_size, query_tile=config.query_tile,
-            kv_chunk_pages=kv_chunk)
+            kv_chunk_pages=kv_chunk, **_spec_ladder_args(config))
         # auto: the Pallas kernel on GPU (faster than the reference everywhere it was measured on the H200:
         # benchmarks/results/step-breakdown-*.json, throughput-*.json), the jnp reference elsewhere.
         backend = config.attention_backend
@@ -227,7 +232,9 @@ class ModelRunner:
                 targets[a:a + len(tgt)] = tgt
             prompt = prompt_fn(self.loaded.params, hidden, jax.device_put(targets, self._replicated))
         want_top = any(s.want_logprobs for s in seqs)
-        return InFlight(out, prompt, dict(prompt_logprob_targets or {}), batch.token_offsets, len(seqs), want_top)
+        spec_seqs = [i for i, s in enumerate(seqs) if s.num_spec]  # verify row r holds sequence spec_seqs[r]
+        return InFlight(out, prompt, dict(prompt_logprob_targets or {}), batch.token_offsets, len(seqs), want_top,
+                        spec_seqs)
 
     def fetch(self, flight: "InFlight") -> RunnerOutput:
         """Wait for a dispatched step and copy its (small) results to the host."""
@@ -243,8 +250,19 @@ class ModelRunner:
             for i, tgt in flight.prompt_targets.items():
                 a = int(flight.token_offsets[i])
                 prompt_lp[i] = (lp[a:a + len(tgt)], ids[a:a + len(tgt)], top[a:a + len(tgt)])
-        return RunnerOutput(tokens[:n], logprobs[:n], None if top_ids is None else top_ids[:n],
-                            None if top_lp is None else top_lp[:n], prompt_lp)
+        res = RunnerOutput(tokens[:n], logprobs[:n], None if top_ids is None else top_ids[:n],
+                           None if top_lp is None else top_lp[:n], prompt_lp)
+        if flight.spec_seqs:
+            toks, acc, lps = jax.device_get((flight.out.spec_tokens, flight.out.num_accepted,
+                                             flight.out.spec_logprobs))
+            rows = np.asarray(flight.spec_seqs)
+            res.spec_tokens = np.zeros((n, toks.shape[1]), np.int32)
+            res.num_accepted = np.zeros(n, np.int32)
+            res.spec_logprobs = np.zeros((n, toks.shape[1]), np.float32)
+            res.spec_tokens[rows] = toks[:len(rows)]
+            res.num_accepted[rows] = acc[:len(rows)]
+            res.spec_logprobs[rows] = lps[:len(rows)]
+        return res
 
 
 @dataclasses.dataclass
@@ -257,3 +275,13 @@ class InFlight:
     token_offsets: np.ndarray
     num_seqs: int
     want_top: bool = False      # some sequence asked for logprobs: fetch the top-20 arrays too
+    spec_seqs: list[int] = dataclasses.field(default_factory=list)  # sequence index of each verify row
+
+
+def _spec_ladder_args(config: EngineConfig) -> dict:
+    """Verify rows per bucket: up to the speculation batch limit, k drafts each; none without speculation."""
+    spec = config.speculative_config
+    if spec is None:
+        return {}
+    return dict(max_spec_seqs=min(spec.max_batch_size, config.max_num_seqs),
+                num_spec_tokens=spec.num_speculative_tokens)

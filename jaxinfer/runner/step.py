@@ -21,6 +21,7 @@ from jaxinfer.models.attention import AttentionMetadata, AttentionOptions
 from jaxinfer.runner.batch import FLOAT_FIELDS, INT_FIELDS, field_shapes
 from jaxinfer.runner.penalties import count_sampled
 from jaxinfer.runner.sampler import MAX_LOGPROBS, SamplingTensors, sample
+from jaxinfer.runner.spec_decode import verify
 
 
 class StepOutput(NamedTuple):
@@ -28,6 +29,10 @@ class StepOutput(NamedTuple):
     logprobs: jax.Array      # f32[S]   log-prob of the sampled token (raw model distribution)
     top_ids: jax.Array       # i32[S, MAX_LOGPROBS]
     top_logprobs: jax.Array  # f32[S, MAX_LOGPROBS]
+    # speculative decoding (R = bucket.spec_rows verify rows; R = 0 when off): runner/spec_decode.py
+    spec_tokens: jax.Array   # i32[R, K+1]
+    num_accepted: jax.Array  # i32[R]
+    spec_logprobs: jax.Array  # f32[R, K+1]
 
 
 def _metadata(b: dict) -> AttentionMetadata:
@@ -73,20 +78,32 @@ def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int, kv_shardings
         src = batch["prev_src"]
         input_ids = jnp.where(src >= 0, prev_tokens[jnp.maximum(src, 0)], batch["input_ids"])
         hidden, kv_caches = model(input_ids, kv_caches, _metadata(batch), opts)
-        logits = model.logits(hidden[batch["sample_idx"]])  # [S, V] f32
+        S, R, K = bucket.num_seqs, bucket.spec_rows, bucket.spec_len
+        # Sampled rows and verified positions share one head matmul (one read of the vocabulary weights).
+        rows = batch["sample_idx"] if not R else jnp.concatenate([batch["sample_idx"], batch["verify_idx"].reshape(-1)])
+        all_logits = model.logits(hidden[rows])  # [S + R*(K+1), V] f32
         if loaded.plan is not None:
             # Vocab-parallel LM head: each device computes its vocab columns, then the logits are gathered once
             # ([S, V] f32) and sampled replicated. Unconstrained, the sampler's sorts become all-to-alls; with
             # only the replicated constraint XLA may all-gather the LM-head weight instead.
-            logits = jax.lax.with_sharding_constraint(logits, loaded.plan.sharding((None, "vocab"), logits.shape))
-            logits = jax.lax.with_sharding_constraint(logits, loaded.plan.replicated)
+            all_logits = jax.lax.with_sharding_constraint(
+                all_logits, loaded.plan.sharding((None, "vocab"), all_logits.shape))
+            all_logits = jax.lax.with_sharding_constraint(all_logits, loaded.plan.replicated)
         slot = batch["penalty_slot"]
-        out = sample(logits, _sampling(batch), penalty_table=penalty_table, penalty_slot=slot,
+        out = sample(all_logits[:S], _sampling(batch), penalty_table=penalty_table, penalty_slot=slot,
                      want_top_logprobs=jnp.any(batch["want_logprobs"] > 0))
         # The sampled tokens count for the next step's penalties, even before the host sees them (pipelining).
+        # (Penalised requests never speculate: engine/spec_control.py.)
         penalty_table = count_sampled(penalty_table, slot, out.tokens)
         tokens = jnp.zeros((max_num_seqs,), jnp.int32).at[: out.tokens.shape[0]].set(out.tokens)
-        return kv_caches, StepOutput(tokens, out.logprobs, out.top_ids, out.top_logprobs), hidden, penalty_table
+        spec = _verify(all_logits[S:].reshape(R, K + 1, -1) if R else None, batch, bucket)
+        if bucket.spec_rows:
+            # A verified row's last emitted token stands in for its sampled token (a pipelined next step reads it).
+            spec_tokens, num_accepted, _ = spec
+            last = jnp.take_along_axis(spec_tokens, num_accepted[:, None], axis=1)[:, 0]
+            tokens = tokens.at[batch["verify_row"]].set(last, mode="drop")  # padding rows (S) are dropped
+        return (kv_caches, StepOutput(tokens, out.logprobs, out.top_ids, out.top_logprobs, *spec), hidden,
+                penalty_table)
 
     if loaded.plan is None:
         return jax.jit(step, donate_argnums=(1, 5), static_argnames=("bucket",))
@@ -94,7 +111,18 @@ def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int, kv_shardings
     # replicated by the runner); the AOT-compiled program of a bucket then rejects anything else.
     rep = loaded.plan.replicated
     return jax.jit(step, donate_argnums=(1, 5), static_argnames=("bucket",),
-                   out_shardings=(kv_shardings, StepOutput(rep, rep, rep, rep), rep, rep))
+                   out_shardings=(kv_shardings, StepOutput(*([rep] * len(StepOutput._fields))), rep, rep))
+
+
+def _verify(logits, batch, bucket):
+    """The acceptance rule on the target's logits at the K + 1 positions of each verify row, [R, K+1, V]
+    (empty outputs when R = 0)."""
+    if not bucket.spec_rows:
+        return jnp.zeros((0, 1), jnp.int32), jnp.zeros((0,), jnp.int32), jnp.zeros((0, 1), jnp.float32)
+    S = bucket.num_seqs
+    row = jnp.minimum(batch["verify_row"], S - 1)  # padding rows borrow row S-1's settings; their result is unused
+    return tuple(verify(logits, batch["draft_tokens"], batch["num_draft"], batch["temperature"][row],
+                        batch["seed"][row], batch["step"][row]))
 
 
 def make_prompt_logprobs_fn(loaded):

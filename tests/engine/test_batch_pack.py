@@ -41,6 +41,12 @@ def loop_pack(seqs, bucket, page_size):
     seed = np.zeros(S, np.uint32)
     step = np.zeros(S, np.int32)
     want_logprobs = np.zeros(S, np.int32)
+    R, K = bucket.spec_rows, bucket.spec_len
+    verify_idx = np.zeros((R, K + 1), np.int32)
+    verify_row = np.full(R, S, np.int32)
+    draft_tokens = np.zeros((R, K), np.int32)
+    num_draft = np.zeros(R, np.int32)
+    n_verify = 0
     penalty_slot = np.full(S, -1, np.int32)
     presence_penalty = np.zeros(S, np.float32)
     frequency_penalty = np.zeros(S, np.float32)
@@ -78,6 +84,14 @@ def loop_pack(seqs, bucket, page_size):
         seed[i] = s.seed & 0xFFFFFFFF
         step[i] = s.step
         want_logprobs[i] = int(s.want_logprobs)
+        if s.num_spec:
+            k = s.num_spec
+            verify_idx[n_verify, :k + 1] = np.arange(b - 1 - k, b)
+            verify_idx[n_verify, k + 1:] = b - 1
+            verify_row[n_verify] = i
+            draft_tokens[n_verify, :k] = s.token_ids[n - k:]
+            num_draft[n_verify] = k
+            n_verify += 1
         penalty_slot[i] = s.penalty_slot
         presence_penalty[i] = s.presence_penalty
         frequency_penalty[i] = s.frequency_penalty
@@ -89,13 +103,15 @@ def loop_pack(seqs, bucket, page_size):
         tile_tokens=tile_tokens, tile_seq=tile_seq, tile_kv_len=tile_kv_len, sample_idx=sample_idx,
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, step=step,
         want_logprobs=want_logprobs, penalty_slot=penalty_slot, presence_penalty=presence_penalty,
-        frequency_penalty=frequency_penalty, repetition_penalty=repetition_penalty,
+        frequency_penalty=frequency_penalty, repetition_penalty=repetition_penalty, verify_idx=verify_idx,
+        verify_row=verify_row, draft_tokens=draft_tokens, num_draft=num_draft,
     )
     return arrays, offsets
 
 
 def _random_seqs(rng: random.Random, n_seqs: int, page_size: int, max_pages: int):
     seqs, next_page = [], 1
+    n_spec = [0]  # at most 4 speculating sequences (the bucket's verify rows)
     for _ in range(n_seqs):
         n = rng.choice([1, 1, 1, rng.randint(1, 40)])
         start = rng.randint(0, page_size * (max_pages - 1) - n) if rng.random() < 0.8 else 0
@@ -103,6 +119,8 @@ def _random_seqs(rng: random.Random, n_seqs: int, page_size: int, max_pages: int
         pages = rng.sample(range(1, 10_000), need + rng.randint(0, 1))
         toks = [rng.randint(0, 999) for _ in range(n)]
         prev = -1
+        num_spec = min(n - 1, rng.randint(1, 3)) if (n > 1 and rng.random() < 0.3 and n_spec[0] < 4) else 0
+        n_spec[0] += bool(num_spec)
         if rng.random() < 0.3:
             toks[-1] = -1
             prev = rng.randint(0, 7)
@@ -111,7 +129,7 @@ def _random_seqs(rng: random.Random, n_seqs: int, page_size: int, max_pages: int
                              seed=rng.getrandbits(40), step=rng.randint(0, 100), want_logprobs=rng.random() < 0.5,
                              penalty_slot=rng.choice([-1, rng.randint(0, 5)]), presence_penalty=rng.random(),
                              frequency_penalty=rng.random(), repetition_penalty=1 + rng.random(),
-                             prev_row=prev))
+                             prev_row=prev, num_spec=num_spec))
     return seqs
 
 
@@ -121,7 +139,8 @@ def test_vectorised_pack_equals_loop(seed, n_seqs, page_size):
     rng = random.Random(seed)
     max_pages = 16
     ladder = BucketLadder.build(max_num_batched_tokens=512, max_num_seqs=16, max_model_len=max_pages * page_size,
-                                page_size=page_size, query_tile=8, kv_chunk_pages=4)
+                                page_size=page_size, query_tile=8, kv_chunk_pages=4, max_spec_seqs=4,
+                                num_spec_tokens=3)
     seqs = _random_seqs(rng, n_seqs, page_size, max_pages)
     n_tok = sum(len(s.token_ids) for s in seqs)
     bucket = ladder.pick(max(n_tok, 1), max(n_seqs, 1))

@@ -1,0 +1,158 @@
+"""Decode speed with speculative decoding as a function of the acceptance rate (GPU benchmark; CPU smoke test).
+
+Random weights give no real acceptance, so acceptance is controlled. Method ("oracle drafts with agreement a"):
+plain greedy decoding first records every request's continuation; during the speculative run each draft token is
+the true next token of that continuation with probability a, independently per position, and a random other
+token otherwise. With k drafts a verification then yields (1 - a^(k+1)) / (1 - a) tokens on average (a = 0.7,
+k = 4: 2.77). Greedy speculative outputs must equal the recorded ones (checked). Draft cost:
+  none        drafts are free (host lookup only): the ceiling for a perfect, free drafter;
+  <preset>    a draft model of that shape (e.g. llama3.2-1b, random weights) runs for real — catch-up, k
+              autoregressive steps, its own KV cache — and its tokens are then replaced by the oracle's;
+  layer_skip:N  the same with the target's first N layers as the draft.
+Reported: decode tokens/s after each request's first token (as benchmarks/latency.py), speedup over plain
+decoding of the same engine settings, measured acceptance, tokens per verification.
+
+GPU (H200):  python benchmarks/spec_speed.py
+CPU smoke:   python benchmarks/spec_speed.py --model tiny-llama --drafts none tiny-llama --batch 1 2 --accept 0.7 \
+                 --new-tokens 12 --prompt-len 16
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+from benchmarks.common import write_result  # noqa: E402
+from jaxinfer import LLM, SamplingParams  # noqa: E402
+from jaxinfer.config import SpeculativeConfig  # noqa: E402
+from jaxinfer.engine.spec_control import SpecControl  # noqa: E402
+
+
+class OracleProposer:
+    """Drafts that agree with the known greedy continuation with probability `accept` per position. `inner` (a
+    model proposer or None) is run first so its cost is paid, and its KV bookkeeping follows the requests."""
+
+    def __init__(self, refs: dict, prompt_lens: dict, accept: float, vocab: int, inner=None, seed=0):
+        self.refs, self.prompt_lens, self.accept, self.vocab, self.inner = refs, prompt_lens, accept, vocab, inner
+        self.rng = np.random.default_rng(seed)
+
+    def propose(self, seqs):
+        if self.inner is not None:
+            # Run for its cost only. Its cache then holds KV of its own drafts where the oracle's were accepted;
+            # that is wrong content but the same amount of work (catch-up is one token per step either way).
+            self.inner.propose(seqs)
+        out = {}
+        for rid, tokens, k in seqs:
+            done = len(tokens) - self.prompt_lens[rid]
+            true = self.refs[rid][done:done + k]
+            agree = self.rng.random(len(true)) < self.accept
+            noise = (np.asarray(true) + 1 + self.rng.integers(0, self.vocab - 1, len(true))) % self.vocab
+            out[rid] = [int(t) if g else int(n) for t, g, n in zip(true, agree, noise)]
+        return out
+
+    def rollback(self, rid, n):
+        if self.inner is not None:
+            self.inner.rollback(rid, n)
+
+    def free(self, rid):
+        if self.inner is not None:
+            self.inner.free(rid)
+
+
+def decode_run(llm, prompts, new_tokens, tag):
+    """Returns (tokens/s after each request's first token, outputs by request id)."""
+    eng = llm.engine
+    sp = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        eng.add_request(f"{tag}-{i}", p, sp)
+    t_first, outs = None, {}
+    while eng.has_unfinished():
+        for o in eng.step():
+            if t_first is None:
+                t_first = time.perf_counter()
+            if o.finished:
+                outs[o.request_id] = o
+    dt = time.perf_counter() - t_first
+    return len(prompts) * (new_tokens - 1) / dt, outs
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="llama3-8b")
+    ap.add_argument("--drafts", nargs="+", default=["none", "llama3.2-1b"],
+                    help="'none' (free oracle drafts), a preset (draft model of that shape), or layer_skip:N")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--accept", type=float, nargs="+", default=[0.5, 0.7, 0.9])
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--num-pages", type=int, default=2048)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    a = ap.parse_args(argv)
+
+    max_batch = max(a.batch)
+    common = dict(load_format="dummy", num_pages=a.num_pages, max_model_len=a.prompt_len + a.new_tokens + 64,
+                  max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=max(max_batch, 8), progress=False)
+    t0 = time.perf_counter()
+    plain = LLM(a.model, **common)
+    # The speculative engine: verify rows for up to max_batch requests; its proposer is swapped per run below.
+    spec_llm = LLM(a.model, speculative_config=dict(method="ngram", num_speculative_tokens=a.k,
+                                                     max_batch_size=max_batch, adaptive=False), **common)
+    vocab = spec_llm.model_config.vocab_size
+    inners = {"none": None}
+    from jaxinfer.runner.draft_proposer import build_model_proposer
+
+    for d in a.drafts:
+        if d == "none":
+            continue
+        if d.startswith("layer_skip:"):
+            sc = SpeculativeConfig(method="layer_skip", num_draft_layers=int(d.split(":")[1]))
+        else:
+            sc = SpeculativeConfig(method="draft", draft_model=d, draft_load_format="dummy")
+        prop = build_model_proposer(sc, spec_llm.model, spec_llm.config, spec_llm.max_model_len, a.num_pages,
+                                    progress=False)
+        prop.warmup(progress=False)
+        inners[d] = prop
+    setup_s = time.perf_counter() - t0
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for b in a.batch:
+        prompts = [rng.integers(0, vocab, a.prompt_len).tolist() for _ in range(b)]
+        decode_run(plain, prompts, 8, f"warm{b}")  # first-use effects out of the timed run
+        base_tps, base_outs = decode_run(plain, prompts, a.new_tokens, f"plain{b}")
+        print(f"batch {b}: plain {base_tps:.1f} tok/s", flush=True)
+        rows.append(dict(batch=b, draft="plain", accept=None, tokens_per_s=round(base_tps, 2), speedup=1.0))
+        for d, inner in inners.items():
+            for acc in a.accept:
+                tag = f"s{b}-{d}-{acc}"
+                ids = [f"{tag}-{i}" for i in range(b)]
+                refs = {rid: base_outs[f"plain{b}-{i}"].outputs[0].token_ids for i, rid in enumerate(ids)}
+                proposer = OracleProposer(refs, {rid: a.prompt_len for rid in ids}, acc, vocab, inner)
+                spec_llm.engine.spec = SpecControl(proposer, a.k, max_batch, adaptive=False)
+                tps, outs = decode_run(spec_llm, prompts, a.new_tokens, tag)
+                st = spec_llm.engine.spec_stats()
+                same = all(outs[rid].outputs[0].token_ids == refs[rid] for rid in ids)
+                rows.append(dict(batch=b, draft=d, accept=acc, tokens_per_s=round(tps, 2),
+                                 speedup=round(tps / base_tps, 3), measured_acceptance=round(st["acceptance_rate"], 4),
+                                 tokens_per_verification=round(st["mean_accepted_length"], 3),
+                                 expected_tokens_per_verification=round((1 - acc ** (a.k + 1)) / (1 - acc), 3),
+                                 outputs_equal_plain=same))
+                print(f"batch {b}: draft {d} a={acc}: {tps:.1f} tok/s ({tps / base_tps:.2f}x), "
+                      f"{st['mean_accepted_length']:.2f} tok/verify, equal={same}", flush=True)
+    path = write_result("spec-speed", dict(
+        model=a.model, drafts=a.drafts, k=a.k, prompt_len=a.prompt_len, new_tokens=a.new_tokens, setup_s=round(setup_s, 1),
+        method="oracle drafts: true greedy continuation with probability a per position, else a random token; "
+               "draft models run for their cost, their tokens replaced",
+        engine=dict(common, load_format="dummy"), rows=rows))
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
