@@ -242,3 +242,13 @@ def test_speculative_config_errors_name_the_value():
                        ({"method": "draft"}, "draft_model=PATH"), ({"max_batch_size": 0}, "max_batch_size=0")):
         with pytest.raises(ConfigError, match=words):
             EngineConfig(speculative_config=bad)
+
+
+def test_penalised_requests_do_not_speculate():
+    """Verification scores drafts with the unpenalised distribution, so penalised requests must decode normally."""
+    from jaxinfer.engine.spec_control import SpecControl
+    from jaxinfer.sampling_params import SamplingParams
+
+    assert SpecControl.eligible(SamplingParams(temperature=0.0))
+    for kw in (dict(presence_penalty=0.5), dict(frequency_penalty=-0.3), dict(repetition_penalty=1.2)):
+        assert not SpecControl.eligible(SamplingParams(temperature=0.0, **kw)), kw
