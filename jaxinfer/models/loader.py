@@ -166,6 +166,8 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
     plan: a jaxinfer.parallel.ShardingPlan; every weight is then placed with the sharding its logical axes
     give, each device receiving only its own block (see `_sharded_placer`). The returned cfg is the config the
     model runs with (KV heads replicated up to tensor_parallel_size; jaxinfer/parallel.py)."""
+    if tensors is None and src.kind == "hf" and src.path is not None:
+        quantization, tensors = _prequantized(src, quantization)
     if quantization is not None and plan is not None:
         raise ValueError(
             f"quantization={quantization.name!r} with tensor_parallel_size / data_parallel_size > 1 is not supported "
@@ -219,6 +221,24 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
     leaves, treedef = jax.tree.flatten(abs_state)
     return LoadedModel(cfg, src, graphdef, leaves, treedef, jdtype, quantization=quantization, plan=plan,
                        layout=layout)
+
+
+def _prequantized(src: ModelSource, quantization):
+    """A Hugging Face directory whose config carries an AWQ / GPTQ / FP8 / compressed-tensors float8
+    quantization_config is read by models/quant_formats.py and loaded quantized as it is (QuantizedTensors, no
+    re-quantization). Returns (QuantSpec, tensor iterator), or (quantization, None) for any other checkpoint.
+    FP8 checkpoints' static input scales are not used: activations get dynamic per-token scales (W8A8)."""
+    from jaxinfer.models.quant_formats import quant_method, read_quantized_checkpoint
+
+    if quant_method(src.hf_config or {}) not in ("awq", "gptq", "fp8", "compressed-tensors"):
+        return quantization, None
+    from jaxinfer.models.quant import spec_of_tensors
+    from jaxinfer.models.quant_spec import check_checkpoint_compatible
+
+    check_checkpoint_compatible(quantization, src.hf_config, repr(src.path))
+    _, read, _ = read_quantized_checkpoint(src.path)
+    spec = spec_of_tensors(read, quantization.backend if quantization is not None else "auto")
+    return spec, iter(read.items())
 
 
 def _sharded_placer(abs_state, plan, layout, dtype):

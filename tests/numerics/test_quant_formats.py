@@ -356,3 +356,44 @@ def test_real_smollm2_gguf_layers(smollm2_gguf):
             ref = ref.T
             np.testing.assert_allclose(got.pop(name).dequantize(), ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
     assert not got
+
+
+@pytest.mark.parametrize("fmt", ["awq", "gptq"])
+def test_llm_loads_prequantized_checkpoint_as_its_dequantized_float_model(tmp_path, tiny_llama_dir, fmt):
+    """LLM(path) on an AWQ / GPTQ directory keeps the checkpoint's int4 weights: its prompt log-probs and greedy
+    tokens equal those of a float32 checkpoint holding exactly the dequantized weights (written by our packer)."""
+    from jaxinfer import LLM, SamplingParams
+
+    if fmt == "awq":
+        path, orig, want = _awq_checkpoint(tmp_path, tiny_llama_dir)
+    else:
+        path, want = _gptq_checkpoint(tmp_path, tiny_llama_dir)
+        orig, _ = _tiny_weights(tiny_llama_dir)
+    with open(os.path.join(tiny_llama_dir, "config.json")) as f:
+        cfg = json.load(f)
+    float_dir = tmp_path / "dequantized"
+    float_dir.mkdir()
+    tensors = {n: (want[n].T.astype(np.float32) if n in want else t) for n, t in orig.items()}
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(float_dir / "model.safetensors"))
+    (float_dir / "config.json").write_text(json.dumps(cfg))
+
+    kw = dict(dtype="float32", max_model_len=64, num_pages=16, warmup=False)
+    sp = SamplingParams(max_tokens=6, temperature=0.0, prompt_logprobs=0, ignore_eos=True)
+    prompt = [3, 17, 5, 99, 42, 7]
+    quant = LLM(str(path), **kw)
+    assert quant.model.quantization is not None and quant.model.quantization.method == "int4"
+    got = quant.generate([prompt], sp, use_tqdm=False)[0]
+    ref = LLM(str(float_dir), **kw).generate([prompt], sp, use_tqdm=False)[0]
+    assert got.outputs[0].token_ids == ref.outputs[0].token_ids
+    for a, b in zip(got.prompt_logprobs[1:], ref.prompt_logprobs[1:]):
+        (ta, la), = a.items()
+        (tb, lb), = b.items()
+        assert ta == tb and abs(la.logprob - lb.logprob) < 1e-4
+
+
+def test_llm_refuses_requantizing_a_prequantized_checkpoint(tmp_path, tiny_llama_dir):
+    from jaxinfer import LLM
+
+    path, _, _ = _awq_checkpoint(tmp_path, tiny_llama_dir)
+    with pytest.raises(ValueError, match="already quantized"):
+        LLM(str(path), quantization="int8", dtype="float32", max_model_len=64, num_pages=16, warmup=False)
