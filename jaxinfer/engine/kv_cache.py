@@ -242,16 +242,8 @@ class KVCacheManager:
         """
         self._num_hashed.pop(request_id, None)
         pages = self._pages.pop(request_id, None)
-        if not pages:
-            return
-        for p in reversed(pages):
-            assert self._ref[p] >= 1, f"page {p} freed with ref count {self._ref[p]}"
-            self._ref[p] -= 1
-            if self._ref[p] == 0:
-                if self._page_hash[p] is None:
-                    self._free.append(p)
-                else:
-                    self._evictable[p] = None
+        if pages:
+            self._release(pages)
 
     def truncate(self, request_id: str, num_tokens: int) -> int:
         """Shrink request_id's page list to the pages holding its first num_tokens tokens, releasing the rest
@@ -267,7 +259,13 @@ class KVCacheManager:
         released = pages[keep:]
         del pages[keep:]
         self._num_hashed[request_id] = min(self._num_hashed.get(request_id, 0), keep)
-        for p in reversed(released):
+        self._release(released)
+        return len(released)
+
+    def _release(self, pages: list[int]) -> None:
+        """Drop one reference to each page, tail first; a page reaching 0 goes to the back of the unhashed free
+        queue, or, if it holds a cached hash, to the back of the evictable LRU queue."""
+        for p in reversed(pages):
             assert self._ref[p] >= 1, f"page {p} released with ref count {self._ref[p]}"
             self._ref[p] -= 1
             if self._ref[p] == 0:
@@ -275,7 +273,6 @@ class KVCacheManager:
                     self._free.append(p)
                 else:
                     self._evictable[p] = None
-        return len(released)
 
     # ---- debugging / tests -------------------------------------------------------------------------
     def free_pages(self) -> list[int]:
