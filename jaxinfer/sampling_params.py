@@ -131,6 +131,11 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be <= max_tokens, got min_tokens={self.min_tokens} "
                              f"> max_tokens={self.max_tokens}")
 
+    @property
+    def uses_penalties(self) -> bool:
+        """Any of presence / frequency / repetition penalty away from its neutral value."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
     # ---- normalisation helpers ----------------------------------------------------------------------
     @staticmethod
     def _normalise_stop(stop: Any) -> list[str]:

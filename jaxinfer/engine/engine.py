@@ -81,10 +81,6 @@ class _Group:
     stream: bool = True  # False: step() returns this request's output only once, when it has finished
 
 
-def _uses_penalties(p: SamplingParams) -> bool:
-    return p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0
-
-
 class LLMEngine:
     def __init__(self, runner: Runner, tokenizer, *, max_num_batched_tokens: int, max_num_seqs: int,
                  max_model_len: int, eos_token_ids: set[int], vocab_size: int, seed: int = 0,
@@ -132,7 +128,7 @@ class LLMEngine:
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
-        if _uses_penalties(params) and self._penalty_slots.num_slots < max(1, params.n):
+        if params.uses_penalties and self._penalty_slots.num_slots < max(1, params.n):
             raise ValueError(f"presence/frequency/repetition penalties need a runner with a penalty table; this "
                              f"runner ({type(self.runner).__name__}) has {self._penalty_slots.num_slots} slots")
         seq_ids = [request_id if params.n == 1 else f"{request_id}#{i}" for i in range(params.n)]
@@ -233,7 +229,7 @@ class LLMEngine:
                 temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
                 seed=st.seed, step=s.output_index, want_logprobs=st.logprobs is not None, prev_row=prev_row,
                 num_spec=s.num_spec_tokens))
-            if _uses_penalties(p):
+            if p.uses_penalties:
                 self._penalty_feed(inputs[-1], st, s)
             if s.sample:
                 rows[s.request_id] = i

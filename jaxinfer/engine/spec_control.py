@@ -66,9 +66,7 @@ class SpecControl:
         the chosen tokens' log-probs), and no presence / frequency / repetition penalties."""
         if params.logprobs is not None:
             return False
-        # Penalised requests: verification scores drafts with the unpenalised distribution.
-        if (getattr(params, "presence_penalty", 0.0) or getattr(params, "frequency_penalty", 0.0)
-                or getattr(params, "repetition_penalty", 1.0) != 1.0):
+        if params.uses_penalties:  # verification scores drafts with the unpenalised distribution
             return False
         if params.temperature < _GREEDY_EPS:
             return True

@@ -28,6 +28,7 @@ class SP:
     top_k: int = -1
     top_p: float = 1.0
     min_p: float = 0.0
+    uses_penalties: bool = False
 
 
 # ---- n-gram proposer ------------------------------------------------------------------------------
