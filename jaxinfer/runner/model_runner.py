@@ -231,7 +231,7 @@ class ModelRunner:
                 a = int(batch.token_offsets[i])
                 targets[a:a + len(tgt)] = tgt
             prompt = prompt_fn(self.loaded.params, hidden, jax.device_put(targets, self._replicated))
-        want_top = any(s.want_logprobs for s in seqs)
+        want_top = bool(batch.arrays["want_logprobs"].any())  # packed already: no second pass over seqs
         spec_seqs = [i for i, s in enumerate(seqs) if s.num_spec]  # verify row r holds sequence spec_seqs[r]
         return InFlight(out, prompt, dict(prompt_logprob_targets or {}), batch.token_offsets, len(seqs), want_top,
                         spec_seqs)
