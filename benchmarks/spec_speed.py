@@ -123,6 +123,14 @@ def main(argv=None):
 
     rng = np.random.default_rng(0)
     rows = []
+
+    def save():  # after every batch: a run cut by a time limit keeps what it measured
+        return write_result("spec-speed", dict(
+            model=a.model, drafts=a.drafts, k=a.k, prompt_len=a.prompt_len, new_tokens=a.new_tokens, setup_s=round(setup_s, 1),
+            method="oracle drafts: true greedy continuation with probability a per position, else a random token; "
+                   "draft models run for their cost, their tokens replaced",
+            engine=dict(common, load_format="dummy"), rows=rows))
+
     for b in a.batch:
         prompts = [rng.integers(0, vocab, a.prompt_len).tolist() for _ in range(b)]
         decode_run(plain, prompts, 8, f"warm{b}")  # first-use effects out of the timed run
@@ -146,11 +154,7 @@ def main(argv=None):
                                  outputs_equal_plain=same))
                 print(f"batch {b}: draft {d} a={acc}: {tps:.1f} tok/s ({tps / base_tps:.2f}x), "
                       f"{st['mean_accepted_length']:.2f} tok/verify, equal={same}", flush=True)
-    path = write_result("spec-speed", dict(
-        model=a.model, drafts=a.drafts, k=a.k, prompt_len=a.prompt_len, new_tokens=a.new_tokens, setup_s=round(setup_s, 1),
-        method="oracle drafts: true greedy continuation with probability a per position, else a random token; "
-               "draft models run for their cost, their tokens replaced",
-        engine=dict(common, load_format="dummy"), rows=rows))
+        path = save()
     print("wrote", path)
 
 

@@ -12,6 +12,12 @@ buckets, and reports
   * the device-only step time (compiled step called back to back) and the engine's decode tok/s.
 
   python benchmarks/probes/command_buffers.py [--variants default off all] [--out DIR]
+
+--sweep instead compiles the decode step of each batch bucket twice in one process, with XLA's default command
+buffers and with none (per-executable `compile(compiler_options=...)`), and times each back to back at a fixed
+context (device-only step time), to see for which buckets the CUDA graphs pay:
+
+  python benchmarks/probes/command_buffers.py --sweep [--batch 1 8 32 64 128 256] [--context 512]
 """
 from __future__ import annotations
 
@@ -82,14 +88,66 @@ def child(out_dir: str, variant: str, model: str):
         json.dump(res, f, indent=2)
 
 
+def sweep(model: str, batches: list[int], ctx: int, out_dir: str):
+    sys.path.insert(0, ROOT)
+    import jax
+
+    from benchmarks.common import write_result
+    from jaxinfer import LLM
+    from jaxinfer.runner.batch import SeqInput, pack
+
+    llm = LLM(model, load_format="dummy", max_model_len=ctx + 64, max_num_batched_tokens=max(256, max(batches)),
+              max_num_seqs=max(batches), num_pages=max(batches) * (ctx // 16 + 2) + 2, warmup=False, progress=False)
+    r = llm.runner
+    variants = {"default": None, "off": {"xla_gpu_enable_command_buffer": ""}}
+    rows = []
+    for b in batches:
+        per = ctx // r.page_size + 1
+        seqs = [SeqInput(token_ids=[1], start_pos=ctx, page_table=list(range(1 + i * per, 1 + (i + 1) * per)))
+                for i in range(b)]
+        hb = pack(seqs, r.ladder.pick(b, b), r.page_size)
+        ints, floats = jax.device_put(hb.flat())
+        spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731
+        row = dict(batch=b, bucket=str(hb.bucket), context=ctx)
+        for name, opts in variants.items():
+            lowered = r._step.lower(r.loaded.params, r.kv_caches, spec(ints), spec(floats), r._no_prev,
+                                    r.penalty_table, bucket=hb.bucket)
+            step = lowered.compile() if opts is None else lowered.compile(compiler_options=opts)
+            if name == "default" and b == batches[0]:
+                dump = lowered.compile(compiler_options={"xla_dump_to": os.path.join(out_dir, "dump"),
+                                                         "xla_dump_hlo_as_text": True})
+                del dump
+            for _ in range(3):
+                out, _ = r.run_compiled(step, ints, floats)
+            jax.block_until_ready(out)
+            ts = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(10):
+                    out, _ = r.run_compiled(step, ints, floats)
+                jax.block_until_ready(out)
+                ts.append((time.perf_counter() - t0) / 10)
+            row[f"{name}_ms"] = 1e3 * sorted(ts)[len(ts) // 2]
+        row["off_over_default"] = row["off_ms"] / row["default_ms"]
+        rows.append(row)
+        print(f"batch {b:4d} {row['bucket']}: command buffers {row['default_ms']:.2f} ms, none {row['off_ms']:.2f} ms "
+              f"(none/default {row['off_over_default']:.2f})", flush=True)
+    print("wrote", write_result("command-buffer-sweep", dict(model=f"{model} dummy bf16", rows=rows)))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/command_buffers"))
     ap.add_argument("--model", default="llama3-8b", help="a preset (random weights) or a path")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
+    ap.add_argument("--context", type=int, default=512)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
+    if a.sweep:
+        return sweep(a.model, a.batch, a.context, a.out)
     if a.child:
         return child(a.out, a.child, a.model)
     results = []
