@@ -170,3 +170,25 @@ def test_dummy_weights_quantize_the_sharded_float_weights():
         np.testing.assert_array_equal(np.asarray(got.scale[...]), want.scale)
         assert got.q[...].sharding.is_equivalent_to(w[...].sharding, 2)
         assert {s.data.shape[0] * s.data.shape[1] for s in got.q[...].addressable_shards} == {w[...].size // 2}
+
+
+def test_orbax_float_checkpoint_quantized_at_tp4_equals_safetensors_path(few_kv16_dir, tmp_path):
+    """An orbax float checkpoint (canonical layout) quantized on load at TP=4 holds the same sharded leaves as
+    the safetensors checkpoint quantized on load at TP=4 (load only, nothing compiled for a step)."""
+    from flax import nnx
+
+    from jaxinfer.checkpoint import save_checkpoint
+    from jaxinfer.models.loader import load_model, resolve_model
+    from jaxinfer.models.quant_spec import parse_quantization
+
+    src = resolve_model(few_kv16_dir)
+    flt = load_model(src, progress=False)
+    save_checkpoint(str(tmp_path / "orbax"), nnx.to_pure_dict(jax.tree.unflatten(flt.treedef, flt.params)),
+                    src.hf_config, None)
+    spec, plan = parse_quantization("int4-g32-asym"), make_plans(4)[0]
+    want = load_model(src, progress=False, quantization=spec, plan=plan)
+    got = load_model(resolve_model(str(tmp_path / "orbax")), progress=False, quantization=spec, plan=plan)
+    assert got.source.kind == "orbax" and len(got.params) == len(want.params)
+    for a, b in zip(got.params, want.params):
+        assert a.sharding.is_equivalent_to(b.sharding, a.ndim)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
