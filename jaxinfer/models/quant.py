@@ -269,7 +269,7 @@ def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None, t
         K, N = lin.w.shape
         axes = tuple(lin.w.get_metadata().get("logical_axes") or (None, None))
         if spec.method == "int4" and tp > 1:
-            _check_groups_per_shard(name, K, axes[0], spec.group_size, tp)
+            _check_groups_per_shard(name, K, axes[0], spec.group_size, tp, "" if spec.symmetric else "-asym")
         return QuantLinear(K, N, bias=lin.b is not None, dtype=dtype, spec=spec, backend=backend, name=name,
                            axes=axes)
 
@@ -286,7 +286,7 @@ def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None, t
     return model
 
 
-def _check_groups_per_shard(name: str, K: int, in_axis, group_size: int, tp: int):
+def _check_groups_per_shard(name: str, K: int, in_axis, group_size: int, tp: int, suffix: str = ""):
     """A row-parallel int4 weight gives each device K / tp input rows: they must hold whole groups."""
     from jaxinfer.parallel import RULES
 
@@ -297,7 +297,7 @@ def _check_groups_per_shard(name: str, K: int, in_axis, group_size: int, tp: int
     raise QuantizationError(
         f"{name}: int4 group size {group_size} straddles tensor-parallel shards: tensor_parallel_size={tp} "
         f"gives each device {K // tp} of its {K} input rows, not a multiple of {group_size}; "
-        + (f"use a group size dividing {K // tp} (quantization='int4-g{groups[-1]}')" if groups
+        + (f"use a group size dividing {K // tp} (quantization='int4-g{groups[-1]}{suffix}')" if groups
            else f"no int4 group size (32, 64, 128) divides {K // tp}; use int8 or fp8")
         + (f", or tensor_parallel_size in {sizes}" if sizes else ""))
 
