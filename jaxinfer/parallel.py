@@ -11,7 +11,10 @@ Logical axes. Each weight declares names for its dimensions where it is created 
   column parallel (split the output): fused QKV ("qkv"), fused gate/up ("mlp")      -> no communication
   row parallel (split the input):     o ("heads"), down ("mlp")                     -> XLA all-reduces [T, hidden]
   vocab parallel: embedding rows and LM-head columns ("vocab")                      -> masked gather + all-reduce
-KV cache: [pages, page, kv_heads, head_dim] split on "kv_heads"; attention runs per shard (shard_map).
+KV cache: [pages, page, kv_heads, head_dim] split on "kv_heads" (a quantized cache's per-token scales
+[pages, page, kv_heads] too); attention runs per shard (shard_map).
+Quantized layers (models/quant.py QuantLinear) give q / scale / offset the logical axes of the float weight
+they replace, so these rules split them the same way (int4 groups must not straddle a row-parallel split).
 
 Layouts (applied once at load; see `relayout_for_tp` and its inverse `canonical_layout`):
   * fused QKV is grouped per KV head, [q.. k v] per group, so splitting its columns in tp equal parts hands each

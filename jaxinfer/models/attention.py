@@ -52,6 +52,8 @@ def paged_attention(q, k, v, k_pages, v_pages, md: AttentionMetadata, opts: Atte
     if opts.mesh is None:
         return _paged_attention_local(q, k, v, k_pages, v_pages, md, opts, sm_scale, sliding_window)
     heads, pages = P(None, "model", None), P(None, None, "model", None)
+    if isinstance(k_pages, QuantizedPages):  # data [pages, page, kv_heads, head_dim], scale [pages, page, kv_heads]
+        pages = QuantizedPages(pages, P(None, None, "model"))
     local = lambda *a: _paged_attention_local(*a, opts._replace(mesh=None), sm_scale, sliding_window)  # noqa: E731
     return jax.shard_map(local, mesh=opts.mesh, in_specs=(heads, heads, heads, pages, pages, P()),
                          out_specs=(heads, pages, pages), check_vma=False)(q, k, v, k_pages, v_pages, md)

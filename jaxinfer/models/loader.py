@@ -168,10 +168,6 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
     model runs with (KV heads replicated up to tensor_parallel_size; jaxinfer/parallel.py)."""
     if tensors is None and src.kind == "hf" and src.path is not None:
         quantization, tensors = _prequantized(src, quantization)
-    if quantization is not None and plan is not None:
-        raise ValueError(
-            f"quantization={quantization.name!r} with tensor_parallel_size / data_parallel_size > 1 is not supported "
-            "yet (quantized layers do not declare sharding axes); use one device, or load the float model")
     hf_cfg = ModelConfig.from_hf(src.hf_config)
     cfg, layout, blocks = hf_cfg, None, 1
     if plan is not None and plan.tp > 1:
@@ -187,13 +183,16 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
 
         if tensors is None:
             check_checkpoint_compatible(quantization, src.hf_config, repr(src.path or src.name))
-        quantizer = Quantizer(cfg, quantization, jdtype)
-        float_state = nnx.split(nnx.eval_shape(lambda: LlamaForCausalLM(cfg, jdtype)))[1]
-        abstract = nnx.eval_shape(lambda: quantize_module(LlamaForCausalLM(cfg, jdtype), quantization, jdtype))
+        float_state = nnx.split(nnx.eval_shape(lambda: LlamaForCausalLM(cfg, jdtype, mlp_blocks=blocks)))[1]
+        tp = 1 if plan is None else plan.tp
+        abstract = nnx.eval_shape(lambda: quantize_module(LlamaForCausalLM(cfg, jdtype, mlp_blocks=blocks),
+                                                          quantization, jdtype, tp=tp))
     else:
         abstract = nnx.eval_shape(lambda: LlamaForCausalLM(cfg, jdtype, mlp_blocks=blocks))
     graphdef, abs_state = nnx.split(abstract)
     place = None if plan is None else _sharded_placer(abs_state, plan, layout, jdtype)
+    if quantization is not None:
+        quantizer = Quantizer(cfg, quantization, jdtype, place)
     if tensors is not None:
         pure = _assemble(hf_cfg, tensors, jdtype, progress=progress, desc=f"loading {src.name}", quantizer=quantizer,
                          place=place)
@@ -202,7 +201,10 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
         from jaxinfer.checkpoint import restore_checkpoint
 
         if quantizer is not None:  # float checkpoint restored whole, then quantized weight by weight
-            flat = _flatten(restore_checkpoint(src.path, nnx.to_pure_dict(float_state)))
+            canonical = nnx.split(nnx.eval_shape(lambda: LlamaForCausalLM(hf_cfg, jdtype)))[1]
+            flat = _flatten(restore_checkpoint(src.path, nnx.to_pure_dict(canonical)))
+            if place is not None:  # on the host in the canonical layout: the quantizer re-lays out and splits it
+                flat = {p: np.asarray(a) for p, a in flat.items()}
             pure = _unflatten({k: v for p, a in flat.items() for k, v in quantizer.put(p, a).items()})
         else:
             canonical = nnx.split(nnx.eval_shape(lambda: LlamaForCausalLM(hf_cfg, jdtype)))[1]
@@ -258,6 +260,7 @@ def _sharded_placer(abs_state, plan, layout, dtype):
         return jax.make_array_from_callback(host.shape, shardings[path], lambda index: host[index])
 
     place.shardings = shardings
+    place.layout = layout
     return place
 
 
@@ -270,11 +273,12 @@ def _random_weights(abs_state, seed: int, quantizer=None, shardings: dict | None
     key = jax.random.key(seed)
     out = {}
     for i, (path, leaf) in enumerate(sorted(flat.items(), key=lambda kv: str(kv[0]))):
-        sharding = None if shardings is None else shardings[path]
+        sharding = None if shardings is None else shardings.get(path)
         if "norm" in str(path[-2] if len(path) > 1 else path[-1]):
             out[path] = jax.device_put(np.ones(leaf.shape, leaf.dtype), sharding)
-        elif quantizer is not None:
-            out.update(quantizer.put(path, _normal(jax.random.fold_in(key, i), leaf.shape, leaf.dtype)))
+        elif quantizer is not None:  # generated already split like the float weight, then quantized per device
+            out.update(quantizer.put(path, _normal(jax.random.fold_in(key, i), leaf.shape, leaf.dtype,
+                                                   quantizer.input_sharding(path))))
         else:
             out[path] = _normal(jax.random.fold_in(key, i), leaf.shape, leaf.dtype, sharding)
     return _unflatten(out)

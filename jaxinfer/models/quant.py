@@ -13,6 +13,17 @@ the decoder projections (and the LM head when asked). Embeddings and norms stay 
 
 Which matmul runs is fixed when the module is built (a static attribute, so the split-once-at-load graph
 carries it): the Pallas kernel on GPU for int8/int4, XLA's fp8 dot for fp8, the jnp reference on CPU.
+
+Tensor parallelism (jaxinfer/parallel.py). Every leaf of a QuantLinear declares the logical axes of the float
+weight it replaces, so the one RULES table splits q / scale / offset exactly like the float weight: column-
+parallel layers (qkv, gate_up) split the output columns (q, scale, offset and bias alike), row-parallel ones
+(o, down) split the input rows (q's rows, int4's groups; per-channel scales stay whole). int4 packs two rows of
+the same group per byte (reference.pack_int4), so a row split at a group boundary splits the packed rows too;
+`quantize_module` refuses a group size that would straddle two devices. Under tensor parallelism the Pallas
+kernels are NOT used: the layers run the XLA path (dequantize + dot), which XLA's SPMD partitioner splits like
+the float matmul (column-parallel: local; row-parallel: partial sums all-reduced), while a pallas_call would be
+gathered whole onto every device. (A per-shard shard_map of the kernel would need each replica's mesh inside
+the module, which data-parallel replicas sharing one graphdef cannot carry.)
 """
 from __future__ import annotations
 
@@ -107,22 +118,52 @@ def _device_leaves(q, scale, zero, *, method: str, group_size: int | None, dtype
     return {"q": packed, "scale": scale.astype(dtype), "offset": offset.astype(dtype)}
 
 
-def quantized_leaves(w, spec: QuantSpec, dtype) -> dict[str, jax.Array]:
-    """Float weight [in, out] (numpy or device array) -> the QuantLinear leaves, quantized on the device."""
+@functools.lru_cache(maxsize=None)
+def _sharded_leaves_fn(rtn: bool, method: str, group_size: int | None, symmetric: bool, dtype, shardings: tuple):
+    """A jitted (w) -> leaves (rtn) or (q, scale, zero) -> leaves whose outputs land in `shardings` (a tuple of
+    (leaf name, NamedSharding)): from sharded inputs each device computes only its own block of every leaf.
+    Cached per layer kind, so a model compiles one program per distinct projection shape, as without TP."""
+
+    def fn(*args):
+        if rtn:
+            args = _rtn(args[0], method=method, group_size=group_size, symmetric=symmetric)
+        return _device_leaves(*args, method=method, group_size=group_size, dtype=dtype)
+
+    return jax.jit(fn, out_shardings=dict(shardings))
+
+
+def quantized_leaves(w, spec: QuantSpec, dtype, shardings: dict | None = None) -> dict[str, jax.Array]:
+    """Float weight [in, out] (numpy or device array) -> the QuantLinear leaves, quantized on the device.
+    shardings (leaf name -> NamedSharding): w is a jax.Array already split like the float weight (see
+    `Quantizer`) and the leaves come out split by their logical axes (a row-parallel weight's per-channel amax
+    is the only cross-device step: an all-reduce of [out])."""
     _check_rtn_args(np.shape(w), spec.method, spec.group_size)
+    if shardings is not None:
+        fn = _sharded_leaves_fn(True, spec.method, spec.group_size, spec.symmetric, dtype,
+                                tuple(sorted(shardings.items())))
+        return fn(w)
     q, scale, zero = _rtn(jnp.asarray(w), method=spec.method, group_size=spec.group_size,
                           symmetric=spec.symmetric)
     return _device_leaves(q, scale, zero, method=spec.method, group_size=spec.group_size, dtype=dtype)
 
 
-def tensor_leaves(qt: QuantizedTensor, dtype) -> dict[str, jax.Array]:
-    """A QuantizedTensor (RTN or a checkpoint reader) -> the QuantLinear leaves on the device."""
+def tensor_leaves(qt: QuantizedTensor, dtype, shardings: dict | None = None, in_shardings=None) -> dict[str, jax.Array]:
+    """A QuantizedTensor (RTN or a checkpoint reader) -> the QuantLinear leaves on the device.
+    shardings (leaf name -> NamedSharding) with in_shardings (the NamedShardings of qt's q [in, out] and of its
+    scale / zero): each device is sent only its block of q, scale and zero (host -> device), then converts it."""
     if qt.kind == "int4":
         lo, hi = (-8, 7) if qt.zero is None else (0, 15)
         if qt.q.size and (qt.q.min() < lo or qt.q.max() > hi):
             raise QuantizationError(
                 f"int4 values must lie in [{lo}, {hi}] ({'symmetric' if qt.zero is None else 'with zero points'}),"
                 f" got [{qt.q.min()}, {qt.q.max()}]")
+    if shardings is not None:
+        q_sharding, scale_sharding = in_shardings
+        put = lambda a, sh: jax.make_array_from_callback(a.shape, sh, lambda idx: a[idx])  # noqa: E731
+        args = (put(qt.q, q_sharding), put(qt.scale, scale_sharding),
+                None if qt.zero is None else put(qt.zero, scale_sharding))
+        fn = _sharded_leaves_fn(False, qt.kind, qt.group_size, True, dtype, tuple(sorted(shardings.items())))
+        return fn(*args)
     zero = None if qt.zero is None else jnp.asarray(qt.zero)
     return _device_leaves(jnp.asarray(qt.q), jnp.asarray(qt.scale), zero, method=qt.kind,
                           group_size=qt.group_size, dtype=dtype)
@@ -146,12 +187,15 @@ class QuantLinear(nnx.Module):
     """y = x @ dequantize(W) (+ b), W quantized in one of the layouts of quantized_matmul/reference.py.
 
     Leaves: q (int8 [in, out] | packed uint8 [in/2, out] | e4m3 [out, in]), scale, offset (int4 only), b.
-    `backend` is static: 'reference' | 'xla' | 'pallas' | 'pallas-interpret'."""
+    `backend` is static: 'reference' | 'xla' | 'pallas' | 'pallas-interpret'.
+    axes: logical names of (in, out) of the float weight (layers.Linear); every leaf carries them on its
+    matching dimensions (int4's group dimension counts as `in`), so jaxinfer.parallel shards it likewise."""
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool, dtype, spec: QuantSpec, backend: str,
-                 name: str = "linear"):
+                 name: str = "linear", axes=(None, None)):
         _check_rtn_args((in_features, out_features), spec.method, spec.group_size, name)
         K, N = in_features, out_features
+        ax_in, ax_out = axes
         self.method = spec.method
         self.group_size = spec.group_size
         if backend.startswith("pallas") and not qmm_kernel.supports(spec.method, K, N, spec.group_size):
@@ -159,19 +203,19 @@ class QuantLinear(nnx.Module):
             backend = "xla" if backend == "pallas" else "reference"
         self.backend = backend
         if spec.method == "int8":
-            self.q = nnx.Param(jnp.zeros((K, N), jnp.int8))
-            self.scale = nnx.Param(jnp.zeros((N,), jnp.float32))
+            self.q = nnx.Param(jnp.zeros((K, N), jnp.int8), logical_axes=(ax_in, ax_out))
+            self.scale = nnx.Param(jnp.zeros((N,), jnp.float32), logical_axes=(ax_out,))
             self.offset = None
         elif spec.method == "int4":
             G = K // spec.group_size
-            self.q = nnx.Param(jnp.zeros((K // 2, N), jnp.uint8))
-            self.scale = nnx.Param(jnp.zeros((G, N), dtype))
-            self.offset = nnx.Param(jnp.zeros((G, N), dtype))
+            self.q = nnx.Param(jnp.zeros((K // 2, N), jnp.uint8), logical_axes=(ax_in, ax_out))
+            self.scale = nnx.Param(jnp.zeros((G, N), dtype), logical_axes=(ax_in, ax_out))
+            self.offset = nnx.Param(jnp.zeros((G, N), dtype), logical_axes=(ax_in, ax_out))
         else:
-            self.q = nnx.Param(jnp.zeros((N, K), qmm_ref.FP8))
-            self.scale = nnx.Param(jnp.zeros((N,), jnp.float32))
+            self.q = nnx.Param(jnp.zeros((N, K), qmm_ref.FP8), logical_axes=(ax_out, ax_in))
+            self.scale = nnx.Param(jnp.zeros((N,), jnp.float32), logical_axes=(ax_out,))
             self.offset = None
-        self.b = nnx.Param(jnp.zeros((N,), dtype)) if bias else None
+        self.b = nnx.Param(jnp.zeros((N,), dtype), logical_axes=(ax_out,)) if bias else None
 
     def __call__(self, x, preferred_element_type=None):
         y = quantized_matmul(x, self.method, self.q[...], self.scale[...],
@@ -211,14 +255,23 @@ def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, 
                                   interpret=interpret)
 
 
-def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None):
+def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None, tp: int = 1):
     """Replace the decoder projections (and the LM head if spec.lm_head) of a LlamaForCausalLM by QuantLinears
-    of the same shapes, in place. Run inside nnx.eval_shape at load: nothing is allocated."""
+    of the same shapes and logical axes, in place. Run inside nnx.eval_shape at load: nothing is allocated.
+    tp: the tensor-parallel degree: the Pallas backends become the XLA path (module docstring), and int4 groups
+    must not straddle the devices of a row-parallel layer (QuantizationError otherwise)."""
     backend = backend or resolve_backend(spec)
+    if tp > 1 and backend.startswith("pallas"):
+        log.info("tensor_parallel_size=%d: quantized layers use the XLA matmul, not the Pallas kernel", tp)
+        backend = "xla"
 
     def swap(lin: Linear, name: str) -> QuantLinear:
         K, N = lin.w.shape
-        return QuantLinear(K, N, bias=lin.b is not None, dtype=dtype, spec=spec, backend=backend, name=name)
+        axes = tuple(lin.w.get_metadata().get("logical_axes") or (None, None))
+        if spec.method == "int4" and tp > 1:
+            _check_groups_per_shard(name, K, axes[0], spec.group_size, tp, "" if spec.symmetric else "-asym")
+        return QuantLinear(K, N, bias=lin.b is not None, dtype=dtype, spec=spec, backend=backend, name=name,
+                           axes=axes)
 
     for i, layer in enumerate(model.layers):
         for parent, attr in LAYER_LINEARS:
@@ -231,6 +284,22 @@ def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None):
                 " drop quantize_lm_head")
         model.lm_head = swap(model.lm_head, "lm_head")
     return model
+
+
+def _check_groups_per_shard(name: str, K: int, in_axis, group_size: int, tp: int, suffix: str = ""):
+    """A row-parallel int4 weight gives each device K / tp input rows: they must hold whole groups."""
+    from jaxinfer.parallel import RULES
+
+    if in_axis is None or RULES.get(in_axis) is None or K % tp or (K // tp) % group_size == 0:
+        return
+    groups = [g for g in (32, 64, 128) if (K // tp) % g == 0]
+    sizes = [d for d in range(1, K + 1) if K % d == 0 and (K // d) % group_size == 0 and d < tp]
+    raise QuantizationError(
+        f"{name}: int4 group size {group_size} straddles tensor-parallel shards: tensor_parallel_size={tp} "
+        f"gives each device {K // tp} of its {K} input rows, not a multiple of {group_size}; "
+        + (f"use a group size dividing {K // tp} (quantization='int4-g{groups[-1]}{suffix}')" if groups
+           else f"no int4 group size (32, 64, 128) divides {K // tp}; use int8 or fp8")
+        + (f", or tensor_parallel_size in {sizes}" if sizes else ""))
 
 
 def quantized_module_paths(cfg, spec: QuantSpec) -> set[tuple]:
@@ -246,25 +315,58 @@ class Quantizer:
 
     A float weight at '<quantized module>/w' is RTN-quantized on the device; a QuantizedTensor there is moved to
     the device as is; everything else (embeddings, norms, biases, unquantized heads) is cast to the model dtype.
+
+    place: the loader's sharded placer (tensor / data parallelism; None: one device). Host values (numpy,
+    QuantizedTensor) are then in the canonical layout: re-laid out for TP (jaxinfer.parallel), and each device
+    is sent only its block, which it quantizes / converts itself. Device values (jax.Array: dummy weights,
+    generated in `input_sharding(path)`) are taken as already in the run layout.
     """
 
-    def __init__(self, cfg, spec: QuantSpec, dtype):
-        self.spec, self.dtype = spec, dtype
+    def __init__(self, cfg, spec: QuantSpec, dtype, place=None):
+        self.spec, self.dtype, self.place = spec, dtype, place
         self.modules = quantized_module_paths(cfg, spec)
+
+    def _leaf_shardings(self, module: tuple) -> dict:
+        return {k: s for k in ("q", "scale", "offset") if (s := self.place.shardings.get(module + (k,))) is not None}
+
+    def input_sharding(self, path: tuple):
+        """The sharding the float value at `path` has before `put` (None without a plan): a quantized module's
+        float weight [in, out] is split like its q (fp8's q is [out, in]: reversed)."""
+        if self.place is None:
+            return None
+        module, leaf = path[:-1], path[-1]
+        if module in self.modules and leaf == "w":
+            q = self.place.shardings[module + ("q",)]
+            return q if self.spec.method != "fp8" else type(q)(q.mesh, type(q.spec)(*tuple(q.spec)[::-1]))
+        return self.place.shardings[path]
 
     def put(self, path: tuple, value) -> dict[tuple, Any]:
         module, leaf = path[:-1], path[-1]
         name = "/".join(map(str, path))
+        place = self.place
         if module in self.modules and leaf == "w":
+            shardings = None if place is None else self._leaf_shardings(module)
             if isinstance(value, QuantizedTensor):
                 if (value.kind, value.group_size if value.kind == "int4" else None) != (
                         self.spec.method, self.spec.group_size):
                     raise QuantizationError(
                         f"{name}: checkpoint tensor is {value.kind} (group {value.group_size}) but the model is "
                         f"being built as {self.spec.name}")
-                leaves = tensor_leaves(value, self.dtype)
+                in_shardings = None
+                if place is not None:
+                    from jaxinfer.parallel import relayout_quantized_for_tp
+
+                    value = relayout_quantized_for_tp(path, value, place.layout)
+                    in_shardings = (self.input_sharding(path), shardings["scale"])  # qt.q is [in, out]
+                leaves = tensor_leaves(value, self.dtype, shardings, in_shardings)
             else:
-                leaves = quantized_leaves(value, self.spec, self.dtype)
+                if place is not None and not isinstance(value, jax.Array):
+                    from jaxinfer.parallel import relayout_for_tp
+
+                    host = relayout_for_tp(path, np.asarray(value), place.layout)
+                    value = jax.make_array_from_callback(host.shape, self.input_sharding(path),
+                                                         lambda idx: host[idx])
+                leaves = quantized_leaves(value, self.spec, self.dtype, shardings)
             return {module + (k,): v for k, v in leaves.items()}
         if isinstance(value, QuantizedTensor):
             raise QuantizationError(
@@ -272,6 +374,8 @@ class Quantizer:
                 + ("; pass quantize_lm_head=True" if module == ("lm_head",) else ""))
         if isinstance(value, jax.Array):
             return {path: value.astype(self.dtype)}
+        if place is not None:
+            return {path: place(path, value)}
         return {path: jax.device_put(np.asarray(value).astype(self.dtype))}
 
 

@@ -79,9 +79,6 @@ class ModelRunner:
         kind = config.kv_cache_dtype  # "auto" | "fp8" | "int8"
         # The storage dtype; part of the prefix-cache hash (engine.py extra_key).
         self.kv_dtype = loaded.dtype if kind == "auto" else kv_quant.storage_dtype(kind)
-        if kind != "auto" and plan is not None:
-            raise ValueError(f"kv_cache_dtype={kind!r} with tensor_parallel_size / data_parallel_size > 1 is not "
-                             "supported yet; use kv_cache_dtype='auto' or one device")
         self.num_pages = num_pages or config.num_pages or self._pages_from_budget()
         shape = (self.num_pages, self.page_size, cfg.num_kv_heads, cfg.head_dim)
         kv_sharding = None
@@ -89,6 +86,8 @@ class ModelRunner:
             from jaxinfer.parallel import KV_CACHE_AXES
 
             kv_sharding = plan.sharding(KV_CACHE_AXES, shape)
+            if kind != "auto":  # quantized pages: the per-token scales [pages, page, kv_heads] split likewise
+                kv_sharding = kv_quant.QuantizedPages(kv_sharding, plan.sharding(KV_CACHE_AXES[:-1], shape[:-1]))
         # Zero-filled: attention masks unwritten slots by weight, and 0 * NaN would still poison the sum.
         zeros = jax.jit(lambda: kv_quant.empty_pages(kind, shape, loaded.dtype), out_shardings=kv_sharding)
         self.kv_caches = [(zeros(), zeros()) for _ in range(cfg.num_layers)]

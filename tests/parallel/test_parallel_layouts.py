@@ -119,22 +119,6 @@ def test_quantized_weights_take_the_same_layout(kind, leaf):
     np.testing.assert_array_equal(got.dequantize(), relayout_for_tp(path, qt.dequantize(), lay))
 
 
-def test_quantization_with_tensor_parallelism_is_a_clear_error():
-    from jaxinfer import LLM
-
-    with pytest.raises(ValueError, match="quantization='int8' with tensor_parallel_size"):
-        LLM("tiny-llama", load_format="dummy", quantization="int8", tensor_parallel_size=2, max_model_len=64,
-            num_pages=8, warmup=False)
-
-
-def test_quantized_kv_cache_with_tensor_parallelism_is_a_clear_error():
-    from jaxinfer import LLM
-
-    with pytest.raises(ValueError, match="kv_cache_dtype='fp8' with tensor_parallel_size"):
-        LLM("tiny-llama", load_format="dummy", kv_cache_dtype="fp8", tensor_parallel_size=2, max_model_len=64,
-            num_pages=8, warmup=False)
-
-
 def test_speculation_with_tensor_parallelism_is_a_clear_error():
     with pytest.raises(ConfigError, match="speculative_config with tensor_parallel_size"):
         EngineConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 2}, tensor_parallel_size=2)

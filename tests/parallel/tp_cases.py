@@ -12,8 +12,8 @@ def save_tiny(path, seed, **shape):
 
     torch.manual_seed(seed)
     # initializer_range=0.3: peaked logits, so greedy decoding has no near-ties that rounding could flip.
-    cfg = tf.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         max_position_embeddings=1024, initializer_range=0.3, bos_token_id=1, eos_token_id=2,
-                         **shape)
+    cfg = tf.LlamaConfig(**{**dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   max_position_embeddings=1024, initializer_range=0.3, bos_token_id=1,
+                                   eos_token_id=2), **shape})
     tf.LlamaForCausalLM(cfg).float().eval().save_pretrained(path)
     return str(path)
