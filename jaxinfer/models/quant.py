@@ -213,7 +213,8 @@ def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, 
 
 def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None):
     """Replace the decoder projections (and the LM head if spec.lm_head) of a LlamaForCausalLM by QuantLinears
-    of the same shapes, in place. Run inside nnx.eval_shape at load: nothing is allocated."""
+    of the same shapes, in place, except those in spec.float_modules. Run inside nnx.eval_shape at load: nothing
+    is allocated."""
     backend = backend or resolve_backend(spec)
 
     def swap(lin: Linear, name: str) -> QuantLinear:
@@ -222,6 +223,8 @@ def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None):
 
     for i, layer in enumerate(model.layers):
         for parent, attr in LAYER_LINEARS:
+            if ("layers", i, parent, attr) in spec.float_modules:  # e.g. a GGUF layer whose type is not kept
+                continue
             owner = getattr(layer, parent)
             setattr(owner, attr, swap(getattr(owner, attr), f"layers.{i}.{parent}.{attr}"))
     if spec.lm_head:
@@ -235,7 +238,7 @@ def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None):
 
 def quantized_module_paths(cfg, spec: QuantSpec) -> set[tuple]:
     """Paths (in the nnx pure dict) of the QuantLinear modules: ('layers', i, 'attn', 'qkv'), ..., ('lm_head',)."""
-    paths = {("layers", i) + p for i in range(cfg.num_layers) for p in LAYER_LINEARS}
+    paths = {("layers", i) + p for i in range(cfg.num_layers) for p in LAYER_LINEARS} - spec.float_modules
     if spec.lm_head:
         paths.add(("lm_head",))
     return paths
