@@ -26,7 +26,6 @@ from jaxinfer.models.quant_tensor import QuantizedTensor
 from pallas_kernels.quantized_matmul.reference import dequantize_int4
 
 HIDDEN, INTER, VOCAB, HEADS, KV_HEADS = 64, 128, 128, 4, 2
-HEAD_DIM = HIDDEN // HEADS
 # Per layer: GGUF type of q, k, v, o, gate, up, down.
 LAYER_TYPES = [
     dict(attn_q=QT.Q4_0, attn_k=QT.Q4_0, attn_v=QT.Q4_0, attn_output=QT.Q4_1, ffn_gate=QT.Q4_0, ffn_up=QT.Q4_1,
@@ -40,9 +39,12 @@ FLOAT = {("layers", 0, "mlp", "down"), ("layers", 1, "attn", "qkv")}
 HF_NAMES = dict(attn_q="self_attn.q_proj.weight", attn_k="self_attn.k_proj.weight", attn_v="self_attn.v_proj.weight",
                 attn_output="self_attn.o_proj.weight", ffn_gate="mlp.gate_proj.weight", ffn_up="mlp.up_proj.weight",
                 ffn_down="mlp.down_proj.weight")
-SHAPES = dict(attn_q=(HEADS * HEAD_DIM, HIDDEN), attn_k=(KV_HEADS * HEAD_DIM, HIDDEN),
-              attn_v=(KV_HEADS * HEAD_DIM, HIDDEN), attn_output=(HIDDEN, HEADS * HEAD_DIM), ffn_gate=(INTER, HIDDEN),
-              ffn_up=(INTER, HIDDEN), ffn_down=(HIDDEN, INTER))
+
+
+def _shapes(hidden, inter):
+    return dict(attn_q=(hidden, hidden), attn_k=(hidden * KV_HEADS // HEADS, hidden),
+                attn_v=(hidden * KV_HEADS // HEADS, hidden), attn_output=(hidden, hidden), ffn_gate=(inter, hidden),
+                ffn_up=(inter, hidden), ffn_down=(hidden, inter))
 KW = dict(dtype="float32", max_model_len=64, num_pages=16, warmup=False, progress=False)
 
 
@@ -51,16 +53,36 @@ def _llamacpp_permute(w, n_head):
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _write(path, arch, *, tied, layer_types=LAYER_TYPES):
-    """A 2-layer model in llama.cpp's conventions. Returns {HF name: float32 [out, in]} of the linear weights as
-    gguf-py dequantizes them from the file (RoPE permutation undone): what a correct loader must reproduce."""
+def _q4_k_raw(rng, n_out, n_in):
+    """Random Q4_K super-blocks laid out as llama.cpp's block_q4_K (gguf-py cannot quantize to Q4_K): f16 d and
+    dmin, 12 bytes of 6-bit (scale, min) pairs for 8 sub-blocks, 128 bytes of nibbles."""
+    nb = n_in // 256
+    d = rng.uniform(1e-4, 1e-3, (n_out, nb)).astype(np.float16)
+    dmin = rng.uniform(1e-4, 1e-3, (n_out, nb)).astype(np.float16)
+    sc, mn = rng.integers(0, 64, (2, n_out, nb, 8)).astype(np.uint8)  # sc 0: a constant sub-block, kept exactly
+    scales = np.zeros((n_out, nb, 12), np.uint8)
+    scales[..., 0:4] = (sc[..., 0:4] & 63) | ((sc[..., 4:8] >> 4) << 6)
+    scales[..., 4:8] = (mn[..., 0:4] & 63) | ((mn[..., 4:8] >> 4) << 6)
+    scales[..., 8:12] = (sc[..., 4:8] & 0xF) | ((mn[..., 4:8] & 0xF) << 4)
+    q = rng.integers(0, 16, (n_out, nb, 4, 2, 32)).astype(np.uint8)
+    qs = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).reshape(n_out, nb, 128)
+    return np.concatenate([d[..., None].view(np.uint8), dmin[..., None].view(np.uint8), scales, qs],
+                          -1).reshape(n_out, -1)
+
+
+def _write(path, arch, *, tied, layer_types=LAYER_TYPES, hidden=HIDDEN, inter=INTER):
+    """A model in llama.cpp's conventions, one layer per entry of layer_types. Returns {HF name: float32 [out, in]}
+    of the linear weights as gguf-py dequantizes them from the file (RoPE permutation undone): what a correct
+    loader must reproduce."""
     rng = np.random.default_rng(0)
+    head_dim = hidden // HEADS
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"tiny {arch}")
-    for add, v in ((w.add_block_count, 2), (w.add_context_length, 256), (w.add_embedding_length, HIDDEN),
-                   (w.add_feed_forward_length, INTER), (w.add_head_count, HEADS), (w.add_head_count_kv, KV_HEADS),
-                   (w.add_layer_norm_rms_eps, 1e-6), (w.add_rope_freq_base, 10000.0), (w.add_vocab_size, VOCAB),
-                   (w.add_rope_dimension_count, HEAD_DIM), (w.add_bos_token_id, 1), (w.add_eos_token_id, 2)):
+    for add, v in ((w.add_block_count, len(layer_types)), (w.add_context_length, 256),
+                   (w.add_embedding_length, hidden), (w.add_feed_forward_length, inter), (w.add_head_count, HEADS),
+                   (w.add_head_count_kv, KV_HEADS), (w.add_layer_norm_rms_eps, 1e-6),
+                   (w.add_rope_freq_base, 10000.0), (w.add_vocab_size, VOCAB), (w.add_rope_dimension_count, head_dim),
+                   (w.add_bos_token_id, 1), (w.add_eos_token_id, 2)):
         add(v)
     w.add_tokenizer_model("gpt2")  # a byte-level vocabulary of single characters: prompts here are token ids
     w.add_token_list([chr(0x41 + i) if i < 26 else chr(0x100 + i) for i in range(VOCAB)])
@@ -70,28 +92,32 @@ def _write(path, arch, *, tied, layer_types=LAYER_TYPES):
         if qtype == QT.F32:
             w.add_tensor(name, np.ascontiguousarray(x, np.float32))
             return x
-        raw = gguf.quants.quantize(np.ascontiguousarray(x, np.float32), qtype)
+        if qtype == QT.Q4_K:  # x only gives the shape
+            raw = _q4_k_raw(rng, *x.shape)
+        else:
+            raw = gguf.quants.quantize(np.ascontiguousarray(x, np.float32), qtype)
         w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
         return gguf.quants.dequantize(raw, qtype).reshape(x.shape)
 
     want = {}
-    add_tensor("token_embd.weight", rng.standard_normal((VOCAB, HIDDEN)), QT.Q8_0)
+    shapes = _shapes(hidden, inter)
+    add_tensor("token_embd.weight", rng.standard_normal((VOCAB, hidden)), QT.Q8_0)
     for i, types in enumerate(layer_types):
-        add_tensor(f"blk.{i}.attn_norm.weight", 1 + 0.1 * rng.standard_normal(HIDDEN), QT.F32)
-        add_tensor(f"blk.{i}.ffn_norm.weight", 1 + 0.1 * rng.standard_normal(HIDDEN), QT.F32)
+        add_tensor(f"blk.{i}.attn_norm.weight", 1 + 0.1 * rng.standard_normal(hidden), QT.F32)
+        add_tensor(f"blk.{i}.ffn_norm.weight", 1 + 0.1 * rng.standard_normal(hidden), QT.F32)
         for kind, qtype in types.items():
-            x = 0.2 * rng.standard_normal(SHAPES[kind])
+            x = 0.2 * rng.standard_normal(shapes[kind])
             heads = {"attn_q": HEADS, "attn_k": KV_HEADS}.get(kind) if arch == "llama" else None
             stored = add_tensor(f"blk.{i}.{kind}.weight", _llamacpp_permute(x, heads) if heads else x, qtype)
             # gguf-py's dequantization of the file's tensor, back in HF row order (the inverse permutation)
             want[f"model.layers.{i}.{HF_NAMES[kind]}"] = (
-                stored.reshape(heads, -1, 2, HIDDEN).swapaxes(1, 2).reshape(stored.shape) if heads else stored)
+                stored.reshape(heads, -1, 2, hidden).swapaxes(1, 2).reshape(stored.shape) if heads else stored)
         if arch == "qwen2":
             for kind, n in (("attn_q", HEADS), ("attn_k", KV_HEADS), ("attn_v", KV_HEADS)):
-                add_tensor(f"blk.{i}.{kind}.bias", 0.1 * rng.standard_normal(n * HEAD_DIM), QT.F32)
-    add_tensor("output_norm.weight", 1 + 0.1 * rng.standard_normal(HIDDEN), QT.F32)
+                add_tensor(f"blk.{i}.{kind}.bias", 0.1 * rng.standard_normal(n * head_dim), QT.F32)
+    add_tensor("output_norm.weight", 1 + 0.1 * rng.standard_normal(hidden), QT.F32)
     if not tied:
-        add_tensor("output.weight", rng.standard_normal((VOCAB, HIDDEN)), QT.Q4_0)
+        add_tensor("output.weight", rng.standard_normal((VOCAB, hidden)), QT.Q4_0)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -133,15 +159,27 @@ def test_kept_tensors_dequantize_like_gguf(tiny_gguf):
 def test_kept_model_equals_the_dequantized_model(tiny_gguf):
     """The kept-quantized model's fused device weights, prompt log-probs and greedy tokens equal the float model's
     of the same file (float32: the only difference is float32 rounding of the Q4_1 zero points)."""
-    path, _ = tiny_gguf
+    _compare_with_float_model(tiny_gguf[0], FLOAT)
+
+
+def test_q4_k_model_equals_the_dequantized_model(tmp_path):
+    """Q4_K (256-value super-blocks, 8 sub-block scales and mins, some scales 0) kept as int4 group 32: same check,
+    on a 1-layer llama 256 wide (Q4_K rows need a multiple of 256 inputs)."""
+    path = tmp_path / "q4k.gguf"
+    _write(path, "llama", tied=True, layer_types=[{k: QT.Q4_K for k in LAYER_TYPES[0]}], hidden=256, inter=256)
+    _compare_with_float_model(str(path), set())
+
+
+def _compare_with_float_model(path, float_modules):
     quant = jaxinfer.LLM(path, quantization="gguf", **KW)
+    assert quant.model.quantization.float_modules == float_modules
     ref = jaxinfer.LLM(path, **KW)
     qm, fm = quant.model.module(), ref.model.module()
     for i, layer in enumerate(qm.layers):
         for parent, attr in (("attn", "qkv"), ("attn", "o"), ("mlp", "gate_up"), ("mlp", "down")):
             lin = getattr(getattr(layer, parent), attr)
             w_ref = np.asarray(getattr(getattr(fm.layers[i], parent), attr).w[...])
-            if ("layers", i, parent, attr) in FLOAT:
+            if ("layers", i, parent, attr) in float_modules:
                 assert type(lin).__name__ == "Linear"
                 np.testing.assert_array_equal(np.asarray(lin.w[...]), w_ref)
             else:
