@@ -25,7 +25,8 @@ def _add_model_args(p: argparse.ArgumentParser):
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--quantization", default=None,
-                   help="quantize weights on load: int8 | int4 | int4-g64 | int4-g32 | int4-asym | fp8 (W8A8)")
+                   help="quantize weights on load: int8 | int4 | int4-g64 | int4-g32 | int4-asym | fp8 (W8A8); "
+                        "gguf: keep a GGUF file's own Q4_0 / Q4_1 / Q4_K weights quantized")
     p.add_argument("--quantize-lm-head", action="store_true", help="quantize the LM head too (untied models)")
     par = p.add_argument_group("parallelism (README: several GPUs and hosts)")
     par.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="devices one model is split over")

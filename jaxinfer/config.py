@@ -304,7 +304,8 @@ class EngineConfig:
     kv_loop: "static" (unrolled over the page-table width; no device-to-host syncs: GPU), "dynamic" (while loop
         up to the longest context: CPU) or "auto".
     quantization: quantize the weights on load: None, "int8", "int4" ("int4-g64", "int4-g32", "-asym" variants)
-        or "fp8" (W8A8); quantize_lm_head: the LM head too (embeddings stay unquantized); quantized_matmul:
+        or "fp8" (W8A8), or "gguf" (keep a GGUF file's Q4_0 / Q4_1 / Q4_K projections int4: models/gguf_quant.py);
+        quantize_lm_head: the LM head too (embeddings stay unquantized); quantized_matmul:
         "auto" | "reference" | "xla" | "pallas" (see jaxinfer/models/quant_spec.py).
     tensor_parallel_size: devices one model replica is split over (jaxinfer/parallel.py).
     data_parallel_size: model replicas on disjoint device groups; requests go to the least-loaded replica.

@@ -335,7 +335,8 @@ def dequantize_tensor(tensor) -> np.ndarray:
     return out.reshape(shape)
 
 
-def iter_gguf_tensors(path: GGUFReader | str | os.PathLike) -> Iterator[tuple[str, np.ndarray]]:
+def iter_gguf_tensors(path: GGUFReader | str | os.PathLike,
+                      keep_quantized: frozenset[str] = frozenset()) -> Iterator[tuple[str, np.ndarray]]:
     """Yield (hf_name, float32 array) for every tensor of a GGUF file, one at a time, in file order.
 
     Layouts are Hugging Face's: linear weights [out_features, in_features], norms [dim], embeddings
@@ -343,16 +344,25 @@ def iter_gguf_tensors(path: GGUFReader | str | os.PathLike) -> Iterator[tuple[st
     config says tie_word_embeddings=True and the caller reuses `model.embed_tokens.weight`.
     Nothing is read from disk until the tensor is reached (the file is memory-mapped).
     `path` may also be an open GGUFReader (opening one parses the whole vocabulary: ~3 s for a 49k vocab).
+    keep_quantized: HF names of linear weights yielded as QuantizedTensor [in, out] instead (their GGUF type must
+    be one quant_formats.gguf_to_quantized maps; see models/gguf_quant.py).
     """
     reader = _open(path)
     arch = _architecture(reader)
     permuted = arch in _ROPE_PERMUTED_ARCHITECTURES
-    if permuted:
-        n_heads = int(_require(reader, f"{arch}.attention.head_count"))
-        n_kv = int(_field(reader, f"{arch}.attention.head_count_kv", n_heads))
+    n_heads = int(_require(reader, f"{arch}.attention.head_count"))
+    n_kv = int(_field(reader, f"{arch}.attention.head_count_kv", n_heads))
     for tensor in reader.tensors:
         hf_name = _hf_name(tensor.name)
         if hf_name is None:
+            continue
+        if hf_name in keep_quantized:
+            from jaxinfer.models.quant_formats import gguf_linear_quantized
+
+            qt = gguf_linear_quantized(tensor, arch, n_heads, n_kv)  # RoPE permutation undone on its columns
+            if qt is None:
+                raise ValueError(f"GGUF tensor {tensor.name!r} ({tensor.tensor_type.name}) cannot be kept quantized")
+            yield hf_name, qt
             continue
         w = dequantize_tensor(tensor)
         if permuted and ".attn_q." in tensor.name:

