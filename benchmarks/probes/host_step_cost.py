@@ -1,0 +1,182 @@
+"""Host cost of one engine step at batch 1 / 64 / 256 decode, split by where it goes (CPU is fine).
+
+The real LLMEngine, Scheduler, KVCacheManager and ModelRunner run on the "tiny-llama" dummy preset (2 layers,
+hidden 64, vocab 512), so the device program is cheap and what is left is host work. Each section is timed with
+time.perf_counter around the engine's own methods (wrappers installed on the instances; the wrappers themselves
+cost ~0.3 µs per call, ~0.5 µs per request per step). The step is split into:
+
+  schedule     Scheduler.schedule without page allocation
+  page_alloc   KVCacheManager.allocate (called from schedule)
+  seq_inputs   LLMEngine._launch without runner.dispatch (building the SeqInput list)
+  pack         runner/batch.pack (numpy packing into the bucket's arrays)
+  dispatch     runner.dispatch without pack (device_put + the compiled call)
+  wait         waiting for the device program (block_until_ready; device time here, not host time)
+  fetch        runner.fetch after the wait (device->host copy of the sampled tokens, numpy slicing)
+  update       Scheduler.update (append tokens, stop checks, prefix-cache registration)
+  outputs      the rest of LLMEngine._finish_step: per-token bookkeeping, detokenization, RequestOutput creation
+  gc           Python's cyclic garbage collector (gc.callbacks); NOT extra: it is inside whichever section allocated
+
+host = step wall - wait. Scenarios: "offline" (stream=False, no tokenizer: LLM.generate / throughput.py on dummy
+weights), "offline+tok" (stream=False with the SmolLM2 tokenizer: LLM.generate of a real model), "stream+tok"
+(stream=True with the tokenizer: the server). Requests decode with greedy sampling and ignore_eos.
+
+  PYTHONPATH=$PWD python benchmarks/probes/host_step_cost.py [--batch 1 64 256] [--steps 40] [--no-tokenizer]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import os
+import sys
+import time
+from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import jax  # noqa: E402
+
+import jaxinfer.runner.model_runner as model_runner_mod  # noqa: E402
+from benchmarks.common import write_result  # noqa: E402
+from jaxinfer import LLM, SamplingParams  # noqa: E402
+
+SECTIONS = ("schedule", "page_alloc", "seq_inputs", "pack", "dispatch", "wait", "fetch", "update", "outputs", "gc")
+
+
+class Sections:
+    """Accumulated seconds per wrapped function while `on`."""
+
+    def __init__(self):
+        self.t = defaultdict(float)
+        self.on = False
+        self._gc_start = 0.0
+        gc.callbacks.append(self._gc)
+
+    def _gc(self, phase, info):
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        elif self.on:
+            self.t["gc"] += time.perf_counter() - self._gc_start
+
+    def wrap(self, obj, name: str, key: str):
+        fn = getattr(obj, name)
+
+        @functools.wraps(fn)
+        def timed(*a, **k):
+            if not self.on:
+                return fn(*a, **k)
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.t[key] += time.perf_counter() - t0
+
+        setattr(obj, name, timed)
+        return fn
+
+
+def instrument(eng, sec: Sections):
+    sec.wrap(eng.scheduler, "schedule", "schedule_total")
+    sec.wrap(eng.kv, "allocate", "page_alloc")
+    sec.wrap(eng, "_launch", "launch_total")
+    sec.wrap(eng.runner, "dispatch", "dispatch_total")
+    sec.wrap(eng.scheduler, "update", "update")
+    sec.wrap(eng, "_finish_step", "finish_total")
+    sec.wrap(eng, "step", "step")
+    fetch = eng.runner.fetch
+
+    def fetch_split(flight):
+        if sec.on:
+            t0 = time.perf_counter()
+            jax.block_until_ready(flight.out)
+            t1 = time.perf_counter()
+            res = fetch(flight)
+            sec.t["wait"] += t1 - t0
+            sec.t["fetch"] += time.perf_counter() - t1
+            return res
+        return fetch(flight)
+
+    eng.runner.fetch = fetch_split
+
+
+def split(t: dict) -> dict:
+    """Exclusive section times from the nested totals."""
+    return dict(schedule=t["schedule_total"] - t["page_alloc"], page_alloc=t["page_alloc"],
+                seq_inputs=t["launch_total"] - t["dispatch_total"], pack=t["pack"],
+                dispatch=t["dispatch_total"] - t["pack"], wait=t["wait"], fetch=t["fetch"], update=t["update"],
+                outputs=t["finish_total"] - t["fetch"] - t["wait"] - t["update"], gc=t["gc"])
+
+
+def run(llm, batch: int, steps: int, prompt_len: int, stream: bool, instrumented: bool, tag: str) -> dict:
+    """Admit `batch` requests, step until all decode, then time `steps` pure decode steps."""
+    eng = llm.engine
+    sp = SamplingParams(max_tokens=steps + 16, temperature=0.0, ignore_eos=True)
+    for i in range(batch):
+        eng.add_request(f"{tag}-{batch}-{i}", [(7 * i + j) % 500 + 3 for j in range(prompt_len)], sp, stream=stream)
+    while any(r.num_computed_tokens < r.num_prompt_tokens for r in eng.scheduler.running) or eng.scheduler.waiting:
+        eng.step()
+    for _ in range(3):  # pipelined steady state
+        eng.step()
+    sec = eng._probe_sections
+    sec.t.clear()
+    sec.on = instrumented
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        eng.step()
+        assert eng.scheduler.num_running == batch, "a request finished or was preempted inside the timed steps"
+    wall = time.perf_counter() - t0
+    sec.on = False
+    while eng.has_unfinished():
+        eng.step()
+    return dict(wall=wall, **(split(sec.t) if instrumented else {}), step=sec.t.get("step", 0.0))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 64, 256])
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--prompt-len", type=int, default=20)
+    ap.add_argument("--no-tokenizer", action="store_true", help="only the offline scenario without a tokenizer")
+    a = ap.parse_args()
+
+    opts = dict(load_format="dummy", max_model_len=128, max_num_seqs=max(a.batch), max_num_batched_tokens=512,
+                progress=False)
+    llms = {"offline": LLM("tiny-llama", **opts)}
+    if not a.no_tokenizer:
+        from jaxinfer.default_model import default_model_path
+
+        tok_llm = LLM("tiny-llama", tokenizer=default_model_path(), **opts)
+        llms["offline+tok"] = llms["stream+tok"] = tok_llm
+    sec = Sections()  # one for all engines: the module-level pack is wrapped once
+    sec.wrap(model_runner_mod, "pack", "pack")  # the name dispatch calls
+    for llm in set(llms.values()):
+        llm.engine._probe_sections = sec
+        instrument(llm.engine, sec)
+
+    rows = []
+    hdr = (f"{'scenario':12s} {'batch':>5s} | " + " ".join(f"{s:>10s}" for s in SECTIONS)
+           + f" | {'host/step':>9s} {'host/req':>8s} {'uninstr':>8s}")
+    print("µs per step (host/req: host µs per running request per step; uninstr: host/req without the timers)")
+    print(hdr)
+    for scen, llm in llms.items():
+        stream = scen.startswith("stream")
+        for b in a.batch:
+            plain = run(llm, b, a.steps, a.prompt_len, stream, False, scen + "p")
+            r = run(llm, b, a.steps, a.prompt_len, stream, True, scen)
+            us = {k: 1e6 * r[k] / a.steps for k in SECTIONS}
+            # the wait of the uninstrumented run is estimated by the instrumented run's
+            host = 1e6 * (r["wall"] - r["wait"]) / a.steps
+            host_plain = 1e6 * (plain["wall"] - r["wait"]) / a.steps
+            row = dict(scenario=scen, batch=b, steps=a.steps, **{f"{k}_us": us[k] for k in SECTIONS},
+                       host_us_per_step=host, host_us_per_req=host / b, host_us_per_req_uninstrumented=host_plain / b,
+                       wall_ms_per_step=1e3 * plain["wall"] / a.steps)
+            rows.append(row)
+            print(f"{scen:12s} {b:5d} | " + " ".join(f"{us[k]:10.1f}" for k in SECTIONS)
+                  + f" | {host:9.1f} {host / b:8.2f} {host_plain / b:8.2f}")
+    path = write_result("host-step-cost", dict(model="tiny-llama (dummy)", prompt_len=a.prompt_len,
+                                               max_model_len=128, page_size=16, rows=rows))
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
