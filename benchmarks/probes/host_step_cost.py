@@ -2,7 +2,8 @@
 
 The real LLMEngine, Scheduler, KVCacheManager and ModelRunner run on the "tiny-llama" dummy preset (2 layers,
 hidden 64, vocab 512), so the device program is cheap and what is left is host work. Each section is timed with
-time.perf_counter around the engine's own methods (wrappers installed on the instances; the wrappers themselves
+time.thread_time (CPU time of the engine's thread: robust to other processes sharing the cores; the wait for the
+device is wall time) around the engine's own methods (wrappers installed on the instances; the wrappers themselves
 cost ~0.3 µs per call, ~0.5 µs per request per step). The step is split into:
 
   schedule     Scheduler.schedule without page allocation
@@ -16,7 +17,8 @@ cost ~0.3 µs per call, ~0.5 µs per request per step). The step is split into:
   outputs      the rest of LLMEngine._finish_step: per-token bookkeeping, detokenization, RequestOutput creation
   gc           Python's cyclic garbage collector (gc.callbacks); NOT extra: it is inside whichever section allocated
 
-host = step wall - wait. Scenarios: "offline" (stream=False, no tokenizer: LLM.generate / throughput.py on dummy
+host = CPU time of the engine thread per step, less its CPU time blocked in the wait. The timed steps run inside engine/gc_freeze.startup_objects_frozen(), as LLM.generate
+does (no-op on commits before it). Scenarios: "offline" (stream=False, no tokenizer: LLM.generate / throughput.py on dummy
 weights), "offline+tok" (stream=False with the SmolLM2 tokenizer: LLM.generate of a real model), "stream+tok"
 (stream=True with the tokenizer: the server). Requests decode with greedy sampling and ignore_eos.
 
@@ -40,6 +42,12 @@ import jaxinfer.runner.model_runner as model_runner_mod  # noqa: E402
 from benchmarks.common import write_result  # noqa: E402
 from jaxinfer import LLM, SamplingParams  # noqa: E402
 
+try:
+    from jaxinfer.engine.gc_freeze import startup_objects_frozen
+except ImportError:  # the probe run on an older commit, for the "before" table
+    from contextlib import nullcontext as startup_objects_frozen
+
+CLOCK = time.thread_time
 SECTIONS = ("schedule", "page_alloc", "seq_inputs", "pack", "dispatch", "wait", "fetch", "update", "outputs", "gc")
 
 
@@ -54,9 +62,9 @@ class Sections:
 
     def _gc(self, phase, info):
         if phase == "start":
-            self._gc_start = time.perf_counter()
+            self._gc_start = CLOCK()
         elif self.on:
-            self.t["gc"] += time.perf_counter() - self._gc_start
+            self.t["gc"] += CLOCK() - self._gc_start
 
     def wrap(self, obj, name: str, key: str):
         fn = getattr(obj, name)
@@ -65,11 +73,11 @@ class Sections:
         def timed(*a, **k):
             if not self.on:
                 return fn(*a, **k)
-            t0 = time.perf_counter()
+            t0 = CLOCK()
             try:
                 return fn(*a, **k)
             finally:
-                self.t[key] += time.perf_counter() - t0
+                self.t[key] += CLOCK() - t0
 
         setattr(obj, name, timed)
         return fn
@@ -87,12 +95,13 @@ def instrument(eng, sec: Sections):
 
     def fetch_split(flight):
         if sec.on:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), CLOCK()
             jax.block_until_ready(flight.out)
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), CLOCK()
             res = fetch(flight)
             sec.t["wait"] += t1 - t0
-            sec.t["fetch"] += time.perf_counter() - t1
+            sec.t["wait_cpu"] += c1 - c0  # CPU spent blocking (spinning): taken off the host time
+            sec.t["fetch"] += CLOCK() - c1
             return res
         return fetch(flight)
 
@@ -104,7 +113,7 @@ def split(t: dict) -> dict:
     return dict(schedule=t["schedule_total"] - t["page_alloc"], page_alloc=t["page_alloc"],
                 seq_inputs=t["launch_total"] - t["dispatch_total"], pack=t["pack"],
                 dispatch=t["dispatch_total"] - t["pack"], wait=t["wait"], fetch=t["fetch"], update=t["update"],
-                outputs=t["finish_total"] - t["fetch"] - t["wait"] - t["update"], gc=t["gc"])
+                outputs=t["finish_total"] - t["fetch"] - t["wait_cpu"] - t["update"], gc=t["gc"], wait_cpu=t["wait_cpu"])
 
 
 def run(llm, batch: int, steps: int, prompt_len: int, stream: bool, instrumented: bool, tag: str) -> dict:
@@ -113,6 +122,11 @@ def run(llm, batch: int, steps: int, prompt_len: int, stream: bool, instrumented
     sp = SamplingParams(max_tokens=steps + 16, temperature=0.0, ignore_eos=True)
     for i in range(batch):
         eng.add_request(f"{tag}-{batch}-{i}", [(7 * i + j) % 500 + 3 for j in range(prompt_len)], sp, stream=stream)
+    with startup_objects_frozen():  # as LLM.generate does
+        return _steps(eng, batch, steps, instrumented)
+
+
+def _steps(eng, batch, steps, instrumented):
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in eng.scheduler.running) or eng.scheduler.waiting:
         eng.step()
     for _ in range(3):  # pipelined steady state
@@ -120,15 +134,15 @@ def run(llm, batch: int, steps: int, prompt_len: int, stream: bool, instrumented
     sec = eng._probe_sections
     sec.t.clear()
     sec.on = instrumented
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), CLOCK()
     for _ in range(steps):
         eng.step()
         assert eng.scheduler.num_running == batch, "a request finished or was preempted inside the timed steps"
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, CLOCK() - c0
     sec.on = False
     while eng.has_unfinished():
         eng.step()
-    return dict(wall=wall, **(split(sec.t) if instrumented else {}), step=sec.t.get("step", 0.0))
+    return dict(wall=wall, cpu=cpu, **(split(sec.t) if instrumented else {}))
 
 
 def main():
@@ -164,9 +178,10 @@ def main():
             plain = run(llm, b, a.steps, a.prompt_len, stream, False, scen + "p")
             r = run(llm, b, a.steps, a.prompt_len, stream, True, scen)
             us = {k: 1e6 * r[k] / a.steps for k in SECTIONS}
-            # the wait of the uninstrumented run is estimated by the instrumented run's
-            host = 1e6 * (r["wall"] - r["wait"]) / a.steps
-            host_plain = 1e6 * (plain["wall"] - r["wait"]) / a.steps
+            # host = CPU time of the engine thread, less what it spent blocked on the device (the uninstrumented run's
+            # blocked CPU is estimated by the instrumented run's)
+            host = 1e6 * (r["cpu"] - r["wait_cpu"]) / a.steps
+            host_plain = 1e6 * (plain["cpu"] - r["wait_cpu"]) / a.steps
             row = dict(scenario=scen, batch=b, steps=a.steps, **{f"{k}_us": us[k] for k in SECTIONS},
                        host_us_per_step=host, host_us_per_req=host / b, host_us_per_req_uninstrumented=host_plain / b,
                        wall_ms_per_step=1e3 * plain["wall"] / a.steps)
