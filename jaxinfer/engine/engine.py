@@ -260,6 +260,8 @@ class LLMEngine:
         sched = done.sched
         sampled: dict[str, list[int]] = {}
         sampled_lps: dict[str, list[float]] = {}
+        # one conversion to Python ints / floats for the whole step (indexing numpy per row costs ~0.3 µs a row)
+        tokens, logprobs = out.tokens.tolist(), out.logprobs.tolist()
         for i, s in enumerate(sched.scheduled):
             st = self._seqs.get(s.request_id)
             if st is None or st.request.is_finished:
@@ -271,8 +273,8 @@ class LLMEngine:
                 sampled[s.request_id] = [int(t) for t in out.spec_tokens[i, :m + 1]]
                 sampled_lps[s.request_id] = [float(x) for x in out.spec_logprobs[i, :m + 1]]
             elif s.sample:
-                sampled[s.request_id] = [int(out.tokens[i])]
-                sampled_lps[s.request_id] = [float(out.logprobs[i])]
+                sampled[s.request_id] = [tokens[i]]
+                sampled_lps[s.request_id] = [logprobs[i]]
         finished = {r.request_id for r in self.scheduler.update(sched, sampled)}
         touched = set()
         for i, s in enumerate(sched.scheduled):
@@ -312,22 +314,34 @@ class LLMEngine:
             st = self._seqs[sid]
             if st.detok is not None:
                 st.detok.flush()
-        return self._outputs(touched | finished)
+        return self._outputs(touched | finished, finished)
 
     # ---- outputs ------------------------------------------------------------------------------------------
-    def _outputs(self, seq_ids: set[str]) -> list[RequestOutput]:
-        groups = []
-        for sid in sorted(seq_ids):
-            st = self._seqs.get(sid)
-            parent = st.group_id if st is not None else None
-            if parent in self._groups and parent not in groups:
-                groups.append(parent)
-        outs = []
+    def _outputs(self, seq_ids: set[str], finished: set[str]) -> list[RequestOutput]:
+        """RequestOutputs of the groups of seq_ids (sequences that progressed), in sorted order of their first
+        sequence id there. A stream=False group is reported only once all its sequences have finished, which can
+        first be true in the step one of them finished: the others are only stamped with first_token_time (the
+        per-step cost of a batch of non-streaming decodes is then a dict lookup each, not a group scan)."""
         now = time.monotonic()
-        for gid in groups:
-            g = self._groups[gid]
+        groups: dict[str, str] = {}  # group id -> its smallest sequence id in seq_ids (the sort key)
+        for sid in seq_ids:
+            st = self._seqs.get(sid)
+            g = self._groups.get(st.group_id) if st is not None else None
+            if g is None:
+                continue
             if g.first_token_time is None:
                 g.first_token_time = now
+            if not g.stream and sid not in finished:
+                continue
+            gid = g.request_id
+            if gid not in groups or sid < groups[gid]:
+                groups[gid] = sid
+        for gid, g in [(gid, self._groups[gid]) for gid in groups if not self._groups[gid].stream]:
+            # the sort key counts every sequence of the group in seq_ids, not only the finished ones
+            groups[gid] = min(sid for sid in g.seq_ids if sid in seq_ids)
+        outs = []
+        for gid in sorted(groups, key=groups.__getitem__):
+            g = self._groups[gid]
             if not g.stream and not all(self._seqs[sid].request.status.is_finished for sid in g.seq_ids):
                 continue
             comps = []
