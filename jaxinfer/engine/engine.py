@@ -68,6 +68,14 @@ class _SeqState:
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     num_prompt_logprobs_done: int = 0  # prompt positions whose logprob is known (survives preemption)
     group_id: str = ""  # the user's request id (several sequences when n > 1)
+    # Read once at admission, used every step (_launch): SeqInput's temperature, top_k, top_p, min_p, seed.
+    sampling_row: tuple = ()
+    penalised: bool = False  # params.uses_penalties
+
+    def __post_init__(self):
+        p = self.params
+        self.sampling_row = (p.temperature, p.top_k, p.top_p, p.min_p, self.seed)
+        self.penalised = p.uses_penalties
 
 
 @dataclasses.dataclass
@@ -217,25 +225,28 @@ class LLMEngine:
             return None
         prev_rows = self._in_flight.rows if self._in_flight is not None else {}
         inputs, lp_targets, rows = [], {}, {}
+        seqs = self._seqs
         for i, s in enumerate(sched.scheduled):
-            st = self._seqs[s.request_id]
-            p = st.params
+            st = seqs[s.request_id]
             prev_row = -1
             if s.num_placeholders:
                 assert s.num_placeholders == 1 and s.request_id in prev_rows, "placeholder without a step in flight"
                 prev_row = prev_rows[s.request_id]
-            inputs.append(SeqInput(
-                token_ids=s.token_ids, start_pos=s.start_pos, page_table=s.page_table,
-                temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
-                seed=st.seed, step=s.output_index, want_logprobs=st.logprobs is not None, prev_row=prev_row,
-                num_spec=s.num_spec_tokens))
-            if p.uses_penalties:
-                self._penalty_feed(inputs[-1], st, s)
+            # Positional, in SeqInput's field order: token_ids, start_pos, page_table, (temperature, top_k, top_p,
+            # min_p, seed), step, want_logprobs, prev_row. Keywords cost ~0.5 µs more, per sequence per step.
+            inp = SeqInput(s.token_ids, s.start_pos, s.page_table, *st.sampling_row, s.output_index,
+                           st.logprobs is not None, prev_row)
+            if s.num_spec_tokens:
+                inp.num_spec = s.num_spec_tokens
+            inputs.append(inp)
+            if st.penalised:
+                self._penalty_feed(inp, st, s)
             if s.sample:
                 rows[s.request_id] = i
-            tgt = self._prompt_logprob_targets(st, s)
-            if tgt is not None:
-                lp_targets[i] = tgt
+            if st.prompt_logprobs is not None:
+                tgt = self._prompt_logprob_targets(st, s)
+                if tgt is not None:
+                    lp_targets[i] = tgt
         prev = self._in_flight.flight if self._in_flight is not None else None
         speculative = any(s.num_spec_tokens for s in sched.scheduled)
         return _Step(sched, self.runner.dispatch(inputs, prev, lp_targets or None), rows, speculative)

@@ -18,6 +18,7 @@ from jaxinfer.runner.buckets import Bucket
 
 @dataclasses.dataclass
 class SeqInput:
+    # engine.py builds it positionally up to prev_row (hot path): add new fields at the end.
     token_ids: Sequence[int]   # tokens computed this step (prefill chunk, or the one decode token)
     start_pos: int             # position of token_ids[0]
     page_table: Sequence[int]  # all pages of the sequence (cover start_pos + len(token_ids) tokens)
