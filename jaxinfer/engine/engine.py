@@ -293,6 +293,11 @@ class LLMEngine:
             if sid not in sampled:
                 continue
             st = self._seqs[sid]
+            if st.detok is None and st.logprobs is None and not s.num_spec_tokens:  # hot path: one plain token
+                if len(st.request.output_token_ids) > s.output_index:  # kept (not preempted in between)
+                    st.cumulative_logprob += sampled_lps[sid][0]
+                    touched.add(sid)
+                continue
             # tokens the scheduler kept (none if preempted in between; none after a stop)
             new = st.request.output_token_ids[s.output_index:s.output_index + len(sampled[sid])]
             if s.num_spec_tokens and self.spec is not None and new:
