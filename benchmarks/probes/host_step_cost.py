@@ -24,6 +24,7 @@ weights), "offline+tok" (stream=False with the SmolLM2 tokenizer: LLM.generate o
 (stream=True with the tokenizer: the server). Requests decode with greedy sampling and ignore_eos.
 
   PYTHONPATH=$PWD python benchmarks/probes/host_step_cost.py [--batch 1 64 256] [--steps 40] [--no-tokenizer]
+  GPU: python benchmarks/probes/host_step_cost.py --model llama3-8b --no-tokenizer --batch 1 64 256
 """
 from __future__ import annotations
 
@@ -154,16 +155,20 @@ def main():
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--prompt-len", type=int, default=20)
     ap.add_argument("--no-tokenizer", action="store_true", help="only the offline scenario without a tokenizer")
+    ap.add_argument("--model", default="tiny-llama",
+                    help="on a GPU: llama3-8b shows the host sections beside the real device time ('wait')")
+    ap.add_argument("--load-format", default="dummy")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
     a = ap.parse_args()
 
     max_len = max(128, a.prompt_len + a.steps + 64)
-    opts = dict(load_format="dummy", max_model_len=max_len, max_num_seqs=max(a.batch), max_num_batched_tokens=512,
-                progress=False)
-    llms = {"offline": LLM("tiny-llama", **opts)}
+    opts = dict(load_format=a.load_format, max_model_len=max_len, max_num_seqs=max(a.batch),
+                max_num_batched_tokens=a.max_num_batched_tokens, progress=False)
+    llms = {"offline": LLM(a.model, **opts)}
     if not a.no_tokenizer:
         from jaxinfer.default_model import default_model_path
 
-        tok_llm = LLM("tiny-llama", tokenizer=default_model_path(), **opts)
+        tok_llm = LLM(a.model, tokenizer=default_model_path(), **opts)
         llms["offline+tok"] = llms["stream+tok"] = tok_llm
     sec = Sections()  # one for all engines: the module-level pack is wrapped once
     sec.wrap(model_runner_mod, "pack", "pack")  # the name dispatch calls
@@ -173,8 +178,9 @@ def main():
 
     rows = []
     hdr = (f"{'scenario':12s} {'batch':>5s} | " + " ".join(f"{s:>10s}" for s in SECTIONS)
-           + f" | {'host/step':>9s} {'host/req':>8s} {'uninstr':>8s}")
-    print("µs per step (host/req: host µs per running request per step; uninstr: host/req without the timers)")
+           + f" | {'host/step':>9s} {'host/req':>8s} {'uninstr':>8s} {'wall/step':>9s}")
+    print("µs per step (host/req: host µs per running request per step; uninstr: host/req without the timers; "
+          "wall/step: wall time of an uninstrumented step; wait is wall time too)")
     print(hdr)
     for scen, llm in llms.items():
         stream = scen.startswith("stream")
@@ -191,8 +197,17 @@ def main():
                        wall_ms_per_step=1e3 * plain["wall"] / a.steps)
             rows.append(row)
             print(f"{scen:12s} {b:5d} | " + " ".join(f"{us[k]:10.1f}" for k in SECTIONS)
-                  + f" | {host:9.1f} {host / b:8.2f} {host_plain / b:8.2f}")
-    path = write_result("host-step-cost", dict(model="tiny-llama (dummy)", prompt_len=a.prompt_len,
+                  + f" | {host:9.1f} {host / b:8.2f} {host_plain / b:8.2f} {1e6 * plain['wall'] / a.steps:9.1f}")
+    marginal = {}
+    for scen in llms:
+        by_b = {r["batch"]: r["host_us_per_step"] for r in rows if r["scenario"] == scen}
+        if len(by_b) > 1:
+            lo, hi = min(by_b), max(by_b)
+            marginal[scen] = (by_b[hi] - by_b[lo]) / (hi - lo)
+            print(f"{scen}: marginal host cost {marginal[scen]:.2f} µs per extra running request per step "
+                  f"(batch {lo} -> {hi})")
+    path = write_result("host-step-cost", dict(model=f"{a.model} ({a.load_format})", prompt_len=a.prompt_len,
+                                               marginal_us_per_req=marginal,
                                                max_model_len=max_len, page_size=16, rows=rows))
     print("wrote", path)
 
