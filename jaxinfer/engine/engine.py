@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import operator
 import random
 import time
 from typing import Any, Protocol, Sequence
@@ -33,6 +34,9 @@ from .scheduler import Scheduler, ScheduledSeq
 from ..outputs import CompletionOutput, Logprob, RequestOutput
 from ..runner.batch import SeqInput
 from ..sampling_params import SamplingParams
+
+
+_NUM_SPEC_TOKENS = operator.attrgetter("num_spec_tokens")
 
 
 class Runner(Protocol):
@@ -248,7 +252,7 @@ class LLMEngine:
                 if tgt is not None:
                     lp_targets[i] = tgt
         prev = self._in_flight.flight if self._in_flight is not None else None
-        speculative = any(s.num_spec_tokens for s in sched.scheduled)
+        speculative = any(map(_NUM_SPEC_TOKENS, sched.scheduled))  # (C-level scan: every step)
         return _Step(sched, self.runner.dispatch(inputs, prev, lp_targets or None), rows, speculative)
 
     def _penalty_feed(self, inp: SeqInput, st: _SeqState, s: ScheduledSeq) -> None:

@@ -238,7 +238,8 @@ class Scheduler:
             return 0  # the token in flight is its last one: nothing more to compute
         if start is None:
             start = req.num_computed_tokens
-        n = min(req.num_tokens_with_pending - start, budget)
+        # = req.num_tokens_with_pending - start, without the property (every running request, every step)
+        n = min(len(req.prompt_token_ids) + len(req.output_token_ids) + req.num_pending_tokens - start, budget)
         if self.long_prefill_token_threshold is not None:
             n = min(n, self.long_prefill_token_threshold)
         return n

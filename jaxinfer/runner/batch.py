@@ -41,7 +41,7 @@ class SeqInput:
                                # verify row: bucket.spec_rows > 0)
 
 
-_TOKEN_IDS, _PAGE_TABLE = attrgetter("token_ids"), attrgetter("page_table")
+_TOKEN_IDS, _PAGE_TABLE, _NUM_SPEC = attrgetter("token_ids"), attrgetter("page_table"), attrgetter("num_spec")
 
 # Fields of a packed batch, in transfer order. All integer fields travel in one int32 buffer and all float fields
 # in one float32 buffer: two host->device copies per step instead of fifteen (each copy costs ~0.1-0.4 ms of
@@ -178,10 +178,8 @@ def _verify_rows(seqs: Sequence[SeqInput], bucket: Bucket, offsets: np.ndarray, 
     draft_tokens = np.zeros((R, K), np.int32)
     num_draft = np.zeros(R, np.int32)
     n_verify = 0
-    for i, s in enumerate(seqs):
-        k = s.num_spec
-        if not k:
-            continue
+    for i in [i for i, k in enumerate(map(_NUM_SPEC, seqs)) if k]:  # (no Python loop over non-speculating seqs)
+        s, k = seqs[i], seqs[i].num_spec
         n, b = int(lens[i]), int(offsets[i + 1])
         if n_verify == R or k > K or k >= n:
             raise ValueError(f"sequence {i} verifies {k} drafts of {n} tokens but bucket {bucket} has "
