@@ -20,7 +20,7 @@ any wrapper). The step is split into:
 
 host = CPU time of the engine thread per step, less its CPU time blocked in the wait. The timed steps run inside engine/gc_freeze.startup_objects_frozen(), as LLM.generate
 does (no-op on commits before it). Scenarios: "offline" (stream=False, no tokenizer: LLM.generate / throughput.py on dummy
-weights), "offline+tok" (stream=False with the SmolLM2 tokenizer: LLM.generate of a real model), "stream+tok"
+weights), "stream" (stream=True, no tokenizer: benchmarks/latency.py), "offline+tok" (stream=False with the SmolLM2 tokenizer: LLM.generate of a real model), "stream+tok"
 (stream=True with the tokenizer: the server). Requests decode with greedy sampling and ignore_eos.
 
   PYTHONPATH=$PWD python benchmarks/probes/host_step_cost.py [--batch 1 64 256] [--steps 40] [--no-tokenizer]
@@ -165,6 +165,7 @@ def main():
     opts = dict(load_format=a.load_format, max_model_len=max_len, max_num_seqs=max(a.batch),
                 max_num_batched_tokens=a.max_num_batched_tokens, progress=False)
     llms = {"offline": LLM(a.model, **opts)}
+    llms["stream"] = llms["offline"]
     if not a.no_tokenizer:
         from jaxinfer.default_model import default_model_path
 

@@ -360,15 +360,18 @@ class LLMEngine:
             # the sort key counts every sequence of the group in seq_ids, not only the finished ones
             groups[gid] = min(sid for sid in g.seq_ids if sid in seq_ids)
         outs = []
+        all_seqs, all_groups = self._seqs, self._groups
         for gid in sorted(groups, key=groups.__getitem__):
-            g = self._groups[gid]
-            if not g.stream and not all(self._seqs[sid].request.status.is_finished for sid in g.seq_ids):
+            g = all_groups[gid]
+            if not g.stream and not all(all_seqs[sid].request.status.is_finished for sid in g.seq_ids):
                 continue
             comps = []
+            done = True  # every sequence finished (a finished request always has a finish_reason)
             for idx, sid in enumerate(g.seq_ids):
-                st = self._seqs[sid]
+                st = all_seqs[sid]
                 r = st.request
                 fin = r.status.is_finished
+                done = done and fin
                 comps.append(CompletionOutput(
                     index=idx, text=st.detok.text if st.detok is not None else "",
                     token_ids=list(r.output_token_ids),
@@ -376,15 +379,15 @@ class LLMEngine:
                     logprobs=list(st.logprobs) if st.logprobs is not None else None,
                     finish_reason=r.finish_reason if fin else None,
                     stop_reason=r.stop_reason if fin else None))
-            done = all(c.finish_reason is not None for c in comps)
-            first = self._seqs[g.seq_ids[0]]
+            first = all_seqs[g.seq_ids[0]]
+            metrics = {"arrival_time": g.arrival_time, "first_token_time": g.first_token_time,
+                       "finished_time": now if done else None}
+            if self.spec is not None:
+                metrics.update(self.spec.request_metrics(g.seq_ids))
             outs.append(RequestOutput(
                 request_id=gid, prompt=g.prompt, prompt_token_ids=g.prompt_token_ids,
                 prompt_logprobs=list(first.prompt_logprobs) if first.prompt_logprobs is not None else None,
-                outputs=comps, finished=done,
-                metrics={"arrival_time": g.arrival_time, "first_token_time": g.first_token_time,
-                         "finished_time": now if done else None,
-                         **(self.spec.request_metrics(g.seq_ids) if self.spec is not None else {})}))
+                outputs=comps, finished=done, metrics=metrics))
             if done:
                 for sid in g.seq_ids:
                     self._seqs.pop(sid, None)
