@@ -18,10 +18,13 @@ any wrapper). The step is split into:
   outputs      the rest of LLMEngine._finish_step: per-token bookkeeping, detokenization, RequestOutput creation
   gc           Python's cyclic garbage collector (gc.callbacks); NOT extra: it is inside whichever section allocated
 
-host = CPU time of the engine thread per step, less its CPU time blocked in the wait. The timed steps run inside engine/gc_freeze.startup_objects_frozen(), as LLM.generate
-does (no-op on commits before it). Scenarios: "offline" (stream=False, no tokenizer: LLM.generate / throughput.py on dummy
-weights), "stream" (stream=True, no tokenizer: benchmarks/latency.py), "offline+tok" (stream=False with the SmolLM2 tokenizer: LLM.generate of a real model), "stream+tok"
-(stream=True with the tokenizer: the server). Requests decode with greedy sampling and ignore_eos.
+host = CPU time of the engine thread per step, less its CPU time blocked in the wait. The timed steps run inside
+engine/gc_freeze.startup_objects_frozen(), as LLM.generate does (no-op on commits before it). Scenarios:
+  offline      stream=False, no tokenizer (LLM.generate / throughput.py on dummy weights)
+  stream       stream=True, no tokenizer (benchmarks/latency.py)
+  offline+tok  stream=False with the SmolLM2 tokenizer (LLM.generate of a real model)
+  stream+tok   stream=True with the tokenizer (the server)
+Requests decode with greedy sampling and ignore_eos.
 
   PYTHONPATH=$PWD python benchmarks/probes/host_step_cost.py [--batch 1 64 256] [--steps 40] [--no-tokenizer]
   GPU: python benchmarks/probes/host_step_cost.py --model llama3-8b --no-tokenizer --batch 1 64 256
@@ -117,7 +120,8 @@ def split(t: dict) -> dict:
     return dict(schedule=t["schedule_total"] - t["page_alloc"], page_alloc=t["page_alloc"],
                 seq_inputs=t["launch_total"] - t["dispatch_total"], pack=t["pack"],
                 dispatch=t["dispatch_total"] - t["pack"], wait=t["wait"], fetch=t["fetch"], update=t["update"],
-                outputs=t["finish_total"] - t["fetch"] - t["wait_cpu"] - t["update"], gc=t["gc"], wait_cpu=t["wait_cpu"])
+                outputs=t["finish_total"] - t["fetch"] - t["wait_cpu"] - t["update"], gc=t["gc"],
+                wait_cpu=t["wait_cpu"])
 
 
 def run(llm, batch: int, steps: int, prompt_len: int, stream: bool, instrumented: bool, tag: str) -> dict:
