@@ -10,6 +10,7 @@ from typing import Iterator, Sequence
 from tqdm.auto import tqdm
 
 from jaxinfer.config import ConfigError, EngineConfig
+from jaxinfer.engine.gc_freeze import startup_objects_frozen
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams
 
@@ -163,11 +164,12 @@ class LLM:
         results: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm or len(ids) < 2)
         try:
-            while len(results) < len(ids):
-                for out in self.engine.step():
-                    if out.finished:
-                        results[out.request_id] = out
-                        bar.update(1)
+            with startup_objects_frozen():  # no full-heap GC pauses inside the loop (engine/gc_freeze.py)
+                while len(results) < len(ids):
+                    for out in self.engine.step():
+                        if out.finished:
+                            results[out.request_id] = out
+                            bar.update(1)
         finally:
             bar.close()
             for rid in ids:

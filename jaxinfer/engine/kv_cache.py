@@ -187,6 +187,8 @@ class KVCacheManager:
         if num_tokens_total < 0:
             raise ValueError(f"num_tokens_total={num_tokens_total} must be >= 0")
         have = self._pages.get(request_id)
+        if have is not None and not cached_pages and num_tokens_total <= len(have) * self.page_size:
+            return []  # the pages held already cover it: most decode steps of most requests (hot path)
         num_have = len(have) if have is not None else 0
         if cached_pages:
             assert have is None, f"cached pages for {request_id!r}, which already holds pages"

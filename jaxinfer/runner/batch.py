@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from operator import attrgetter
 from typing import Any, Sequence
 
 import numpy as np
@@ -17,6 +18,7 @@ from jaxinfer.runner.buckets import Bucket
 
 @dataclasses.dataclass
 class SeqInput:
+    # engine.py builds it positionally up to prev_row (hot path): add new fields at the end.
     token_ids: Sequence[int]   # tokens computed this step (prefill chunk, or the one decode token)
     start_pos: int             # position of token_ids[0]
     page_table: Sequence[int]  # all pages of the sequence (cover start_pos + len(token_ids) tokens)
@@ -38,6 +40,8 @@ class SeqInput:
     num_spec: int = 0          # speculative decoding: the last num_spec tokens are drafts to verify (needs a
                                # verify row: bucket.spec_rows > 0)
 
+
+_TOKEN_IDS, _PAGE_TABLE, _NUM_SPEC = attrgetter("token_ids"), attrgetter("page_table"), attrgetter("num_spec")
 
 # Fields of a packed batch, in transfer order. All integer fields travel in one int32 buffer and all float fields
 # in one float32 buffer: two host->device copies per step instead of fifteen (each copy costs ~0.1-0.4 ms of
@@ -80,14 +84,16 @@ def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
     n_seqs = len(seqs)
     if n_seqs > S:
         raise ValueError(f"{n_seqs} sequences do not fit bucket {bucket}")
-    lens = np.fromiter((len(s.token_ids) for s in seqs), np.int64, n_seqs)
+    # Per-sequence fields are read with map(attrgetter) rather than generator expressions: ~1.5x faster, and pack
+    # reads ~17 fields of every sequence every step.
+    lens = np.fromiter(map(len, map(_TOKEN_IDS, seqs)), np.int64, n_seqs)
     offsets = np.zeros(n_seqs + 1, np.int64)
     np.cumsum(lens, out=offsets[1:])
     n_tok = int(offsets[-1])
     if n_tok > T:
         raise ValueError(f"{n_tok} tokens do not fit bucket {bucket}")
-    starts = np.fromiter((s.start_pos for s in seqs), np.int64, n_seqs)
-    n_pages = np.fromiter((len(s.page_table) for s in seqs), np.int64, n_seqs)
+    starts = np.fromiter(map(attrgetter("start_pos"), seqs), np.int64, n_seqs)
+    n_pages = np.fromiter(map(len, map(_PAGE_TABLE, seqs)), np.int64, n_seqs)
     if n_seqs and n_pages.max() > W:
         i = int(n_pages.argmax())
         raise ValueError(f"sequence has {n_pages[i]} pages but the page-table width is {W}")
@@ -103,15 +109,15 @@ def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
     if n_seqs:
         rows = np.repeat(np.arange(n_seqs), n_pages)
         cols = np.arange(len(rows)) - np.repeat(np.cumsum(n_pages) - n_pages, n_pages)
-        page_tables[rows, cols] = np.fromiter(itertools.chain.from_iterable(s.page_table for s in seqs), np.int32,
+        page_tables[rows, cols] = np.fromiter(itertools.chain.from_iterable(map(_PAGE_TABLE, seqs)), np.int32,
                                               len(rows))
 
     tok_seq = np.repeat(np.arange(n_seqs), lens)  # [n_tok] sequence of each token
     pos = np.arange(n_tok) - offsets[:-1][tok_seq] + starts[tok_seq]
     input_ids = np.zeros(T, np.int32)
-    input_ids[:n_tok] = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in seqs), np.int64, n_tok)
+    input_ids[:n_tok] = np.fromiter(itertools.chain.from_iterable(map(_TOKEN_IDS, seqs)), np.int64, n_tok)
     prev_src = np.full(T, -1, np.int32)  # row of the previous step's tokens that fills a placeholder
-    prev_rows = np.fromiter((s.prev_row for s in seqs), np.int64, n_seqs)
+    prev_rows = np.fromiter(map(attrgetter("prev_row"), seqs), np.int64, n_seqs)
     has_prev = prev_rows >= 0
     last = offsets[1:] - 1
     input_ids[last[has_prev]] = 0
@@ -140,7 +146,7 @@ def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
 
     def col(name, dtype, fill):
         out = np.full(S, fill, dtype)
-        out[:n_seqs] = np.fromiter((getattr(s, name) for s in seqs), dtype, n_seqs)
+        out[:n_seqs] = np.fromiter(map(attrgetter(name), seqs), dtype, n_seqs)
         return out
 
     sample_idx = np.zeros(S, np.int32)
@@ -172,10 +178,8 @@ def _verify_rows(seqs: Sequence[SeqInput], bucket: Bucket, offsets: np.ndarray, 
     draft_tokens = np.zeros((R, K), np.int32)
     num_draft = np.zeros(R, np.int32)
     n_verify = 0
-    for i, s in enumerate(seqs):
-        k = s.num_spec
-        if not k:
-            continue
+    for i in [i for i, k in enumerate(map(_NUM_SPEC, seqs)) if k]:  # (no Python loop over non-speculating seqs)
+        s, k = seqs[i], seqs[i].num_spec
         n, b = int(lens[i]), int(offsets[i + 1])
         if n_verify == R or k > K or k >= n:
             raise ValueError(f"sequence {i} verifies {k} drafts of {n} tokens but bucket {bucket} has "

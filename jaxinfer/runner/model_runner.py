@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import operator
 import os
 import time
 from typing import Any, Sequence
@@ -29,7 +30,9 @@ from pallas_kernels.paged_attention import kv_quant
 
 log = logging.getLogger("jaxinfer")
 
-_CPU_KV_BUDGET_BYTES = 1 << 30  # without device memory statistics (CPU) size the cache at 1 GiB
+_CPU_KV_BUDGET_BYTES = 1 << 30
+# per-sequence fields read with map(attrgetter): no Python-level loop over every sequence of a step
+_PENALTY_INIT, _NUM_SPEC, _TOKEN_IDS = (operator.attrgetter(f) for f in ("penalty_init", "num_spec", "token_ids"))  # without device memory statistics (CPU) size the cache at 1 GiB
 
 
 @dataclasses.dataclass
@@ -208,17 +211,17 @@ class ModelRunner:
         """Pack and launch one step without waiting for it. `prev`: the step still in flight whose sampled
         tokens fill this step's placeholders. prompt_logprob_targets: seq index -> next-token ids of that
         sequence's tokens (their log-probs are computed on the device too)."""
-        n_tok = sum(len(s.token_ids) for s in seqs)
+        n_tok = sum(map(len, map(_TOKEN_IDS, seqs)))
         bucket = self.ladder.pick(n_tok, len(seqs))
         step, prompt_fn = self._programs(bucket)
         batch = pack(seqs, bucket, self.page_size)
-        for s in seqs:  # a penalised sequence starting (or restarting): its counts row, from its known tokens
-            if s.penalty_init is not None:
-                slot, prompt_ids, output_ids = s.penalty_init
-                if not 0 <= slot < self.num_penalty_slots:
-                    raise ValueError(f"penalty slot {slot} is outside [0, {self.num_penalty_slots})")
-                row = host_row(prompt_ids, output_ids, self.loaded.cfg.vocab_size)
-                self.penalty_table = self._penalty_writer()(self.penalty_table, np.int32(slot), row)
+        # a penalised sequence starting (or restarting): its counts row, from its known tokens
+        for init in [x for x in map(_PENALTY_INIT, seqs) if x is not None]:  # (no Python loop over all seqs)
+            slot, prompt_ids, output_ids = init
+            if not 0 <= slot < self.num_penalty_slots:
+                raise ValueError(f"penalty slot {slot} is outside [0, {self.num_penalty_slots})")
+            row = host_row(prompt_ids, output_ids, self.loaded.cfg.vocab_size)
+            self.penalty_table = self._penalty_writer()(self.penalty_table, np.int32(slot), row)
         ints, floats = jax.device_put(batch.flat(), self._replicated)
         prev_tokens = prev.out.tokens if prev is not None else self._no_prev
         self.kv_caches, out, hidden, self.penalty_table = step(self.loaded.params, self.kv_caches, ints, floats,
@@ -231,7 +234,7 @@ class ModelRunner:
                 targets[a:a + len(tgt)] = tgt
             prompt = prompt_fn(self.loaded.params, hidden, jax.device_put(targets, self._replicated))
         want_top = bool(batch.arrays["want_logprobs"].any())  # packed already: no second pass over seqs
-        spec_seqs = [i for i, s in enumerate(seqs) if s.num_spec]  # verify row r holds sequence spec_seqs[r]
+        spec_seqs = [i for i, k in enumerate(map(_NUM_SPEC, seqs)) if k]  # verify row r holds sequence spec_seqs[r]
         return InFlight(out, prompt, dict(prompt_logprob_targets or {}), batch.token_offsets, len(seqs), want_top,
                         spec_seqs)
 

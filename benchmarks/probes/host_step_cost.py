@@ -1,0 +1,221 @@
+"""Host cost of one engine step at batch 1 / 64 / 256 decode, split by where it goes (CPU is fine).
+
+The real LLMEngine, Scheduler, KVCacheManager and ModelRunner run on the "tiny-llama" dummy preset (2 layers,
+hidden 64, vocab 512), so the device program is cheap and what is left is host work. Each section is timed with
+time.thread_time (CPU time of the engine's thread: robust to other processes sharing the cores; the wait for the
+device is wall time) around the engine's own methods (wrappers installed on the instances; the wrappers around
+page allocation add ~0.3 µs per request per step, counted in "schedule"; the column "uninstr" is measured without
+any wrapper). The step is split into:
+
+  schedule     Scheduler.schedule without page allocation
+  page_alloc   KVCacheManager.allocate (called from schedule)
+  seq_inputs   LLMEngine._launch without runner.dispatch (building the SeqInput list)
+  pack         runner/batch.pack (numpy packing into the bucket's arrays)
+  dispatch     runner.dispatch without pack (device_put + the compiled call)
+  wait         waiting for the device program (block_until_ready; device time here, not host time)
+  fetch        runner.fetch after the wait (device->host copy of the sampled tokens, numpy slicing)
+  update       Scheduler.update (append tokens, stop checks, prefix-cache registration)
+  outputs      the rest of LLMEngine._finish_step: per-token bookkeeping, detokenization, RequestOutput creation
+  gc           Python's cyclic garbage collector (gc.callbacks); NOT extra: it is inside whichever section allocated
+
+host = CPU time of the engine thread per step, less its CPU time blocked in the wait. The timed steps run inside
+engine/gc_freeze.startup_objects_frozen(), as LLM.generate does (no-op on commits before it). Scenarios:
+  offline      stream=False, no tokenizer (LLM.generate / throughput.py on dummy weights)
+  stream       stream=True, no tokenizer (benchmarks/latency.py)
+  offline+tok  stream=False with the SmolLM2 tokenizer (LLM.generate of a real model)
+  stream+tok   stream=True with the tokenizer (the server)
+Requests decode with greedy sampling and ignore_eos.
+
+  PYTHONPATH=$PWD python benchmarks/probes/host_step_cost.py [--batch 1 64 256] [--steps 40] [--no-tokenizer]
+  GPU: python benchmarks/probes/host_step_cost.py --model llama3-8b --no-tokenizer --batch 1 64 256
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import os
+import sys
+import time
+from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import jax  # noqa: E402
+
+import jaxinfer.runner.model_runner as model_runner_mod  # noqa: E402
+from benchmarks.common import write_result  # noqa: E402
+from jaxinfer import LLM, SamplingParams  # noqa: E402
+
+try:
+    from jaxinfer.engine.gc_freeze import startup_objects_frozen
+except ImportError:  # the probe run on an older commit, for the "before" table
+    from contextlib import nullcontext as startup_objects_frozen
+
+CLOCK = time.thread_time
+SECTIONS = ("schedule", "page_alloc", "seq_inputs", "pack", "dispatch", "wait", "fetch", "update", "outputs", "gc")
+
+
+class Sections:
+    """Accumulated seconds per wrapped function while `on`."""
+
+    def __init__(self):
+        self.t = defaultdict(float)
+        self.on = False
+        self._gc_start = 0.0
+        gc.callbacks.append(self._gc)
+
+    def _gc(self, phase, info):
+        if phase == "start":
+            self._gc_start = CLOCK()
+        elif self.on:
+            self.t["gc"] += CLOCK() - self._gc_start
+
+    def wrap(self, obj, name: str, key: str, clock=None):
+        fn = getattr(obj, name)
+        clock = clock or CLOCK
+
+        @functools.wraps(fn)
+        def timed(*a, **k):
+            if not self.on:
+                return fn(*a, **k)
+            t0 = clock()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.t[key] += clock() - t0
+
+        setattr(obj, name, timed)
+        return fn
+
+
+def instrument(eng, sec: Sections):
+    sec.wrap(eng.scheduler, "schedule", "schedule_total")
+    # once per request per step: perf_counter (64 ns a call) rather than thread_time (~0.7 µs a call)
+    sec.wrap(eng.kv, "allocate", "page_alloc", time.perf_counter)
+    sec.wrap(eng, "_launch", "launch_total")
+    sec.wrap(eng.runner, "dispatch", "dispatch_total")
+    sec.wrap(eng.scheduler, "update", "update")
+    sec.wrap(eng, "_finish_step", "finish_total")
+    sec.wrap(eng, "step", "step")
+    fetch = eng.runner.fetch
+
+    def fetch_split(flight):
+        if sec.on:
+            t0, c0 = time.perf_counter(), CLOCK()
+            jax.block_until_ready(flight.out)
+            t1, c1 = time.perf_counter(), CLOCK()
+            res = fetch(flight)
+            sec.t["wait"] += t1 - t0
+            sec.t["wait_cpu"] += c1 - c0  # CPU spent blocking (spinning): taken off the host time
+            sec.t["fetch"] += CLOCK() - c1
+            return res
+        return fetch(flight)
+
+    eng.runner.fetch = fetch_split
+
+
+def split(t: dict) -> dict:
+    """Exclusive section times from the nested totals."""
+    return dict(schedule=t["schedule_total"] - t["page_alloc"], page_alloc=t["page_alloc"],
+                seq_inputs=t["launch_total"] - t["dispatch_total"], pack=t["pack"],
+                dispatch=t["dispatch_total"] - t["pack"], wait=t["wait"], fetch=t["fetch"], update=t["update"],
+                outputs=t["finish_total"] - t["fetch"] - t["wait_cpu"] - t["update"], gc=t["gc"],
+                wait_cpu=t["wait_cpu"])
+
+
+def run(llm, batch: int, steps: int, prompt_len: int, stream: bool, instrumented: bool, tag: str) -> dict:
+    """Admit `batch` requests, step until all decode, then time `steps` pure decode steps."""
+    eng = llm.engine
+    sp = SamplingParams(max_tokens=steps + 64, temperature=0.0, ignore_eos=True)  # + admission / chunked prefill
+    for i in range(batch):
+        eng.add_request(f"{tag}-{batch}-{i}", [(7 * i + j) % 500 + 3 for j in range(prompt_len)], sp, stream=stream)
+    with startup_objects_frozen():  # as LLM.generate does
+        return _steps(eng, batch, steps, instrumented)
+
+
+def _steps(eng, batch, steps, instrumented):
+    while any(r.num_computed_tokens < r.num_prompt_tokens for r in eng.scheduler.running) or eng.scheduler.waiting:
+        eng.step()
+    for _ in range(3):  # pipelined steady state
+        eng.step()
+    sec = eng._probe_sections
+    sec.t.clear()
+    sec.on = instrumented
+    t0, c0 = time.perf_counter(), CLOCK()
+    for _ in range(steps):
+        eng.step()
+        assert eng.scheduler.num_running == batch, "a request finished or was preempted inside the timed steps"
+    wall, cpu = time.perf_counter() - t0, CLOCK() - c0
+    sec.on = False
+    while eng.has_unfinished():
+        eng.step()
+    return dict(wall=wall, cpu=cpu, **(split(sec.t) if instrumented else {}))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 64, 256])
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--prompt-len", type=int, default=20)
+    ap.add_argument("--no-tokenizer", action="store_true", help="only the offline scenario without a tokenizer")
+    ap.add_argument("--model", default="tiny-llama",
+                    help="on a GPU: llama3-8b shows the host sections beside the real device time ('wait')")
+    ap.add_argument("--load-format", default="dummy")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    a = ap.parse_args()
+
+    max_len = max(128, a.prompt_len + a.steps + 64)
+    opts = dict(load_format=a.load_format, max_model_len=max_len, max_num_seqs=max(a.batch),
+                max_num_batched_tokens=a.max_num_batched_tokens, progress=False)
+    llms = {"offline": LLM(a.model, **opts)}
+    llms["stream"] = llms["offline"]
+    if not a.no_tokenizer:
+        from jaxinfer.default_model import default_model_path
+
+        tok_llm = LLM(a.model, tokenizer=default_model_path(), **opts)
+        llms["offline+tok"] = llms["stream+tok"] = tok_llm
+    sec = Sections()  # one for all engines: the module-level pack is wrapped once
+    sec.wrap(model_runner_mod, "pack", "pack")  # the name dispatch calls
+    for llm in set(llms.values()):
+        llm.engine._probe_sections = sec
+        instrument(llm.engine, sec)
+
+    rows = []
+    hdr = (f"{'scenario':12s} {'batch':>5s} | " + " ".join(f"{s:>10s}" for s in SECTIONS)
+           + f" | {'host/step':>9s} {'host/req':>8s} {'uninstr':>8s} {'wall/step':>9s}")
+    print("µs per step (host/req: host µs per running request per step; uninstr: host/req without the timers; "
+          "wall/step: wall time of an uninstrumented step; wait is wall time too)")
+    print(hdr)
+    for scen, llm in llms.items():
+        stream = scen.startswith("stream")
+        for b in a.batch:
+            plain = run(llm, b, a.steps, a.prompt_len, stream, False, scen + "p")
+            r = run(llm, b, a.steps, a.prompt_len, stream, True, scen)
+            us = {k: 1e6 * r[k] / a.steps for k in SECTIONS}
+            # host = CPU time of the engine thread, less what it spent blocked on the device (the uninstrumented run's
+            # blocked CPU is estimated by the instrumented run's)
+            host = 1e6 * (r["cpu"] - r["wait_cpu"]) / a.steps
+            host_plain = 1e6 * (plain["cpu"] - r["wait_cpu"]) / a.steps
+            row = dict(scenario=scen, batch=b, steps=a.steps, **{f"{k}_us": us[k] for k in SECTIONS},
+                       host_us_per_step=host, host_us_per_req=host / b, host_us_per_req_uninstrumented=host_plain / b,
+                       wall_ms_per_step=1e3 * plain["wall"] / a.steps)
+            rows.append(row)
+            print(f"{scen:12s} {b:5d} | " + " ".join(f"{us[k]:10.1f}" for k in SECTIONS)
+                  + f" | {host:9.1f} {host / b:8.2f} {host_plain / b:8.2f} {1e6 * plain['wall'] / a.steps:9.1f}")
+    marginal = {}
+    for scen in llms:
+        by_b = {r["batch"]: r["host_us_per_step"] for r in rows if r["scenario"] == scen}
+        if len(by_b) > 1:
+            lo, hi = min(by_b), max(by_b)
+            marginal[scen] = (by_b[hi] - by_b[lo]) / (hi - lo)
+            print(f"{scen}: marginal host cost {marginal[scen]:.2f} µs per extra running request per step "
+                  f"(batch {lo} -> {hi})")
+    path = write_result("host-step-cost", dict(model=f"{a.model} ({a.load_format})", prompt_len=a.prompt_len,
+                                               marginal_us_per_req=marginal,
+                                               max_model_len=max_len, page_size=16, rows=rows))
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
