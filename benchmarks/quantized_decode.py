@@ -7,7 +7,8 @@ device one tensor at a time; the same seed gives the same float weights for ever
   decode     : batch 1, prompt --prompt-len, --new-tokens greedy tokens (benchmarks/latency.py's run_batch)
   throughput : --num-requests requests of --prompt-len / --output-len tokens submitted at once (throughput.py)
 Targets (issue 7): int8 >= 1.6x and int4 >= 2.5x bf16 batch-1 tok/s; fp8 W8A8 offline throughput >= 1.3x bf16;
-int4 weights of the 8B model < 5.5 GB on the device.
+int4 weights of the 8B model < 5.5 GB on the device; KV fp8 doubles the concurrent 2k-token requests that fit
+(`kv_capacity`: the page pool the engine sizes from free memory, bf16 vs fp8 KV, weights bf16).
 
   python benchmarks/quantized_decode.py                 # H200, < 8 min
   python benchmarks/quantized_decode.py --smoke         # CPU: tiny-llama preset, a few tokens
@@ -66,6 +67,9 @@ def main():
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--num-pages", type=int, default=12000)
     ap.add_argument("--budget-s", type=float, default=430.0, help="skip the remaining methods past this time")
+    ap.add_argument("--kv-capacity", action=argparse.BooleanOptionalAction, default=True,
+                    help="first: concurrent --kv-request-len requests that fit with a bf16 vs an fp8 KV cache")
+    ap.add_argument("--kv-request-len", type=int, default=2048)
     ap.add_argument("--smoke", action="store_true", help="CPU smoke test: tiny-llama preset")
     from benchmarks.common import add_profile_arg, start_profile
     add_profile_arg(ap)
@@ -74,12 +78,13 @@ def main():
     if a.smoke:
         a.model, a.new_tokens, a.prompt_len = "tiny-llama", 8, 8
         a.num_requests, a.tp_prompt_len, a.output_len = 4, 16, 4
-        a.max_num_seqs, a.max_num_batched_tokens, a.num_pages = 4, 64, 64
+        a.max_num_seqs, a.max_num_batched_tokens, a.num_pages, a.kv_request_len = 4, 64, 64, 128
         a.methods = [m.replace("int4", "int4-g32") if m.startswith("int4") and "-g" not in m else m
                      for m in a.methods]
     t_start = time.perf_counter()
     bw = measure_hbm_bandwidth(0.05 if a.smoke else 2.0, 3 if a.smoke else 20)
     print(f"jax {jax.__version__} on {jax.devices()[0]}; HBM ceiling (x*2) {bw / 1e12:.2f} TB/s", flush=True)
+    kv_rows = kv_capacity(a) if a.kv_capacity else None
     rows = []
     for method in a.methods:
         if time.perf_counter() - t_start > a.budget_s:
@@ -109,9 +114,38 @@ def main():
                   f"{tp['output_tok_per_s']:.0f} output tok/s, {tp['total_tok_per_s']:.0f} total tok/s "
                   f"in {tp['seconds']:.1f} s", flush=True)
         rows.append(row)
+        save(a, rows, bw, t_start, kv_rows)
         del llm
         gc.collect()
         jax.clear_caches()
+    path = save(a, rows, bw, t_start, kv_rows)
+    print(f"wrote {path} in {time.perf_counter() - t_start:.0f} s", flush=True)
+
+
+def kv_capacity(a) -> list[dict]:
+    """Concurrent --kv-request-len-token requests that fit in the page pool the engine sizes from free device memory
+    (gpu_memory_utilization, bf16 weights), for a bf16 and an fp8 KV cache. No compile: warmup=False."""
+    rows = []
+    for kv in ("auto", "fp8"):
+        llm = LLM(a.model, load_format="dummy", max_model_len=a.kv_request_len, warmup=False, progress=False,
+                  kv_cache_dtype=kv)
+        r = llm.engine.runner
+        per_request = -(-a.kv_request_len // r.page_size)
+        rows.append(dict(kv_cache_dtype=kv, num_pages=r.num_pages, page_size=r.page_size,
+                         bytes_per_page=r.bytes_per_page, kv_cache_GB=r.kv_cache_bytes / 1e9,
+                         concurrent_requests=(r.num_pages - 1) // per_request))
+        print(f"KV {kv:<5}: {r.num_pages} pages of {r.bytes_per_page} B ({r.kv_cache_bytes / 1e9:.1f} GB) -> "
+              f"{rows[-1]['concurrent_requests']} concurrent {a.kv_request_len}-token requests", flush=True)
+        del llm, r
+        gc.collect()
+    rows[1]["ratio_vs_bf16"] = rows[1]["concurrent_requests"] / rows[0]["concurrent_requests"]
+    print(f"KV fp8 fits {rows[1]['ratio_vs_bf16']:.2f}x the concurrent requests of bf16 (target 2x)", flush=True)
+    return rows
+
+
+def save(a, rows, bw, t_start, kv_rows) -> str:
+    """Speed-ups vs the bf16 row where both exist; the JSON is rewritten after every method so that a run cut by
+    the device's time limit keeps what it measured."""
     base = next((r for r in rows if r.get("method") == "bf16" and "decode_b1_tok_s" in r), None)
     if base:
         for r in rows:
@@ -124,12 +158,10 @@ def main():
             f"{r['method']}: decode {r.get('decode_speedup_vs_bf16', float('nan')):.2f}x"
             + (f", throughput {r['throughput_speedup_vs_bf16']:.2f}x" if "throughput_speedup_vs_bf16" in r else "")
             for r in rows if "decode_b1_tok_s" in r), flush=True)
-    path = write_result("quantized-decode", dict(
+    return write_result("quantized-decode", dict(
         model=a.model, prompt_len=a.prompt_len, new_tokens=a.new_tokens, num_requests=a.num_requests,
         tp_prompt_len=a.tp_prompt_len, output_len=a.output_len, hbm_TBps=bw / 1e12,
-        wall_s=time.perf_counter() - t_start, rows=rows))
-    print(f"wrote {path} in {time.perf_counter() - t_start:.0f} s", flush=True)
-
+        wall_s=time.perf_counter() - t_start, rows=rows, kv_capacity=kv_rows))
 
 if __name__ == "__main__":
     main()

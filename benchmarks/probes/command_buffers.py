@@ -6,10 +6,12 @@ For each XLA_FLAGS variant (a fresh child process each, since XLA reads its flag
   all       : FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE (control flow captured too)
 the child builds the engine (Llama-3-8B shape, dummy bf16 weights), compiles the batch-1 and batch-64 decode
 buckets, and reports
-  * from the optimized HLO of each step program (`Compiled.as_text()`, i.e. after XLA's command-buffer
-    conversion): the number of command-buffer computations, of instructions inside them and of kernel-launching
-    instructions (fusions, custom calls, conditionals, whiles) left outside them in the entry computation;
-  * the device-only step time (compiled step called back to back) and the engine's decode tok/s.
+  * the device-only step time (compiled step called back to back) and the engine's decode tok/s: the evidence.
+    Default vs off is what command buffers buy;
+  * a census of the optimized HLO of each step program (`Compiled.as_text()`): command-buffer computations,
+    instructions inside them, kernel-launching instructions (fusions, custom calls, conditionals, whiles). On
+    jax 0.11.x XLA forms command buffers on the thunk sequence after HLO, so the census reads 0 command buffers
+    in every variant; it stays for older XLA versions (which convert in HLO) and for the launch counts.
 
   python benchmarks/probes/command_buffers.py [--variants default off all] [--out DIR]
 
@@ -99,7 +101,7 @@ def sweep(model: str, batches: list[int], ctx: int, out_dir: str):
     llm = LLM(model, load_format="dummy", max_model_len=ctx + 64, max_num_batched_tokens=max(256, max(batches)),
               max_num_seqs=max(batches), num_pages=max(batches) * (ctx // 16 + 2) + 2, warmup=False, progress=False)
     r = llm.runner
-    variants = {"default": None, "off": {"xla_gpu_enable_command_buffer": ""}}
+    variants = {"default": None, "off": {"xla_gpu_enable_command_buffer": ""}}  # per-executable XLA options
     rows = []
     for b in batches:
         per = ctx // r.page_size + 1
@@ -107,16 +109,11 @@ def sweep(model: str, batches: list[int], ctx: int, out_dir: str):
                 for i in range(b)]
         hb = pack(seqs, r.ladder.pick(b, b), r.page_size)
         ints, floats = jax.device_put(hb.flat())
-        spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731
         row = dict(batch=b, bucket=str(hb.bucket), context=ctx)
         for name, opts in variants.items():
-            lowered = r._step.lower(r.loaded.params, r.kv_caches, spec(ints), spec(floats), r._no_prev,
-                                    r.penalty_table, bucket=hb.bucket)
-            step = lowered.compile() if opts is None else lowered.compile(compiler_options=opts)
-            if name == "default" and b == batches[0]:
-                dump = lowered.compile(compiler_options={"xla_dump_to": os.path.join(out_dir, "dump"),
-                                                         "xla_dump_hlo_as_text": True})
-                del dump
+            if name == "default" and b == batches[0]:  # the first bucket's default program, dumped as it compiles
+                opts = {"xla_dump_to": os.path.join(out_dir, "dump"), "xla_dump_hlo_as_text": True}
+            step = r.compile_step(hb.bucket, opts)
             for _ in range(3):
                 out, _ = r.run_compiled(step, ints, floats)
             jax.block_until_ready(out)

@@ -179,16 +179,21 @@ class ModelRunner:
                                                                prev, self.penalty_table)
         return out, hidden
 
+    def compile_step(self, bucket, compiler_options: dict | None = None):
+        """The step executable of a bucket, compiled ahead of time (compiler_options: per-executable XLA options,
+        e.g. {"xla_gpu_enable_command_buffer": ""}; the probes in benchmarks/probes use them)."""
+        ints, floats = pack([SeqInput(token_ids=[0], start_pos=0, page_table=[0])], bucket, self.page_size).flat()
+        spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self._replicated)  # noqa: E731
+        lowered = self._step.lower(self.loaded.params, self.kv_caches, spec(ints), spec(floats), self._no_prev,
+                                   self.penalty_table, bucket=bucket)
+        return lowered.compile(compiler_options=compiler_options) if compiler_options else lowered.compile()
+
     def _programs(self, bucket):
         """(step, prompt_logprobs) executables of a bucket, compiled on first use (warm-up does all)."""
         progs = self._compiled.get(bucket)
         if progs is None:
-            ints, floats = pack([SeqInput(token_ids=[0], start_pos=0, page_table=[0])], bucket,
-                                self.page_size).flat()
             rep = self._replicated
-            spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep)  # noqa: E731
-            step = self._step.lower(self.loaded.params, self.kv_caches, spec(ints), spec(floats), self._no_prev,
-                                    self.penalty_table, bucket=bucket).compile()
+            step = self.compile_step(bucket)
             hidden = jax.ShapeDtypeStruct((bucket.num_tokens, self.loaded.cfg.hidden_size), self.loaded.dtype,
                                           sharding=rep)
             targets = jax.ShapeDtypeStruct((bucket.num_tokens,), jnp.int32, sharding=rep)
