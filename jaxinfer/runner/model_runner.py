@@ -30,9 +30,22 @@ from pallas_kernels.paged_attention import kv_quant
 
 log = logging.getLogger("jaxinfer")
 
-_CPU_KV_BUDGET_BYTES = 1 << 30
+_CPU_KV_BUDGET_BYTES = 1 << 30  # without device memory statistics (CPU) size the cache at 1 GiB
 # per-sequence fields read with map(attrgetter): no Python-level loop over every sequence of a step
-_PENALTY_INIT, _NUM_SPEC, _TOKEN_IDS = (operator.attrgetter(f) for f in ("penalty_init", "num_spec", "token_ids"))  # without device memory statistics (CPU) size the cache at 1 GiB
+_PENALTY_INIT, _NUM_SPEC, _TOKEN_IDS = (operator.attrgetter(f) for f in ("penalty_init", "num_spec", "token_ids"))
+# XLA's command buffers (CUDA graphs) pay for small steps and cost at large ones. Device-only step of the 8B shape
+# on the H200 (benchmarks/probes/command_buffers.py --sweep, results/command-buffer-sweep-2026-12-01.json), with /
+# without: 16 tokens 5.50 / 6.62 ms, 64 tokens 7.81 / 8.00 ms, 256 tokens 18.39 / 15.13 ms. So buckets of more
+# tokens than this compile without them (the crossover lies between 64 and 256 tokens).
+COMMAND_BUFFER_MAX_TOKENS = 128
+
+
+def step_compiler_options(bucket) -> dict | None:
+    """Per-executable XLA options of a bucket's step: command buffers off on the GPU above
+    COMMAND_BUFFER_MAX_TOKENS tokens (other backends: none)."""
+    if jax.default_backend() == "gpu" and bucket.num_tokens > COMMAND_BUFFER_MAX_TOKENS:
+        return {"xla_gpu_enable_command_buffer": ""}
+    return None
 
 
 @dataclasses.dataclass
@@ -193,7 +206,7 @@ class ModelRunner:
         progs = self._compiled.get(bucket)
         if progs is None:
             rep = self._replicated
-            step = self.compile_step(bucket)
+            step = self.compile_step(bucket, step_compiler_options(bucket))
             hidden = jax.ShapeDtypeStruct((bucket.num_tokens, self.loaded.cfg.hidden_size), self.loaded.dtype,
                                           sharding=rep)
             targets = jax.ShapeDtypeStruct((bucket.num_tokens,), jnp.int32, sharding=rep)

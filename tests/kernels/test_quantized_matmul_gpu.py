@@ -56,7 +56,10 @@ def test_fp8_xla_matches_reference_on_gpu(M):
     x, w, L = _problem(M, 4096, 14336, spec)
     ref = qr.fp8_matmul_reference(x, L["q"], L["scale"], out_dtype=jnp.float32)
     got = qx.fp8_matmul_xla(x, L["q"], L["scale"], out_dtype=jnp.float32)
-    assert _rel(got, ref) < 1e-4
+    # Hopper's fp8 tensor cores accumulate with less than f32 precision (cuBLASLt): measured 0.5-1.4e-3 relative to
+    # the f32 reference on the same fp8 operands on the H200 (results/gpu-tests-2026-12-01.json); a wrong scale or
+    # layout is off by O(1).
+    assert _rel(got, ref) < 5e-3
     assert _rel(got, x.astype(jnp.float32) @ w) < 0.06
 
 
