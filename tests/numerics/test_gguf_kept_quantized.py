@@ -24,6 +24,7 @@ from jaxinfer.models.quant_formats import gguf_to_quantized
 from jaxinfer.models.quant_spec import KeepGGUFQuantization, QuantizationError
 from jaxinfer.models.quant_tensor import QuantizedTensor
 from pallas_kernels.quantized_matmul.reference import dequantize_int4
+from tests.numerics.gguf_blocks import q4_k_raw
 
 HIDDEN, INTER, VOCAB, HEADS, KV_HEADS = 64, 128, 128, 4, 2
 # Per layer: GGUF type of q, k, v, o, gate, up, down.
@@ -54,20 +55,8 @@ def _llamacpp_permute(w, n_head):
 
 
 def _q4_k_raw(rng, n_out, n_in):
-    """Random Q4_K super-blocks laid out as llama.cpp's block_q4_K (gguf-py cannot quantize to Q4_K): f16 d and
-    dmin, 12 bytes of 6-bit (scale, min) pairs for 8 sub-blocks, 128 bytes of nibbles."""
-    nb = n_in // 256
-    d = rng.uniform(1e-4, 1e-3, (n_out, nb)).astype(np.float16)
-    dmin = rng.uniform(1e-4, 1e-3, (n_out, nb)).astype(np.float16)
-    sc, mn = rng.integers(0, 64, (2, n_out, nb, 8)).astype(np.uint8)  # sc 0: a constant sub-block, kept exactly
-    scales = np.zeros((n_out, nb, 12), np.uint8)
-    scales[..., 0:4] = (sc[..., 0:4] & 63) | ((sc[..., 4:8] >> 4) << 6)
-    scales[..., 4:8] = (mn[..., 0:4] & 63) | ((mn[..., 4:8] >> 4) << 6)
-    scales[..., 8:12] = (sc[..., 4:8] & 0xF) | ((mn[..., 4:8] & 0xF) << 4)
-    q = rng.integers(0, 16, (n_out, nb, 4, 2, 32)).astype(np.uint8)
-    qs = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).reshape(n_out, nb, 128)
-    return np.concatenate([d[..., None].view(np.uint8), dmin[..., None].view(np.uint8), scales, qs],
-                          -1).reshape(n_out, -1)
+    """Random Q4_K super-blocks (small d; scale 0 allowed: a constant sub-block, kept exactly)."""
+    return q4_k_raw(rng, n_out, n_in, d_range=(1e-4, 1e-3), min_scale=0)
 
 
 def _write(path, arch, *, tied, layer_types=LAYER_TYPES, hidden=HIDDEN, inter=INTER):

@@ -17,6 +17,7 @@ from safetensors.numpy import load_file, save_file
 
 from jaxinfer.models.quant_formats import (QuantFormatError, gguf_to_quantized, iter_gguf_quantized,
                                            read_quantized_checkpoint, read_safetensors, unpack_awq)
+from tests.numerics.gguf_blocks import q4_k_raw
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -297,19 +298,7 @@ def _gguf_q4_1(rng, n_out, n_in):
 
 def _gguf_q4_k(rng, n_out, n_in):
     """Q4_K super-blocks following llama.cpp's block_q4_K: d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes."""
-    nb = n_in // 256
-    d = rng.uniform(0.001, 0.01, (n_out, nb)).astype(np.float16)
-    dmin = rng.uniform(0.001, 0.01, (n_out, nb)).astype(np.float16)
-    sc = rng.integers(1, 64, (n_out, nb, 8)).astype(np.uint8)
-    mn = rng.integers(0, 64, (n_out, nb, 8)).astype(np.uint8)
-    scales = np.zeros((n_out, nb, 12), np.uint8)
-    scales[..., 0:4] = (sc[..., 0:4] & 63) | ((sc[..., 4:8] >> 4) << 6)
-    scales[..., 4:8] = (mn[..., 0:4] & 63) | ((mn[..., 4:8] >> 4) << 6)
-    scales[..., 8:12] = (sc[..., 4:8] & 0xF) | ((mn[..., 4:8] & 0xF) << 4)
-    q = rng.integers(0, 16, (n_out, nb, 4, 2, 32)).astype(np.uint8)
-    qs = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).reshape(n_out, nb, 128)
-    return np.concatenate([d[..., None].view(np.uint8), dmin[..., None].view(np.uint8), scales, qs],
-                          -1).reshape(n_out, -1)
+    return q4_k_raw(rng, n_out, n_in)
 
 
 @pytest.mark.parametrize("kind,make,exact", [("Q4_0", _gguf_q4_0, True), ("Q4_1", _gguf_q4_1, False),
