@@ -4,8 +4,8 @@ vLLM-style automatic prefix caching.
 The device holds K/V as [num_pages, page_size, ...]; a request's KV lives in the pages of its page table,
 token t in page_table[t // page_size] at slot t % page_size. This module never touches device memory.
 
-Page 0 is reserved and never handed out: the device writes the KV of padding tokens (bucketed batch
-shapes) into page 0, so it is a trash page. Usable pages = num_pages - 1.
+Page 0 is reserved and never handed out: the padding rows of the device's page tables (bucketed batch shapes)
+point at it, so it is read but never attended to. Usable pages = num_pages - 1.
 
 Prefix caching (enable_prefix_caching=True)
 -------------------------------------------

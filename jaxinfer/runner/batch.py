@@ -2,7 +2,8 @@
 
 Input: a list of `SeqInput` (the tokens to compute for each sequence this step, where they start, the pages of
 the sequence, sampling settings). Output: `HostBatch`, numpy arrays padded to a `Bucket`, copied to the device
-in one transfer. Padding tokens write their K/V into page 0 (never handed out) and are never attended to.
+in one transfer. Padding tokens have slot -1 (their K/V are not written) and are never attended to; padding
+rows of the page tables point at the reserved page 0.
 """
 from __future__ import annotations
 
@@ -124,7 +125,7 @@ def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
     prev_src[last[has_prev]] = prev_rows[has_prev]
     positions = np.zeros(T, np.int32)
     positions[:n_tok] = pos
-    slot_mapping = np.zeros(T, np.int32)  # padding -> slot 0 of the reserved page 0
+    slot_mapping = np.full(T, -1, np.int32)  # padding: no slot (write_kv_pages drops it)
     slot_mapping[:n_tok] = page_tables[tok_seq, pos // page_size] * page_size + pos % page_size
 
     # Query tiles: sequence i gets ceil(len_i / Bq) tiles of up to Bq consecutive tokens.

@@ -54,6 +54,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from pallas_kernels.paged_attention.scatter import set_rows
+
 try:  # Triton backend of Pallas: present in jax 0.4.3x ... 0.11.
     from jax.experimental.pallas import triton as plgpu
 except ImportError:  # pragma: no cover - a jax without the Triton backend module
@@ -276,9 +278,9 @@ def _ragged_paged_attention(q, k_pages, v_pages, positions, tile_tokens, tile_se
         o = o.astype(q.dtype)
     # [NT, KVH, R, D] -> [NT * Bq, H, D] in the reference's (token, kv head, group) head order.
     o = o[:, :, :R0].reshape(NT, KVH, Bq, g, D).transpose(0, 2, 1, 3, 4).reshape(NT * Bq, H, D)
-    # Scatter tiles back to flat tokens; empty slots point at row T and are dropped.
-    flat = jnp.zeros((T + 1, H, D), q.dtype).at[tile_tokens.reshape(-1)].set(o)
-    return flat[:T]
+    # Scatter tiles back to flat tokens; empty slots (token T) write nothing (unique indices: plain stores).
+    idx = tile_tokens.reshape(-1)
+    return set_rows(jnp.zeros((T, H, D), q.dtype), idx, o, idx >= T)
 
 
 # --------------------------------------------------------------------------------------------------------------

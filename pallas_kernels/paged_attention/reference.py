@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.paged_attention.kv_quant import QuantizedPages, quantize_kv
+from pallas_kernels.paged_attention.scatter import set_rows
 
 _MASKED = -1e30  # finite, so fully-masked (padding) rows never produce inf - inf = NaN
 
@@ -28,7 +29,8 @@ _MASKED = -1e30  # finite, so fully-masked (padding) rows never produce inf - in
 def write_kv_pages(k_pages, v_pages, k, v, slot_mapping):
     """Scatter this step's k, v: [T, kv_heads, head_dim] into flat slots (page * page_size + offset).
 
-    Padding tokens carry slots inside page 0, which the host never hands out. In-place on a donated cache.
+    Padding tokens carry slot -1 and write nothing (`scatter.set_rows`: unique indices, plain stores on the
+    GPU). In-place on a donated cache.
     Quantized pages (`kv_quant.QuantizedPages`): each token / head is quantized here, its scale written to the
     parallel scale pool at the same slot.
     """
@@ -40,7 +42,7 @@ def _write(pages, x, slot_mapping):
         xq, scale = quantize_kv(x, pages.data.dtype)  # [T, kvh, D], f32[T, kvh]
         return QuantizedPages(_write(pages.data, xq, slot_mapping), _write(pages.scale, scale, slot_mapping))
     flat = (pages.shape[0] * pages.shape[1],) + pages.shape[2:]
-    return pages.reshape(flat).at[slot_mapping].set(x.astype(pages.dtype)).reshape(pages.shape)
+    return set_rows(pages.reshape(flat), slot_mapping, x, slot_mapping < 0).reshape(pages.shape)
 
 
 def ragged_paged_attention_reference(
@@ -123,6 +125,6 @@ def ragged_paged_attention_reference(
         _, _, l, acc = jax.lax.while_loop(lambda c: c[0] < num_chunks, body, init)
     out = acc / jnp.maximum(l, 1e-30)[..., None]  # [NT, kvh, g, Bq, D]
     out = out.transpose(0, 3, 1, 2, 4).reshape(NT * Bq, num_heads, head_dim).astype(q.dtype)
-    # Scatter tiles back to flat tokens; empty slots point at row T and are dropped.
-    flat = jnp.zeros((T + 1, num_heads, head_dim), q.dtype).at[tile_tokens.reshape(-1)].set(out)
-    return flat[:T]
+    # Scatter tiles back to flat tokens; empty slots (token T) write nothing.
+    idx = tile_tokens.reshape(-1)
+    return set_rows(jnp.zeros((T, num_heads, head_dim), q.dtype), idx, out, idx >= T)

@@ -26,7 +26,7 @@ def loop_pack(seqs, bucket, page_size):
     input_ids = np.zeros(T, np.int32)
     prev_src = np.full(T, -1, np.int32)  # row of the previous step's tokens that fills a placeholder
     positions = np.zeros(T, np.int32)
-    slot_mapping = np.zeros(T, np.int32)  # padding -> slot 0 of the reserved page 0
+    slot_mapping = np.full(T, -1, np.int32)  # padding: no slot
     # Row S stays all zeros: empty tiles point at it, so they gather only the reserved page 0 (L2-resident)
     # instead of re-reading a real sequence's pages.
     page_tables = np.zeros((S + 1, W), np.int32)

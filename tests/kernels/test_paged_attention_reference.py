@@ -50,10 +50,11 @@ def test_ragged_mix_matches_dense(heads, kv_heads, head_dim, page_size, window, 
         ref = _dense_reference(q[s0:s0 + n].astype(np.float64), full_k[i].astype(np.float64),
                                full_v[i].astype(np.float64), np.arange(ctx, ctx + n), scale, window)
         np.testing.assert_allclose(out[s0:s0 + n], ref, rtol=2e-5, atol=2e-5, err_msg=f"sequence {i} {ctx, n}")
-    # Only the step's slots changed, apart from page 0 (the padding tokens' trash page).
+    # Only the step's slots changed: padding tokens (slot -1) write nothing, not even into the reserved page 0.
     changed = np.argwhere(np.any(np.asarray(kp) != before, axis=(2, 3)))
     written = {(int(s) // ps, int(s) % ps) for s in a["slot_mapping"][:n_tok]}
-    assert {(int(p), int(o)) for p, o in changed if p != 0} <= written
+    assert {(int(p), int(o)) for p, o in changed} <= written
+    assert np.all(np.asarray(a["slot_mapping"][n_tok:]) == -1)
 
 
 def test_bf16_within_tolerance():
