@@ -31,13 +31,16 @@ Order: configs inside the target region (batch >= 64 and context >= 4k) first, t
 past --budget-s the remaining configs are recorded as skipped. The JSON
 (benchmarks/results/kernel-paged-attention-<date>.json, or --out) is rewritten after every config.
 
-Output: a line per variant and a summary line per config (best kernel: us, TB/s, % HBM, x faster than the best
-reference, x vs the best peer variant, rel_err), then the targets: >= 3.2 TB/s at batch >= 64 x context >= 4k,
-and the kernel never slower than the reference, for the best variant and for the engine's (4, 1).
+Output: a line per variant as it is measured (us, TB/s, % HBM, rel_err, inner, compile s) and a summary line per
+config; at the end one table line per config (best reference; best kernel variant: us, TB/s, % HBM, x vs the
+reference; the engine's (4, 1) and its x vs the reference; best peer variant and the kernel's x vs it; rel_err of
+the kernel and the peer), then the targets: >= 3.2 TB/s at batch >= 64 x context >= 4k, and the kernel never
+slower than the reference, for the best variant and for the engine's (4, 1). The JSON has every row and config.
 
-Wall time of the default grid on the H200 (estimated with --dry-run from the 2026-11-30 run, where each variant cost
-0.6 s beyond its calls: compile + transfers): 20 configs, 128 variants, ~15 s of calls -> ~95 s at 0.6 s per
-variant, ~400 s at 3 s; --budget-s 380 keeps the call under ~7 minutes either way.
+Wall time of the default grid on the H200, estimated by --dry-run from the 2026-11-30 run (there each variant cost
+0.6 s beyond its calls: compile, transfers): 20 configs, 131 variants, ~4 s of calls (inner adapts), ~1 s per config
+for the pools and the peer's layout -> ~105 s at 0.6 s per variant, ~420 s at 3 s (+ ~15 s start-up). --budget-s
+380 keeps the call under ~7 minutes either way (at 3 s per variant the last few small configs would be skipped).
 
   python benchmarks/kernels/paged_attention.py                      # the default grid (H200)
   python benchmarks/kernels/paged_attention.py --dry-run            # the plan and its time estimate, no device
@@ -226,11 +229,6 @@ def _kernel_fn(ppb: int, ks: int, sm_scale: float, interpret: bool):
                                                       kv_splits=ks, interpret=interpret)
 
 
-def _peer_fn(fn, params: dict, sm_scale: float, interpret: bool):
-    # The peer applies no softmax scale (logits = q . k): its q is scaled first, inside the timed function.
-    return lambda x, k, v, bt, ln: fn((x * sm_scale).astype(x.dtype), k, v, bt, ln, **params, interpret=interpret)
-
-
 def run_config(cfg: dict, a, hbm: float, sms: int, peer_fn) -> list[dict]:
     batch, ctx, nbytes = cfg["batch"], cfg["context"], cfg["kv_bytes"]
     sm_scale = D ** -0.5
@@ -281,8 +279,8 @@ def run_config(cfg: dict, a, hbm: float, sms: int, peer_fn) -> list[dict]:
         lengths = jnp.full((batch,), ctx + 1, jnp.int32)
         for params in peer.variants(split_rule(batch, ctx, sms)):
             bt = jnp.asarray(peer.block_tables(page_lists, params["k_splits"], params["pages_per_compute_block"]))
-            timed(peer.name(params), "peer", _peer_fn(peer_fn, params, sm_scale, a.interpret), (q[:batch], kt, vt, bt, lengths),
-                  params)
+            timed(peer.name(params), "peer", peer.make_call(peer_fn, params, sm_scale, a.interpret),
+                  (q[:batch], kt, vt, bt, lengths), params)
         kt.delete()
         vt.delete()
     return rows
@@ -293,8 +291,8 @@ def print_row(r: dict) -> None:
     if "error" in r:
         print(f"{head} ERROR {r['error'][:300]}", flush=True)
         return
-    print(f"{head} {r['us']:>10.1f} {r['gbps'] / 1e3:>6.2f} {r['pct_hbm']:>5.1f}% {r.get('rel_err', float('nan')):>9.2e}"
-          f"  (inner {r['inner']}, compile {r['compile_s']:.1f} s)", flush=True)
+    print(f"{head} {r['us']:>10.1f} {r['gbps'] / 1e3:>6.2f} {r['pct_hbm']:>5.1f}% "
+          f"{r.get('rel_err', float('nan')):>9.2e}  (inner {r['inner']}, compile {r['compile_s']:.1f} s)", flush=True)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -306,8 +304,16 @@ def _best(rows, kind, impl=None):
 
 
 def summarize(cfg: dict, rows: list[dict]) -> None:
-    """Adds to cfg: the best kernel / reference / peer variant and the ratios; prints one line."""
-    k, ref, p, eng = _best(rows, "kernel"), _best(rows, "ref"), _best(rows, "peer"), _best(rows, "kernel", "kernel_p4_s1")
+    """Adds to cfg the best kernel / reference / peer variant, the engine's (4, 1) and the ratios, and to every
+    row its speed-up vs the best reference and the best peer variant; prints one line."""
+    k, ref, p = _best(rows, "kernel"), _best(rows, "ref"), _best(rows, "peer")
+    eng = _best(rows, "kernel", "kernel_p4_s1")
+    for r in rows:
+        if "us" in r:
+            if ref:
+                r["speedup_vs_ref"] = ref["us"] / r["us"]
+            if p:
+                r["speedup_vs_peer"] = p["us"] / r["us"]
     s = cfg
     for tag, r in (("kernel", k), ("ref", ref), ("peer", p), ("engine", eng)):
         if r:
@@ -331,6 +337,31 @@ def summarize(cfg: dict, rows: list[dict]) -> None:
     print(line, flush=True)
 
 
+def print_table(cfgs: list[dict]) -> None:
+    """One line per measured config (the end of the log: what a cut-off output tail still shows)."""
+    nan = float("nan")
+    print(f"{'batch':>5} {'ctx':>6} {'KV GB':>6} | {'ref us':>9} {'(best ref)':<10} | {'kernel us':>9} {'TB/s':>5} "
+          f"{'%HBM':>4} {'x ref':>6} {'(best)':<13} | {'p4_s1 us':>9} {'x ref':>6} | {'peer us':>9} {'(best)':<12} "
+          f"{'x peer':>6} | {'err kern':>8} {'err peer':>8}", flush=True)
+    for c in cfgs:
+        head = f"{c['batch']:>5} {c['context']:>6} {c['kv_bytes'] / 1e9:>6.2f}"
+        if "skipped" in c:
+            print(f"{head} skipped: {c['skipped']}", flush=True)
+            continue
+        if "kernel_us" not in c and "ref_us" not in c:
+            print(f"{head} no result (every variant failed: see the rows)", flush=True)
+            continue
+
+        def g(k):
+            v = c.get(k)
+            return nan if v is None else v
+        print(f"{head} | {g('ref_us'):>9.1f} {c.get('ref_impl', '-'):<10} | {g('kernel_us'):>9.1f} "
+              f"{g('kernel_tbps'):>5.2f} {g('kernel_pct_hbm'):>4.0f} {g('kernel_speedup_vs_ref'):>6.2f} "
+              f"{c.get('kernel_impl', '-'):<13} | {g('engine_us'):>9.1f} {g('engine_speedup_vs_ref'):>6.2f} | "
+              f"{g('peer_us'):>9.1f} {c.get('peer_impl', '-'):<12} {g('kernel_speedup_vs_peer'):>6.2f} | "
+              f"{g('kernel_rel_err'):>8.1e} {g('peer_rel_err'):>8.1e}", flush=True)
+
+
 def targets(cfgs: list[dict]) -> dict:
     """The issue's two targets, for the best kernel variant and for the engine's (4, 1)."""
     done = [c for c in cfgs if "kernel_us" in c]
@@ -352,6 +383,9 @@ def targets(cfgs: list[dict]) -> dict:
 
 
 def print_targets(t: dict) -> None:
+    if "kernel_min_tbps_in_target" not in t:
+        print(f"TARGET >= {TARGET_TBPS} TB/s at batch >= 64 x context >= 4k: no config of that region measured",
+              flush=True)
     for tag, what in (("kernel", "best variant"), ("engine", "engine's p4_s1")):
         m = t.get(f"{tag}_min_tbps_in_target")
         if m:
@@ -417,9 +451,11 @@ def dry_run(a, cfgs: list[dict], sms: int) -> None:
               f"{kernel_variants(c['batch'], c['context'], sms)}, peer splits "
               f"{[v['k_splits'] for v in peer.variants(split_rule(c['batch'], c['context'], sms))]}, "
               f"calls ~{calls:.2f} s")
-    for per in (0.6, a.assume_variant_s):
-        print(f"estimate: {n_var} variants, {total_calls:.0f} s of calls + {per:g} s per variant = "
-              f"{total_calls + per * n_var:.0f} s (+ start-up and the HBM probe)")
+    n_cfg = sum("skipped" not in c for c in cfgs)
+    for per in (0.6, a.assume_variant_s):  # 0.6 s: the 2026-11-30 run's wall time beyond its calls, per variant
+        print(f"estimate: {n_cfg} configs, {n_var} variants: {total_calls:.0f} s of calls + {per:g} s per variant "
+              f"+ 1 s per config (pools, layout conversion) = {total_calls + per * n_var + n_cfg:.0f} s "
+              f"(+ start-up and the HBM probe, ~15 s)")
 
 
 def lower_only(a, cfgs: list[dict], sms: int, peer_fn) -> int:
@@ -442,8 +478,9 @@ def lower_only(a, cfgs: list[dict], sms: int, peer_fn) -> int:
             tpool = sd((KVH, num_pages, PS, D), DTYPE)
             for params in peer.variants(split_rule(batch, ctx, sms)):
                 bt = peer.block_tables(page_lists, params["k_splits"], params["pages_per_compute_block"])
-                jobs.append((peer.name(params), _peer_fn(peer_fn, params, D ** -0.5, False),
-                             (sd((batch, H, D), DTYPE), tpool, tpool, sd(bt.shape, jnp.int32), sd((batch,), jnp.int32))))
+                jobs.append((peer.name(params), peer.make_call(peer_fn, params, D ** -0.5, False),
+                             (sd((batch, H, D), DTYPE), tpool, tpool, sd(bt.shape, jnp.int32),
+                              sd((batch,), jnp.int32))))
         for name, fn, args in jobs:
             try:
                 text = jax.jit(looped(fn, 2)).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
@@ -469,7 +506,8 @@ def parse_args(argv=None):
     ap.add_argument("--no-peer", action="store_true", help="skip JAX's bundled kernel")
     ap.add_argument("--interpret", action="store_true", help="Pallas kernels in interpret mode (CPU smoke test only)")
     ap.add_argument("--hbm-gib", type=float, default=2.0)
-    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/kernel-paged-attention-<date>.json)")
+    ap.add_argument("--out", default=None,
+                    help="JSON path (default: benchmarks/results/kernel-paged-attention-<date>.json)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and its time estimate; no device work")
     ap.add_argument("--estimate-from", default=PREVIOUS, help="earlier result JSON for --dry-run's per-call model")
     ap.add_argument("--assume-variant-s", type=float, default=3.0, help="--dry-run: compile etc. per variant")
@@ -512,6 +550,7 @@ def main(argv=None) -> int:
         rows.extend(cfg_rows)
         summarize(cfg, cfg_rows)
         save(a, hbm, sms, cfgs, rows, t_start)  # after every config: a cut run keeps what it measured
+    print_table(cfgs)
     print_targets(targets(cfgs))
     path = save(a, hbm, sms, cfgs, rows, t_start)
     print(f"wrote {path} in {time.perf_counter() - t_start:.0f} s", flush=True)

@@ -10,6 +10,8 @@ Its contract (the same in jax 0.10.2 and 0.11.x; checked in the installed source
     min(pages_per_compute_block, pages_per_seq / k_splits) (it asserts): `block_tables` pads our page lists with
     page 0 up to the next multiple of k_splits * pages_per_compute_block. Padded entries past the length are
     masked (only partitions that hold real pages run their loop; a block's tail past the length is masked);
+  * it applies no softmax scale (logits = q . k): `make_call` scales q by sm_scale first, inside the timed
+    function (one more bf16 rounding of q);
   * each split's partial output is stored in q's dtype (bf16 here) before the merge: part of its error vs ours.
 Our pools are [num_pages, page_size, KVH, D]: `to_peer_layout` transposes them once, outside any timing.
 """
@@ -71,3 +73,8 @@ def variants(split_rule: int) -> list[dict]:
 
 def name(v: dict) -> str:
     return f"peer_p{v['pages_per_compute_block']}_s{v['k_splits']}"
+
+
+def make_call(fn, params: dict, sm_scale: float, interpret: bool):
+    """(q [B, H, D], k_pages, v_pages (its layout), block_tables, lengths) -> [B, H, D], our semantics."""
+    return lambda q, k, v, bt, ln: fn((q * sm_scale).astype(q.dtype), k, v, bt, ln, **params, interpret=interpret)
