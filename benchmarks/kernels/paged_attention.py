@@ -45,7 +45,8 @@ for the pools and the peer's layout -> ~105 s at 0.6 s per variant, ~420 s at 3 
   python benchmarks/kernels/paged_attention.py                      # the default grid (H200)
   python benchmarks/kernels/paged_attention.py --dry-run            # the plan and its time estimate, no device
   python benchmarks/kernels/paged_attention.py --lower-only         # lower every Pallas variant for CUDA (on CPU)
-  python benchmarks/kernels/paged_attention.py --interpret --batch 1 4 --context 64 128   # CPU smoke run
+  python benchmarks/kernels/paged_attention.py --interpret --batch 1 4 --context 64 128 --inner 1 --reps 1 \
+      --warmup 0 --hbm-gib 0.01                                     # CPU smoke run (~30 s)
 """
 from __future__ import annotations
 
@@ -418,7 +419,11 @@ def save(a, hbm: float, sms: int, cfgs: list[dict], rows: list[dict], t_start: f
 # No-device modes
 # --------------------------------------------------------------------------------------------------------------
 def _fit_previous(path: str) -> dict:
-    """Per-call model us = a + bytes / bw per implementation kind, least squares over the rows of an earlier run."""
+    """Per-call model us = a + bytes / bw per implementation kind, least squares over the rows of an earlier run
+    (without that file: 50 us + the bandwidths assumed for `inner`)."""
+    if not os.path.exists(path):
+        print(f"no {path}: per-call model = 50 us + KV bytes at {ASSUMED_BPS}")
+        return {k: (50e-6, 1 / bw) for k, bw in ASSUMED_BPS.items()}
     with open(path) as f:
         rows = [r for r in json.load(f)["rows"] if "us" in r]
     groups = {"ref": [r for r in rows if r["impl"].startswith("ref")],
