@@ -519,7 +519,14 @@ def parse_args(argv=None):
     ap.add_argument("--lower-only", action="store_true", help="lower every Pallas variant for CUDA (works on CPU)")
     from benchmarks.common import add_profile_arg
     add_profile_arg(ap)
-    return ap.parse_args(argv)
+    a = ap.parse_args(argv)
+    bad = [b for b in a.batch if not 1 <= b <= MAX_NUM_SEQS]
+    if bad:
+        ap.error(f"--batch {bad}: a decode step holds 1 to {MAX_NUM_SEQS} sequences (the engine's max_num_seqs)")
+    if min(a.context) < 1 or a.inner < 1 or a.reps < 1 or a.warmup < 0:
+        ap.error(f"--context {a.context} / --inner {a.inner} / --reps {a.reps} must be >= 1 and --warmup "
+                 f"{a.warmup} >= 0")
+    return a
 
 
 def main(argv=None) -> int:
