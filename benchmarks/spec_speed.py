@@ -51,13 +51,17 @@ class OracleProposer:
             # Run for its cost only. Its cache then holds KV of its own drafts where the oracle's were accepted;
             # that is wrong content but the same amount of work (catch-up is one token per step either way).
             self.inner.propose(seqs)
+        # "Free" drafts: their host cost is part of every measured cycle, so the random draws are made once for
+        # the whole batch (one draw per sequence cost ~12 µs a sequence: 0.4 ms per step at batch 32).
+        kmax = max(k for _, _, k in seqs)
+        agree = (self.rng.random((len(seqs), kmax)) < self.accept).tolist()
+        shift = (1 + self.rng.integers(0, self.vocab - 1, (len(seqs), kmax))).tolist()  # != 0 mod vocab
         out = {}
-        for rid, tokens, k in seqs:
+        for i, (rid, tokens, k) in enumerate(seqs):
             done = len(tokens) - self.prompt_lens[rid]
             true = self.refs[rid][done:done + k]
-            agree = self.rng.random(len(true)) < self.accept
-            noise = (np.asarray(true) + 1 + self.rng.integers(0, self.vocab - 1, len(true))) % self.vocab
-            out[rid] = [int(t) if g else int(n) for t, g, n in zip(true, agree, noise)]
+            g, sh = agree[i], shift[i]
+            out[rid] = [t if g[j] else (t + sh[j]) % self.vocab for j, t in enumerate(true)]
         return out
 
     def rollback(self, rid, n):

@@ -171,6 +171,7 @@ def main():
     ap.add_argument("--accept", type=float, default=0.7, help="--speculative: the oracle's per-draft agreement")
     ap.add_argument("--spec-drafts", nargs="+", default=["oracle", "draft"], choices=["oracle", "draft"],
                     help="--speculative: free oracle drafts, and/or a tiny-llama draft model run for its cost")
+    ap.add_argument("--repeat", type=int, default=3, help="--speculative: runs per configuration (medians)")
     ap.add_argument("--per-step-drafts", action="store_true",
                     help="--speculative: the draft model's k steps as k dispatches (not fused into one program)")
     a = ap.parse_args()

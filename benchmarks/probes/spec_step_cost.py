@@ -27,7 +27,8 @@ all requests decode-ready: a speculative step is finished before the next is sch
   outputs      the rest of LLMEngine._finish_step (per-token bookkeeping, RequestOutputs)
   other        the rest of LLMEngine.step
 host = CPU time of the engine thread per step less its CPU time blocked in the two waits. Also reported: the
-draft runner's dispatches per step (catch-up + k) and its host µs per dispatch (d_pack + d_disp + d_fetch).
+draft runner's dispatches per step (catch-up + k, or + 1 fused) and its host µs per dispatch (d_pack + d_disp +
+d_fetch). Each number is the median of --repeat runs of --steps steps.
 """
 from __future__ import annotations
 
@@ -179,14 +180,17 @@ def run(llm: LLM, sec, batch: int, steps: int, prompt_len: int, k: int, accept: 
     """The plain greedy continuation first (the oracle), then `steps` timed speculative steps."""
     eng = llm.engine
     max_tokens = (steps + 8) * (k + 1) + 8  # never finishes inside the timed steps
-    eng.spec = None
-    ref_ids = _requests(eng, tag + "ref", batch, prompt_len, max_tokens)
-    outs = {}
-    while eng.has_unfinished():
-        for o in eng.step():
-            outs[o.request_id] = o.outputs[0].token_ids
+    cache = eng.__dict__.setdefault("_probe_refs", {})  # the prompts depend only on the batch size
+    if (batch, max_tokens) not in cache:
+        eng.spec = None
+        ref_ids = _requests(eng, tag + "ref", batch, prompt_len, max_tokens)
+        outs = {}
+        while eng.has_unfinished():
+            for o in eng.step():
+                outs[o.request_id] = o.outputs[0].token_ids
+        cache[batch, max_tokens] = [outs[r] for r in ref_ids]
     ids = [f"{tag}-{i}" for i in range(batch)]
-    refs = {rid: outs[r] for rid, r in zip(ids, ref_ids)}
+    refs = dict(zip(ids, cache[batch, max_tokens]))
     install_control(llm, sec, refs, prompt_len, accept, k, batch, with_draft, seed=batch)
     _requests(eng, tag, batch, prompt_len, max_tokens)
     with startup_objects_frozen():
@@ -219,6 +223,10 @@ def run(llm: LLM, sec, batch: int, steps: int, prompt_len: int, k: int, accept: 
     return res
 
 
+def _median(runs: list[dict]) -> dict:
+    return {key: float(np.median([r[key] for r in runs])) for key in runs[0]}
+
+
 def main(a, Sections) -> list[dict]:
     """The speculative scenarios of host_step_cost.py (a: its parsed arguments)."""
     max_batch = max(a.batch)
@@ -242,14 +250,17 @@ def main(a, Sections) -> list[dict]:
     for drafts in a.spec_drafts:
         with_draft = drafts == "draft"
         for b in a.batch:
-            plain = run(llm, sec, b, a.steps, a.prompt_len, a.k, a.accept, with_draft, f"{drafts}p{b}", False)
-            r = run(llm, sec, b, a.steps, a.prompt_len, a.k, a.accept, with_draft, f"{drafts}{b}", True)
+            # medians over --repeat runs (the machine is shared: single runs scatter by tens of percent)
+            plain = _median([run(llm, sec, b, a.steps, a.prompt_len, a.k, a.accept, with_draft, f"{drafts}p{b}.{i}",
+                                 False) for i in range(a.repeat)])
+            r = _median([run(llm, sec, b, a.steps, a.prompt_len, a.k, a.accept, with_draft, f"{drafts}{b}.{i}", True)
+                         for i in range(a.repeat)])
             us = {s: 1e6 * r[s] / a.steps for s in SPEC_SECTIONS}
             host = 1e6 * (r["cpu"] - r["wait_cpu"]) / a.steps
             host_plain = 1e6 * (plain["cpu"] - r["wait_cpu"]) / a.steps
             n_disp = r["d_dispatches"] / a.steps
             d_us = (us["d_pack"] + us["d_disp"] + us["d_fetch"]) / n_disp if n_disp else 0.0
-            rows.append(dict(scenario=f"spec-{drafts}", batch=b, steps=a.steps, k=a.k, accept=a.accept,
+            rows.append(dict(scenario=f"spec-{drafts}", batch=b, steps=a.steps, repeat=a.repeat, k=a.k, accept=a.accept,
                              **{f"{s}_us": us[s] for s in SPEC_SECTIONS}, host_us_per_step=host,
                              host_us_per_step_uninstrumented=host_plain, draft_dispatches_per_step=n_disp,
                              draft_host_us_per_dispatch=d_us, measured_acceptance=r["acceptance"],

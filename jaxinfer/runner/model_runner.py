@@ -258,12 +258,14 @@ class ModelRunner:
 
     def fetch(self, flight: "InFlight") -> RunnerOutput:
         """Wait for a dispatched step and copy its (small) results to the host."""
-        n = flight.num_seqs
-        if flight.want_top:
-            tokens, logprobs, top_ids, top_lp = jax.device_get(
-                (flight.out.tokens, flight.out.logprobs, flight.out.top_ids, flight.out.top_logprobs))
-        else:  # every device->host copy costs host time: skip the top-20 arrays nobody asked for
-            (tokens, logprobs), top_ids, top_lp = jax.device_get((flight.out.tokens, flight.out.logprobs)), None, None
+        n, o = flight.num_seqs, flight.out
+        # One device_get for all the arrays wanted (each call waits and copies: a speculative step paid two).
+        # Every device->host copy costs host time: the top-20 arrays only when asked for.
+        want = (o.tokens, o.logprobs) + ((o.top_ids, o.top_logprobs) if flight.want_top else ()) + (
+            (o.spec_tokens, o.num_accepted, o.spec_logprobs) if flight.spec_seqs else ())
+        got = jax.device_get(want)
+        tokens, logprobs = got[:2]
+        top_ids, top_lp = got[2:4] if flight.want_top else (None, None)
         prompt_lp = {}
         if flight.prompt is not None:
             lp, ids, top = jax.device_get(flight.prompt)
@@ -273,8 +275,7 @@ class ModelRunner:
         res = RunnerOutput(tokens[:n], logprobs[:n], None if top_ids is None else top_ids[:n],
                            None if top_lp is None else top_lp[:n], prompt_lp)
         if flight.spec_seqs:
-            toks, acc, lps = jax.device_get((flight.out.spec_tokens, flight.out.num_accepted,
-                                             flight.out.spec_logprobs))
+            toks, acc, lps = got[-3:]
             rows = np.asarray(flight.spec_seqs)
             res.spec_tokens = np.zeros((n, toks.shape[1]), np.int32)
             res.num_accepted = np.zeros(n, np.int32)
