@@ -171,7 +171,8 @@ def main():
     ap.add_argument("--accept", type=float, default=0.7, help="--speculative: the oracle's per-draft agreement")
     ap.add_argument("--spec-drafts", nargs="+", default=["oracle", "draft"], choices=["oracle", "draft"],
                     help="--speculative: free oracle drafts, and/or a tiny-llama draft model run for its cost")
-    ap.add_argument("--repeat", type=int, default=3, help="--speculative: runs per configuration (medians)")
+    ap.add_argument("--repeat", type=int, default=3, help="--speculative: runs per configuration (the fastest is reported)")
+    ap.add_argument("--draft-model", default="tiny-llama", help="--speculative: the draft's preset (random weights)")
     ap.add_argument("--per-step-drafts", action="store_true",
                     help="--speculative: the draft model's k steps as k dispatches (not fused into one program)")
     a = ap.parse_args()
@@ -181,7 +182,8 @@ def main():
 
         rows = spec_step_cost.main(a, Sections)
         path = write_result("host-step-cost-spec", dict(model=f"{a.model} ({a.load_format})", prompt_len=a.prompt_len,
-                                                        k=a.k, accept=a.accept, rows=rows,
+                                                        k=a.k, accept=a.accept, draft_model=a.draft_model,
+                                                        rows=rows,
                                                         fused_draft_steps=not a.per_step_drafts))
         print("wrote", path)
         return

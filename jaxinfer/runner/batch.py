@@ -183,18 +183,17 @@ def _verify_rows(seqs: Sequence[SeqInput], bucket: Bucket, offsets: np.ndarray, 
     ks = np.fromiter(map(_NUM_SPEC, seqs), np.int64, len(seqs))
     rows = np.flatnonzero(ks)  # sequence index of each verify row
     if rows.size:
-        k, n, end = ks[rows], lens[rows], offsets[rows + 1]  # drafts, tokens, flat end of each speculating seq
-        bad = (k > K) | (k >= n) | (np.arange(rows.size) >= R)
-        if bad.any():
+        k, end = ks[rows], offsets[rows + 1]  # drafts and flat end of each speculating sequence
+        if rows.size > R or k.max() > K or (k >= lens[rows]).any():
+            bad = (k > K) | (k >= lens[rows]) | (np.arange(rows.size) >= R)
             r = int(bad.argmax())
-            raise ValueError(f"sequence {int(rows[r])} verifies {int(k[r])} drafts of {int(n[r])} tokens but bucket "
-                             f"{bucket} has {R} verify rows of {K} drafts ({min(rows.size, R)} used)")
-        nv, kc = rows.size, k[:, None]
-        j = np.arange(K + 1)[None, :]
-        # positions end-1-k .. end-1 (the last known token and the k drafts), then the last one repeated
-        verify_idx[:nv] = np.where(j <= kc, end[:, None] - 1 - kc + j, end[:, None] - 1)
+            raise ValueError(f"sequence {int(rows[r])} verifies {int(k[r])} drafts of {int(lens[rows[r]])} tokens but "
+                             f"bucket {bucket} has {R} verify rows of {K} drafts ({min(rows.size, R)} used)")
+        nv = rows.size
+        # flat positions end-1-k .. end-1 (the last known token, then the k drafts), then end-1 repeated: [nv, K+1]
+        idx = (end - 1 - k)[:, None] + np.minimum(np.arange(K + 1)[None, :], k[:, None])
+        verify_idx[:nv] = idx
         verify_row[:nv] = rows
-        m = np.arange(K)[None, :]
-        draft_tokens[:nv] = np.where(m < kc, flat_ids[np.minimum(end[:, None] - kc + m, end[:, None] - 1)], 0)
+        draft_tokens[:nv] = np.where(np.arange(K)[None, :] < k[:, None], flat_ids[idx[:, 1:]], 0)
         num_draft[:nv] = k
     return dict(verify_idx=verify_idx, verify_row=verify_row, draft_tokens=draft_tokens, num_draft=num_draft)

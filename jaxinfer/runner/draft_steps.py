@@ -30,6 +30,7 @@ import numpy as np
 
 from jaxinfer.runner.batch import INT_FIELDS, SeqInput, field_shapes, pack
 from jaxinfer.runner.buckets import Bucket
+from jaxinfer.runner.model_runner import step_compiler_options
 
 
 def _int_offsets(bucket: Bucket) -> dict[str, tuple[int, tuple[int, ...]]]:
@@ -87,10 +88,11 @@ class FusedDraftSteps:
             prev = jnp.zeros((max_seqs,), jnp.int32)
             tokens = []
             for j in range(num_steps):  # unrolled: k is small, and straight-line code updates the cache in place
-                if j:
-                    ints = advance(ints, k_row, j, bucket, ps)
-                kv_caches, out, _, penalty_table = step_fn(params, kv_caches, ints, floats, prev, penalty_table,
-                                                           bucket=bucket)
+                with jax.named_scope(f"draft_step_{j}"):
+                    if j:
+                        ints = advance(ints, k_row, j, bucket, ps)
+                    kv_caches, out, _, penalty_table = step_fn(params, kv_caches, ints, floats, prev, penalty_table,
+                                                               bucket=bucket)
                 prev = out.tokens  # i32[max_num_seqs]: row i = sequence i's greedy token
                 tokens.append(out.tokens)
             return kv_caches, jnp.stack(tokens), penalty_table  # [num_steps, max_num_seqs]
@@ -109,8 +111,10 @@ class FusedDraftSteps:
             r = self.runner
             ints, floats = pack([SeqInput(token_ids=[0], start_pos=0, page_table=[0])], bucket, r.page_size).flat()
             spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
-            prog = self._fn.lower(r.loaded.params, r.kv_caches, spec((ints.size + bucket.num_seqs,), np.int32),
-                                  spec(floats.shape, np.float32), r.penalty_table, bucket=bucket).compile()
+            lowered = self._fn.lower(r.loaded.params, r.kv_caches, spec((ints.size + bucket.num_seqs,), np.int32),
+                                     spec(floats.shape, np.float32), r.penalty_table, bucket=bucket)
+            opts = step_compiler_options(bucket)  # the XLA options of the runner's own step of this bucket
+            prog = lowered.compile(compiler_options=opts) if opts else lowered.compile()
             self._compiled[bucket] = prog
         return prog
 

@@ -25,7 +25,7 @@ from jaxinfer.runner.batch import SeqInput, pack
 from jaxinfer.runner.buckets import BucketLadder
 from jaxinfer.runner.penalties import host_row, write_row
 from jaxinfer.models.attention import AttentionOptions
-from jaxinfer.runner.step import make_prompt_logprobs_fn, make_step_fn
+from jaxinfer.runner.step import make_prompt_logprobs_fn, make_step_fn, unpack_host_outputs
 from pallas_kernels.paged_attention import kv_quant
 
 log = logging.getLogger("jaxinfer")
@@ -259,13 +259,14 @@ class ModelRunner:
     def fetch(self, flight: "InFlight") -> RunnerOutput:
         """Wait for a dispatched step and copy its (small) results to the host."""
         n, o = flight.num_seqs, flight.out
-        # One device_get for all the arrays wanted (each call waits and copies: a speculative step paid two).
-        # Every device->host copy costs host time: the top-20 arrays only when asked for.
-        want = (o.tokens, o.logprobs) + ((o.top_ids, o.top_logprobs) if flight.want_top else ()) + (
-            (o.spec_tokens, o.num_accepted, o.spec_logprobs) if flight.spec_seqs else ())
-        got = jax.device_get(want)
-        tokens, logprobs = got[:2]
-        top_ids, top_lp = got[2:4] if flight.want_top else (None, None)
+        # Every device->host copy costs host time: tokens, logprobs and the verification results come as one
+        # array (StepOutput.host), the top-20 arrays only when asked for.
+        if flight.want_top:
+            host, top_ids, top_lp = jax.device_get((o.host, o.top_ids, o.top_logprobs))
+        else:
+            host, top_ids, top_lp = jax.device_get(o.host), None, None
+        tokens, logprobs, acc, toks, lps = unpack_host_outputs(host, o.tokens.shape[0], o.logprobs.shape[0],
+                                                               *o.spec_tokens.shape)  # (device shapes: no wait)
         prompt_lp = {}
         if flight.prompt is not None:
             lp, ids, top = jax.device_get(flight.prompt)
@@ -275,7 +276,6 @@ class ModelRunner:
         res = RunnerOutput(tokens[:n], logprobs[:n], None if top_ids is None else top_ids[:n],
                            None if top_lp is None else top_lp[:n], prompt_lp)
         if flight.spec_seqs:
-            toks, acc, lps = got[-3:]
             rows = np.asarray(flight.spec_seqs)
             res.spec_tokens = np.zeros((n, toks.shape[1]), np.int32)
             res.num_accepted = np.zeros(n, np.int32)
