@@ -68,3 +68,18 @@ def test_fused_draft_steps_reject_bad_input(proposers):
         fused.fused.dispatch([SeqInput([5], 0, [1])], [K + 1])
     with pytest.raises(ValueError, match="one token"):
         fused.fused.dispatch([SeqInput([5, 6], 0, [1])], [1])
+
+
+def test_fused_draft_steps_update_the_cache_in_place(proposers):
+    """The k unrolled steps chain the donated KV cache through one program: no copy of a page pool (a copy per
+    step would cost a cache-sized read and write per draft step)."""
+    import re
+
+    fused, _ = proposers
+    r = fused.runner
+    text = fused.fused._program(fused.fused.buckets()[0]).as_text()
+    entry = text[text.index("ENTRY"):]
+    cfg = r.loaded.cfg
+    pool = r"\[" + ",".join(map(str, [r.num_pages, r.page_size, cfg.num_kv_heads, cfg.head_dim])) + r"\]"
+    assert re.search(pool, entry), "the KV cache is not an argument of the fused program"
+    assert not re.search(pool + r"\{[\d,]*\} copy\(", entry), "the fused draft steps copy the KV cache"
