@@ -122,6 +122,8 @@ def main(argv=None):
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--num-pages", type=int, default=2048)
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    ap.add_argument("--per-step-drafts", action="store_true",
+                    help="draft models dispatch their k steps one by one (not fused into one program)")
     a = ap.parse_args(argv)
 
     max_batch = max(a.batch)
@@ -145,6 +147,8 @@ def main(argv=None):
             sc = SpeculativeConfig(method="draft", draft_model=d, draft_load_format="dummy")
         prop = build_model_proposer(sc, spec_llm.model, spec_llm.config, spec_llm.max_model_len, a.num_pages,
                                     progress=False)
+        if a.per_step_drafts:
+            prop.fused = None  # runner/draft_steps.py off: the per-step path
         prop.warmup(progress=False)
         inners[d] = prop
     setup_s = time.perf_counter() - t0
@@ -153,8 +157,9 @@ def main(argv=None):
     rows = []
 
     def save():  # after every batch: a run cut by a time limit keeps what it measured
-        return write_result("spec-speed", dict(
+        return write_result("spec-speed-per-step-drafts" if a.per_step_drafts else "spec-speed", dict(
             model=a.model, drafts=a.drafts, k=a.k, prompt_len=a.prompt_len, new_tokens=a.new_tokens, setup_s=round(setup_s, 1),
+            fused_draft_steps=not a.per_step_drafts,
             method="oracle drafts: true greedy continuation with probability a per position, else a random token; "
                    "the continuation is the fixed point of the speculative run's own greedy outputs (module "
                    "docstring); draft models run for their cost, their tokens replaced",
