@@ -29,6 +29,7 @@ Requests decode with greedy sampling and ignore_eos.
   PYTHONPATH=$PWD python benchmarks/probes/host_step_cost.py [--batch 1 64 256] [--steps 40] [--no-tokenizer]
 Speculative steps (benchmarks/probes/spec_step_cost.py: oracle drafts, free or after a tiny-llama draft model):
   PYTHONPATH=$PWD python benchmarks/probes/host_step_cost.py --speculative [--batch 1 8 32] [--k 4] [--accept 0.7]
+  GPU: python benchmarks/probes/host_step_cost.py --speculative --model llama3-8b --draft-model llama3.2-1b
   GPU: python benchmarks/probes/host_step_cost.py --model llama3-8b --no-tokenizer --batch 1 64 256
 """
 from __future__ import annotations
@@ -171,7 +172,8 @@ def main():
     ap.add_argument("--accept", type=float, default=0.7, help="--speculative: the oracle's per-draft agreement")
     ap.add_argument("--spec-drafts", nargs="+", default=["oracle", "draft"], choices=["oracle", "draft"],
                     help="--speculative: free oracle drafts, and/or a tiny-llama draft model run for its cost")
-    ap.add_argument("--repeat", type=int, default=3, help="--speculative: runs per configuration (the fastest is reported)")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="--speculative: runs per configuration (the fastest is reported)")
     ap.add_argument("--draft-model", default="tiny-llama", help="--speculative: the draft's preset (random weights)")
     ap.add_argument("--per-step-drafts", action="store_true",
                     help="--speculative: the draft model's k steps as k dispatches (not fused into one program)")

@@ -4,8 +4,9 @@
 Drafts come from benchmarks/spec_speed.py's OracleProposer (the true greedy continuation with probability
 `accept` per position, else a random token), either free ("oracle": a host lookup) or after running a draft model
 for its cost ("draft": a --draft-model preset, default tiny-llama, random weights, runs catch-up + k steps on its
-own runner, its tokens replaced by the oracle's). The true continuation is the same engine's plain greedy run (float32 on CPU: speculation keeps greedy
-outputs identical, so the measured acceptance is ~accept). Every timed step speculates (batch <= max_batch_size,
+own runner, its tokens replaced by the oracle's). The true continuation is the same engine's plain greedy run
+(float32 on CPU: speculation keeps greedy outputs identical, so the measured acceptance is ~accept; in bf16 on a
+GPU near-ties can make it a little lower). Every timed step speculates (batch <= max_batch_size,
 all requests decode-ready: a speculative step is finished before the next is scheduled). Sections, µs per step:
 
   spec         SpecControl.propose + record: eligibility, k per request, drafts onto requests, acceptance counters
@@ -51,7 +52,9 @@ SPEC_SECTIONS = ("spec", "oracle", "d_host", "d_pack", "d_disp", "d_wait", "d_fe
 def build(model: str, load_format: str, max_batch: int, k: int, max_len: int, max_num_batched_tokens: int,
           draft_model: str = "tiny-llama") -> LLM:
     """A speculative engine whose proposer is a draft model of the preset's shape (random weights)."""
-    return LLM(model, load_format=load_format, max_model_len=max_len, max_num_seqs=max_batch,
+    # num_pages explicit (as spec_speed.py): the draft's cache gets as many pages as the target's, which sized from
+    # the GPU memory budget would not fit beside it
+    return LLM(model, load_format=load_format, max_model_len=max_len, max_num_seqs=max_batch, num_pages=2048,
                max_num_batched_tokens=max_num_batched_tokens, progress=False,
                speculative_config=dict(method="draft", draft_model=draft_model, draft_load_format="dummy",
                                        num_speculative_tokens=k, max_batch_size=max_batch, adaptive=False))

@@ -7,9 +7,10 @@ many tokens of the sequence have draft KV (`_computed`). To propose k drafts for
   k steps    step 1 computes token N-1 and samples d_1 greedily; step j feeds d_{j-1} (a placeholder the device
              fills from step j-1's output, so the k steps are dispatched back to back without host syncs).
 The k steps run as one compiled program (runner/draft_steps.py: one pack, copy and launch instead of k) when
-the longest proposal wants k = num_speculative_tokens drafts (the usual case; when adaptive k has lowered every
-request's k, the per-step path above). Afterwards the draft has KV for positions < N + k - 1. rollback(n) forgets everything past the n tokens whose KV
-the target kept (the accepted prefix) and releases the pages past it; later steps overwrite the stale slots.
+the longest proposal wants k = num_speculative_tokens drafts (the usual case; sequences wanting fewer stop early
+inside it; when adaptive k has lowered every request's k, the per-step path above). Afterwards the draft has KV
+for positions < N + k - 1. rollback(n) forgets everything past the n tokens whose KV the target kept (the
+accepted prefix) and releases the pages past it; later steps overwrite the stale slots.
 Drafts are the draft's argmax (deterministic): verification treats q as a point mass (runner/spec_decode.py).
 
 Layer skip: the draft is the target's first `num_draft_layers` layers + its final norm and head. The weights are
