@@ -27,6 +27,9 @@ engine/gc_freeze.startup_objects_frozen(), as LLM.generate does (no-op on commit
 Requests decode with greedy sampling and ignore_eos.
 
   PYTHONPATH=$PWD python benchmarks/probes/host_step_cost.py [--batch 1 64 256] [--steps 40] [--no-tokenizer]
+Speculative steps (benchmarks/probes/spec_step_cost.py: oracle drafts, free or after a tiny-llama draft model):
+  PYTHONPATH=$PWD python benchmarks/probes/host_step_cost.py --speculative [--batch 1 8 32] [--k 4] [--accept 0.7]
+  GPU: python benchmarks/probes/host_step_cost.py --speculative --model llama3-8b --draft-model llama3.2-1b
   GPU: python benchmarks/probes/host_step_cost.py --model llama3-8b --no-tokenizer --batch 1 64 256
 """
 from __future__ import annotations
@@ -155,7 +158,7 @@ def _steps(eng, batch, steps, instrumented):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--batch", type=int, nargs="+", default=[1, 64, 256])
+    ap.add_argument("--batch", type=int, nargs="+", default=None, help="default 1 64 256; --speculative: 1 8 32")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--prompt-len", type=int, default=20)
     ap.add_argument("--no-tokenizer", action="store_true", help="only the offline scenario without a tokenizer")
@@ -163,7 +166,30 @@ def main():
                     help="on a GPU: llama3-8b shows the host sections beside the real device time ('wait')")
     ap.add_argument("--load-format", default="dummy")
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    ap.add_argument("--speculative", action="store_true",
+                    help="speculative steps instead (oracle drafts of acceptance --accept, free and from a draft)")
+    ap.add_argument("--k", type=int, default=4, help="--speculative: drafts per request per step")
+    ap.add_argument("--accept", type=float, default=0.7, help="--speculative: the oracle's per-draft agreement")
+    ap.add_argument("--spec-drafts", nargs="+", default=["oracle", "draft"], choices=["oracle", "draft"],
+                    help="--speculative: free oracle drafts, and/or a tiny-llama draft model run for its cost")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="--speculative: runs per configuration (the fastest is reported)")
+    ap.add_argument("--draft-model", default="tiny-llama", help="--speculative: the draft's preset (random weights)")
+    ap.add_argument("--per-step-drafts", action="store_true",
+                    help="--speculative: the draft model's k steps as k dispatches (not fused into one program)")
     a = ap.parse_args()
+    if a.speculative:
+        a.batch = a.batch or [1, 8, 32]
+        from benchmarks.probes import spec_step_cost
+
+        rows = spec_step_cost.main(a, Sections)
+        path = write_result("host-step-cost-spec", dict(model=f"{a.model} ({a.load_format})", prompt_len=a.prompt_len,
+                                                        k=a.k, accept=a.accept, draft_model=a.draft_model,
+                                                        rows=rows,
+                                                        fused_draft_steps=not a.per_step_drafts))
+        print("wrote", path)
+        return
+    a.batch = a.batch or [1, 64, 256]
 
     max_len = max(128, a.prompt_len + a.steps + 64)
     opts = dict(load_format=a.load_format, max_model_len=max_len, max_num_seqs=max(a.batch),

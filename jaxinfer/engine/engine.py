@@ -277,6 +277,9 @@ class LLMEngine:
         sampled_lps: dict[str, list[float]] = {}
         # one conversion to Python ints / floats for the whole step (indexing numpy per row costs ~0.3 µs a row)
         tokens, logprobs = out.tokens.tolist(), out.logprobs.tolist()
+        if out.num_accepted is not None:  # a verification step: its rows as lists too
+            num_acc, spec_toks, spec_lps = (out.num_accepted.tolist(), out.spec_tokens.tolist(),
+                                            out.spec_logprobs.tolist())
         for i, s in enumerate(sched.scheduled):
             st = self._seqs.get(s.request_id)
             if st is None or st.request.is_finished:
@@ -284,9 +287,9 @@ class LLMEngine:
             if i in out.prompt_logprobs:
                 self._record_prompt_logprobs(st, s, out.prompt_logprobs[i])
             if s.sample and s.num_spec_tokens:  # verified drafts: accepted ones + the target's next token
-                m = int(out.num_accepted[i])
-                sampled[s.request_id] = [int(t) for t in out.spec_tokens[i, :m + 1]]
-                sampled_lps[s.request_id] = [float(x) for x in out.spec_logprobs[i, :m + 1]]
+                m = num_acc[i]
+                sampled[s.request_id] = spec_toks[i][:m + 1]
+                sampled_lps[s.request_id] = spec_lps[i][:m + 1]
             elif s.sample:
                 sampled[s.request_id] = [tokens[i]]
                 sampled_lps[s.request_id] = [logprobs[i]]

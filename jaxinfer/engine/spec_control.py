@@ -30,6 +30,7 @@ class _ReqSpec:
     num_steps: int = 0           # verification steps
     num_draft: int = 0           # draft tokens verified
     num_accepted: int = 0        # of them accepted
+    eligible: bool = True        # SpecControl.eligible(its params), decided once (params never change)
 
 
 @dataclasses.dataclass
@@ -85,15 +86,19 @@ class SpecControl:
         """Put drafts on every decode-ready eligible request of `running` (Request objects whose tokens are all
         known). params_of(request_id) -> SamplingParams. Returns the number of requests given drafts."""
         want = []
-        for req in running:
-            if req.num_pending_tokens or req.num_computed_tokens != req.num_tokens - 1:
+        reqs = self._req
+        for req in running:  # (lengths read directly, state looked up once: every request, every step)
+            num_outputs = len(req.output_token_ids)
+            if req.num_pending_tokens or req.num_computed_tokens != len(req.prompt_token_ids) + num_outputs - 1:
                 continue  # mid-prefill, or a token still in flight
-            if not self.eligible(params_of(req.request_id)):
+            st = reqs.get(req.request_id)
+            if st is None:
+                st = reqs[req.request_id] = _ReqSpec(self.k_max, eligible=self.eligible(params_of(req.request_id)))
+            if not st.eligible:
                 continue
-            st = self._req.setdefault(req.request_id, _ReqSpec(self.k_max))
             k = st.k
             if req.max_tokens is not None:
-                k = min(k, req.max_tokens - req.num_output_tokens - 1)
+                k = min(k, req.max_tokens - num_outputs - 1)
             if k > 0:
                 want.append((req, k))
         if not want:
@@ -109,7 +114,9 @@ class SpecControl:
     def record(self, request_id: str, num_draft: int, num_accepted: int, num_valid_tokens: int) -> None:
         """A verification came back: num_accepted of num_draft drafts accepted; the request's first
         num_valid_tokens tokens have final KV (the proposer rolls its own cache back to that)."""
-        st = self._req.setdefault(request_id, _ReqSpec(self.k_max))
+        st = self._req.get(request_id)
+        if st is None:
+            st = self._req[request_id] = _ReqSpec(self.k_max)
         st.num_steps += 1
         st.num_draft += num_draft
         st.num_accepted += num_accepted

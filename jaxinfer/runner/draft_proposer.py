@@ -6,8 +6,11 @@ many tokens of the sequence have draft KV (`_computed`). To propose k drafts for
   catch-up   tokens [computed, N-1) in chunks of at most the largest bucket (prompt, and tokens accepted since);
   k steps    step 1 computes token N-1 and samples d_1 greedily; step j feeds d_{j-1} (a placeholder the device
              fills from step j-1's output, so the k steps are dispatched back to back without host syncs).
-Afterwards the draft has KV for positions < N + k - 1. rollback(n) forgets everything past the n tokens whose KV
-the target kept (the accepted prefix) and releases the pages past it; later steps overwrite the stale slots.
+The k steps run as one compiled program (runner/draft_steps.py: one pack, copy and launch instead of k) when
+the longest proposal wants k = num_speculative_tokens drafts (the usual case; sequences wanting fewer stop early
+inside it; when adaptive k has lowered every request's k, the per-step path above). Afterwards the draft has KV
+for positions < N + k - 1. rollback(n) forgets everything past the n tokens whose KV the target kept (the
+accepted prefix) and releases the pages past it; later steps overwrite the stale slots.
 Drafts are the draft's argmax (deterministic): verification treats q as a point mass (runner/spec_decode.py).
 
 Layer skip: the draft is the target's first `num_draft_layers` layers + its final norm and head. The weights are
@@ -29,6 +32,7 @@ from jaxinfer.config import EngineConfig, SpeculativeConfig
 from jaxinfer.engine.kv_cache import KVCacheManager
 from jaxinfer.models.loader import LoadedModel
 from jaxinfer.runner.batch import SeqInput
+from jaxinfer.runner.draft_steps import FusedDraftSteps
 from jaxinfer.runner.model_runner import ModelRunner
 
 
@@ -48,9 +52,13 @@ def layer_skip_model(target: LoadedModel, num_layers: int) -> LoadedModel:
 class ModelProposer:
     needs_model = True
 
-    def __init__(self, draft: LoadedModel, config: EngineConfig, max_model_len: int, num_pages: int):
+    def __init__(self, draft: LoadedModel, config: EngineConfig, max_model_len: int, num_pages: int,
+                 fused_steps: bool = True):
         cfg = dataclasses.replace(config, speculative_config=None, num_pages=num_pages)
         self.runner = ModelRunner(draft, cfg, max_model_len)
+        # k draft steps in one program (single-device runners; fused_steps=False: always the per-step path)
+        k = config.speculative_config.num_speculative_tokens if config.speculative_config is not None else 0
+        self.fused = FusedDraftSteps(self.runner, k) if fused_steps and k and draft.plan is None else None
         self.kv = KVCacheManager(self.runner.num_pages, self.runner.page_size)
         self.max_model_len = max_model_len
         self.max_tokens_per_step = self.runner.ladder.max_tokens
@@ -59,6 +67,8 @@ class ModelProposer:
 
     def warmup(self, progress: bool = True):
         self.runner.warmup(progress=progress)
+        if self.fused is not None:
+            self.fused.warmup()
 
     # ---- proposer protocol (engine/spec_control.py) -----------------------------------------------------
     def propose(self, seqs: Sequence[tuple[str, Sequence[int], int]]) -> dict[str, list[int]]:
@@ -77,6 +87,8 @@ class ModelProposer:
         if not live:
             return out
         self._catch_up(live)
+        if self.fused is not None and max(k for _, _, k in live) == self.fused.num_steps:
+            return self._propose_fused(live, out)
         flights, rows = [], []  # step j: (flight, {rid: row})
         prev = None
         for j in range(max(k for _, _, k in live)):
@@ -109,6 +121,17 @@ class ModelProposer:
         self._computed.pop(request_id, None)
 
     # ---- internals ----------------------------------------------------------------------------------------
+    def _propose_fused(self, live, out: dict[str, list[int]]) -> dict[str, list[int]]:
+        """The k draft steps of every live sequence in one dispatch (runner/draft_steps.py)."""
+        inputs = [SeqInput([tokens[-1]], len(tokens) - 1, self.kv.page_table(rid), 0.0) for rid, tokens, _ in live]
+        ks = [k for _, _, k in live]
+        drafts = self.fused.fetch(self.fused.dispatch(inputs, ks))  # i32[k, max_num_seqs]; one wait
+        per_seq = drafts.T.tolist()  # row i: sequence i's drafts (one conversion for all)
+        for i, (rid, tokens, k) in enumerate(live):
+            out[rid] = per_seq[i][:k]
+            self._computed[rid] = len(tokens) + k - 1
+        return out
+
     def _catch_up(self, live) -> None:
         """Compute draft KV for tokens [computed, N-1) of every live sequence, in as many steps as the largest
         bucket needs (results are not waited for: the draft steps that follow run after them on the device)."""

@@ -25,7 +25,7 @@ from jaxinfer.runner.batch import SeqInput, pack
 from jaxinfer.runner.buckets import BucketLadder
 from jaxinfer.runner.penalties import host_row, write_row
 from jaxinfer.models.attention import AttentionOptions
-from jaxinfer.runner.step import make_prompt_logprobs_fn, make_step_fn
+from jaxinfer.runner.step import make_prompt_logprobs_fn, make_step_fn, unpack_host_outputs
 from pallas_kernels.paged_attention import kv_quant
 
 log = logging.getLogger("jaxinfer")
@@ -258,12 +258,15 @@ class ModelRunner:
 
     def fetch(self, flight: "InFlight") -> RunnerOutput:
         """Wait for a dispatched step and copy its (small) results to the host."""
-        n = flight.num_seqs
+        n, o = flight.num_seqs, flight.out
+        # Every device->host copy costs host time: tokens, logprobs and the verification results come as one
+        # array (StepOutput.host), the top-20 arrays only when asked for.
         if flight.want_top:
-            tokens, logprobs, top_ids, top_lp = jax.device_get(
-                (flight.out.tokens, flight.out.logprobs, flight.out.top_ids, flight.out.top_logprobs))
-        else:  # every device->host copy costs host time: skip the top-20 arrays nobody asked for
-            (tokens, logprobs), top_ids, top_lp = jax.device_get((flight.out.tokens, flight.out.logprobs)), None, None
+            host, top_ids, top_lp = jax.device_get((o.host, o.top_ids, o.top_logprobs))
+        else:
+            host, top_ids, top_lp = jax.device_get(o.host), None, None
+        tokens, logprobs, acc, toks, lps = unpack_host_outputs(host, o.tokens.shape[0], o.logprobs.shape[0],
+                                                               *o.spec_tokens.shape)  # (device shapes: no wait)
         prompt_lp = {}
         if flight.prompt is not None:
             lp, ids, top = jax.device_get(flight.prompt)
@@ -273,8 +276,6 @@ class ModelRunner:
         res = RunnerOutput(tokens[:n], logprobs[:n], None if top_ids is None else top_ids[:n],
                            None if top_lp is None else top_lp[:n], prompt_lp)
         if flight.spec_seqs:
-            toks, acc, lps = jax.device_get((flight.out.spec_tokens, flight.out.num_accepted,
-                                             flight.out.spec_logprobs))
             rows = np.asarray(flight.spec_seqs)
             res.spec_tokens = np.zeros((n, toks.shape[1]), np.int32)
             res.num_accepted = np.zeros(n, np.int32)

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxinfer.models.attention import AttentionMetadata, AttentionOptions
 from jaxinfer.runner.batch import FLOAT_FIELDS, INT_FIELDS, field_shapes
@@ -33,6 +34,10 @@ class StepOutput(NamedTuple):
     spec_tokens: jax.Array   # i32[R, K+1]
     num_accepted: jax.Array  # i32[R]
     spec_logprobs: jax.Array  # f32[R, K+1]
+    # What the host reads back after every step, in ONE int32 array (one device->host copy, not up to five):
+    # [tokens (max_num_seqs) | logprobs' bits (S) | num_accepted (R) | spec_tokens (R*(K+1)) | spec_logprobs' bits]
+    # (float32 bit patterns travel as int32; unpack_host_outputs reads it back)
+    host: jax.Array
 
 
 def _metadata(b: dict) -> AttentionMetadata:
@@ -102,7 +107,9 @@ def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int, kv_shardings
             spec_tokens, num_accepted, _ = spec
             last = jnp.take_along_axis(spec_tokens, num_accepted[:, None], axis=1)[:, 0]
             tokens = tokens.at[batch["verify_row"]].set(last, mode="drop")  # padding rows (S) are dropped
-        return (kv_caches, StepOutput(tokens, out.logprobs, out.top_ids, out.top_logprobs, *spec), hidden,
+        bits = lambda x: jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32).reshape(-1)  # noqa: E731
+        host = jnp.concatenate([tokens, bits(out.logprobs), spec[1], spec[0].reshape(-1), bits(spec[2])])
+        return (kv_caches, StepOutput(tokens, out.logprobs, out.top_ids, out.top_logprobs, *spec, host), hidden,
                 penalty_table)
 
     if loaded.plan is None:
@@ -112,6 +119,15 @@ def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int, kv_shardings
     rep = loaded.plan.replicated
     return jax.jit(step, donate_argnums=(1, 5), static_argnames=("bucket",),
                    out_shardings=(kv_shardings, StepOutput(*([rep] * len(StepOutput._fields))), rep, rep))
+
+
+def unpack_host_outputs(host: np.ndarray, max_num_seqs: int, num_seqs: int, spec_rows: int, spec_width: int):
+    """StepOutput.host (copied to the host) -> tokens i32[max_num_seqs], logprobs f32[S], num_accepted i32[R],
+    spec_tokens i32[R, W], spec_logprobs f32[R, W] (views, no copies; W = K+1, or 1 when R = 0)."""
+    M, S, R, K1 = max_num_seqs, num_seqs, spec_rows, spec_width
+    a, b = M + S, M + S + R
+    return (host[:M], host[M:a].view(np.float32), host[a:b], host[b:b + R * K1].reshape(R, K1),
+            host[b + R * K1:].view(np.float32).reshape(R, K1))
 
 
 def _verify(logits, batch, bucket):

@@ -163,3 +163,13 @@ def test_pack_errors_name_the_problem():
         pack([SeqInput(token_ids=[1], start_pos=0, page_table=list(range(1, 10)))], b, 16)
     with pytest.raises(ValueError, match="do not fit bucket"):
         pack([SeqInput(token_ids=[1], start_pos=0, page_table=[1])] * 5, b, 16)
+
+
+def test_pack_verify_row_errors_name_the_problem():
+    ladder = BucketLadder.build(max_num_batched_tokens=64, max_num_seqs=4, max_model_len=64, page_size=16,
+                                query_tile=8, kv_chunk_pages=4, max_spec_seqs=1, num_spec_tokens=2)
+    b = ladder.pick(16, 4)
+    with pytest.raises(ValueError, match="sequence 0 verifies 3 drafts of 4 tokens"):
+        pack([SeqInput([1, 2, 3, 4], 0, [1], num_spec=3)], b, 16)
+    with pytest.raises(ValueError, match="sequence 1 verifies 1 drafts of 2 tokens .* 1 verify rows of 2 drafts"):
+        pack([SeqInput([1, 2], 0, [1], num_spec=1), SeqInput([3, 4], 0, [2], num_spec=1)], b, 16)
