@@ -10,9 +10,8 @@ device, which is possible because a draft step is decode-only: sequence i is tok
 Between step j-1 and step j, for every row i with j < k_i (its own number of drafts):
   positions[i] += 1; slot_mapping[i] = its page * page_size + offset of the new position;
   tile_kv_len[i] += 1; prev_src[i] = i (its input is step j-1's sampled token i, as the per-step path's prev_row).
-Rows with j >= k_i (a sequence that wants fewer drafts than the longest) stop advancing and write their K/V into
-the reserved page 0 (slot 0, as padding tokens do): their cache past their own k drafts is never touched and their
-extra outputs are dropped. Greedy (temperature 0) like the per-step path; the tokens are identical to it
+Rows with j >= k_i (a sequence that wants fewer drafts than the longest) stop advancing and write no K/V (slot -1,
+as padding tokens): their cache past their own k drafts is never touched and their extra outputs are dropped. Greedy (temperature 0) like the per-step path; the tokens are identical to it
 (tests/numerics/test_draft_steps.py compares both paths over several propose / rollback rounds).
 
 Programs: one per decode bucket (T >= n tokens of n sequences) for exactly `num_steps` = k_max steps, compiled at
@@ -61,7 +60,7 @@ def advance(ints: jax.Array, k_row: jax.Array, j: int, bucket: Bucket, page_size
     go = (t < S) & (j < k_row[row])  # [T] tokens that take draft step j (token t is sequence t)
     pos = get("positions") + go  # [T]
     page = get("page_tables")[jnp.minimum(t, S), pos // page_size]  # [T] (row S is all zeros: page 0)
-    slot = jnp.where(go, page * page_size + pos % page_size, 0)
+    slot = jnp.where(go, page * page_size + pos % page_size, -1)  # -1: written nowhere (write_kv_pages)
     tile_seq = get("tile_seq")  # [NT] (S = empty tile)
     tile_go = (tile_seq < S) & (j < k_row[jnp.minimum(tile_seq, S - 1)])
     ints = put(ints, "positions", pos)
