@@ -31,7 +31,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.common import add_profile_arg, start_profile, write_result  # noqa: E402
-from benchmarks.kernels.paged_attention import looped, rel_norm, time_us  # noqa: E402
+from benchmarks.kernels.paged_attention import measure, rel_norm  # noqa: E402
 from jaxinfer.runner.batch import SeqInput, pack  # noqa: E402
 from jaxinfer.runner.buckets import BucketLadder  # noqa: E402
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention  # noqa: E402
@@ -124,7 +124,8 @@ def main():
         for name, (args, fn) in impls.items():
             row = dict(chunk=chunk, impl=name, bucket=str(hb.bucket) if name.startswith("kernel") else None)
             try:
-                us, first = time_us(looped(fn, a.inner), args, a.inner, a.reps)
+                timing, first = measure(fn, args, a.inner, a.reps, warmup=2)
+                us = timing["us"]
                 out = first[0] if not name.startswith("kernel") else first
                 row.update(us=us, tflops=flops / (us * 1e-6) / 1e12, pct_matmul=100 * flops / (us * 1e-6) / rate,
                            rel_err_vs_f32=rel_norm(out, ref, chunk))
