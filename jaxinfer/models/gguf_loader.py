@@ -301,6 +301,18 @@ def _hf_name(gguf_name: str) -> str | None:
     )
 
 
+def rope_permuted_heads(tensor_name: str, arch: str, n_heads: int, n_kv: int) -> int | None:
+    """The head count of llama.cpp's RoPE row permutation of a GGUF tensor (attn_q: n_heads, attn_k: n_kv, in the
+    architectures whose converter permutes), or None when its rows are in Hugging Face's order."""
+    if arch not in _ROPE_PERMUTED_ARCHITECTURES:
+        return None
+    if ".attn_q." in tensor_name:
+        return n_heads
+    if ".attn_k." in tensor_name:
+        return n_kv
+    return None
+
+
 def reverse_rope_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """Undo llama.cpp's attn_q / attn_k row permutation: rows (head, j, pair) -> (head, pair, j).
 
@@ -347,9 +359,10 @@ def iter_gguf_tensors(path: GGUFReader | str | os.PathLike,
     keep_quantized: HF names of linear weights yielded as QuantizedTensor [in, out] instead (their GGUF type must
     be one quant_formats.gguf_to_quantized maps; see models/gguf_quant.py).
     """
+    from jaxinfer.models.quant_formats import gguf_linear_quantized
+
     reader = _open(path)
     arch = _architecture(reader)
-    permuted = arch in _ROPE_PERMUTED_ARCHITECTURES
     n_heads = int(_require(reader, f"{arch}.attention.head_count"))
     n_kv = int(_field(reader, f"{arch}.attention.head_count_kv", n_heads))
     for tensor in reader.tensors:
@@ -357,19 +370,14 @@ def iter_gguf_tensors(path: GGUFReader | str | os.PathLike,
         if hf_name is None:
             continue
         if hf_name in keep_quantized:
-            from jaxinfer.models.quant_formats import gguf_linear_quantized
-
             qt = gguf_linear_quantized(tensor, arch, n_heads, n_kv)  # RoPE permutation undone on its columns
             if qt is None:
                 raise ValueError(f"GGUF tensor {tensor.name!r} ({tensor.tensor_type.name}) cannot be kept quantized")
             yield hf_name, qt
             continue
         w = dequantize_tensor(tensor)
-        if permuted and ".attn_q." in tensor.name:
-            w = reverse_rope_permute(w, n_heads)
-        elif permuted and ".attn_k." in tensor.name:
-            w = reverse_rope_permute(w, n_kv)
-        yield hf_name, w
+        heads = rope_permuted_heads(tensor.name, arch, n_heads, n_kv)
+        yield hf_name, (w if heads is None else reverse_rope_permute(w, heads))
 
 
 def load_gguf_tokenizer(path: str | os.PathLike):

@@ -349,14 +349,14 @@ GGUF_KEEPABLE_TYPES = {"Q4_0": 32, "Q4_1": 32, "Q4_K": 256}
 
 def gguf_linear_quantized(t, arch: str, n_head: int, n_kv: int) -> QuantizedTensor | None:
     """One gguf ReaderTensor of a linear weight ([out, in] blocks) -> QuantizedTensor [in, out] with llama.cpp's
-    RoPE row permutation of attn_q / attn_k (architecture "llama") undone on its output columns, or None when its
-    type is not representable."""
-    from jaxinfer.models.gguf_loader import reverse_rope_permute
+    RoPE row permutation of attn_q / attn_k (gguf_loader.rope_permuted_heads) undone on its output columns, or None
+    when its type is not representable."""
+    from jaxinfer.models.gguf_loader import reverse_rope_permute, rope_permuted_heads
 
     n_in, n_out = int(t.shape[0]), int(t.shape[1])  # GGUF ne: fastest dimension first
     qt = gguf_to_quantized(t.tensor_type.name, t.data, n_out, n_in)
-    if qt is not None and arch == "llama" and (".attn_q." in t.name or ".attn_k." in t.name):
-        heads = n_head if ".attn_q." in t.name else n_kv
+    heads = rope_permuted_heads(t.name, arch, n_head, n_kv)
+    if qt is not None and heads is not None:
         perm = reverse_rope_permute(np.arange(n_out), heads)         # output-column permutation
         qt = QuantizedTensor(qt.kind, qt.q[:, perm], qt.scale[:, perm],
                              None if qt.zero is None else qt.zero[:, perm], qt.group_size)
