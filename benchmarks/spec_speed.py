@@ -171,9 +171,10 @@ def main(argv=None):
         base_tps, base_outs = decode_run(plain, prompts, a.new_tokens, f"plain{b}")
         print(f"batch {b}: plain {base_tps:.1f} tok/s", flush=True)
         rows.append(dict(batch=b, draft="plain", accept=None, tokens_per_s=round(base_tps, 2), speedup=1.0))
+        plain_outs = [base_outs[f"plain{b}-{i}"].outputs[0].token_ids for i in range(b)]
         for d, inner in inners.items():
             for acc in a.accept:
-                oracle = [base_outs[f"plain{b}-{i}"].outputs[0].token_ids for i in range(b)]
+                oracle = plain_outs
                 for run in range(a.max_oracle_runs):
                     tag = f"s{b}-{d}-{acc}-{run}"
                     ids = [f"{tag}-{i}" for i in range(b)]
@@ -192,8 +193,7 @@ def main(argv=None):
                                  tokens_per_verification=round(st["mean_accepted_length"], 3),
                                  expected_tokens_per_verification=round(_expected_tokens(acc, a.k), 3),
                                  oracle_runs=run + 1, oracle_fixed_point=fixed,
-                                 outputs_equal_plain=got == [o.outputs[0].token_ids for o in
-                                                             (base_outs[f"plain{b}-{i}"] for i in range(b))]))
+                                 outputs_equal_plain=got == plain_outs))
                 print(f"batch {b}: draft {d} a={acc}: {tps:.1f} tok/s ({tps / base_tps:.2f}x), "
                       f"{st['mean_accepted_length']:.2f} tok/verify, oracle runs {run + 1}, fixed point {fixed}",
                       flush=True)

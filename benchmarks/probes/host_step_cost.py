@@ -65,6 +65,7 @@ class Sections:
     def __init__(self):
         self.t = defaultdict(float)
         self.on = False
+        self.clock = CLOCK
         self._gc_start = 0.0
         gc.callbacks.append(self._gc)
 
@@ -91,6 +92,26 @@ class Sections:
         setattr(obj, name, timed)
         return fn
 
+    def split_wait(self, obj, wait_key: str = "wait", fetch_key: str = "fetch", device_arrays=lambda f: f.out):
+        """Wrap obj.fetch(flight): the wait for its device arrays (wall time into wait_key; the CPU spent blocking,
+        i.e. spinning, into wait_key + "_cpu", taken off the host time) apart from the copy to the host
+        (fetch_key)."""
+        fetch = obj.fetch
+
+        def fetch_split(flight):
+            if not self.on:
+                return fetch(flight)
+            t0, c0 = time.perf_counter(), self.clock()
+            jax.block_until_ready(device_arrays(flight))
+            t1, c1 = time.perf_counter(), self.clock()
+            res = fetch(flight)
+            self.t[wait_key] += t1 - t0
+            self.t[wait_key + "_cpu"] += c1 - c0
+            self.t[fetch_key] += self.clock() - c1
+            return res
+
+        obj.fetch = fetch_split
+
 
 def instrument(eng, sec: Sections):
     sec.wrap(eng.scheduler, "schedule", "schedule_total")
@@ -101,21 +122,7 @@ def instrument(eng, sec: Sections):
     sec.wrap(eng.scheduler, "update", "update")
     sec.wrap(eng, "_finish_step", "finish_total")
     sec.wrap(eng, "step", "step")
-    fetch = eng.runner.fetch
-
-    def fetch_split(flight):
-        if sec.on:
-            t0, c0 = time.perf_counter(), CLOCK()
-            jax.block_until_ready(flight.out)
-            t1, c1 = time.perf_counter(), CLOCK()
-            res = fetch(flight)
-            sec.t["wait"] += t1 - t0
-            sec.t["wait_cpu"] += c1 - c0  # CPU spent blocking (spinning): taken off the host time
-            sec.t["fetch"] += CLOCK() - c1
-            return res
-        return fetch(flight)
-
-    eng.runner.fetch = fetch_split
+    sec.split_wait(eng.runner)
 
 
 def split(t: dict) -> dict:

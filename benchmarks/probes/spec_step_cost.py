@@ -68,35 +68,18 @@ def instrument(llm: LLM, sec) -> None:
     draft = eng.spec.proposer
     sec.draft_depth = 0  # > 0 while inside the draft proposer: pack then counts as the draft's
 
-    def wait_split(runner, wait_key, fetch_key, device_arrays=lambda flight: flight.out):
-        fetch = runner.fetch
-
-        def fetch_split(flight):
-            if not sec.on:
-                return fetch(flight)
-            t0, c0 = time.perf_counter(), sec.clock()
-            jax.block_until_ready(device_arrays(flight))
-            t1, c1 = time.perf_counter(), sec.clock()
-            res = fetch(flight)
-            sec.t[wait_key] += t1 - t0
-            sec.t[wait_key + "_cpu"] += c1 - c0
-            sec.t[fetch_key] += sec.clock() - c1
-            return res
-
-        runner.fetch = fetch_split
-
     for obj, name, key in ((eng.scheduler, "schedule", "schedule"), (eng, "_launch", "launch_total"),
                            (eng.runner, "dispatch", "dispatch_total"), (eng.scheduler, "update", "update"),
                            (eng, "_finish_step", "finish_total"), (eng, "step", "step"),
                            (draft, "propose", "draft_total"), (draft.runner, "dispatch", "d_dispatch_total"),
                            (draft, "rollback", "d_roll"), (draft, "free", "d_roll")):
         sec.wrap(obj, name, key)
-    wait_split(eng.runner, "wait", "fetch")
-    wait_split(draft.runner, "d_wait", "d_fetch")
+    sec.split_wait(eng.runner)
+    sec.split_wait(draft.runner, "d_wait", "d_fetch")
     fused = getattr(draft, "fused", None)  # the k draft steps in one program (runner/draft_steps.py)
     if fused is not None:
         sec.wrap(fused, "dispatch", "d_dispatch_total")
-        wait_split(fused, "d_wait", "d_fetch", lambda tokens: tokens)
+        sec.split_wait(fused, "d_wait", "d_fetch", lambda tokens: tokens)
     propose = draft.propose
 
     def in_draft(seqs):
@@ -107,21 +90,12 @@ def instrument(llm: LLM, sec) -> None:
             sec.draft_depth -= 1
 
     draft.propose = in_draft
-    d_dispatch = draft.runner.dispatch
-
-    def counted(*a, **kw):
-        sec.t["d_dispatches"] += sec.on
-        return d_dispatch(*a, **kw)
-
-    draft.runner.dispatch = counted
-    if fused is not None:
-        f_dispatch = fused.dispatch
-
-        def f_counted(*a, **kw):
+    for obj in (draft.runner, fused) if fused is not None else (draft.runner,):  # count the draft's dispatches
+        def counted(*a, _dispatch=obj.dispatch, **kw):
             sec.t["d_dispatches"] += sec.on
-            return f_dispatch(*a, **kw)
+            return _dispatch(*a, **kw)
 
-        fused.dispatch = f_counted
+        obj.dispatch = counted
 
 
 def wrap_pack(sec) -> None:
@@ -241,9 +215,7 @@ def main(a, Sections) -> list[dict]:
     llm.engine._probe_draft = llm.engine.spec.proposer
     if a.per_step_drafts and hasattr(llm.engine._probe_draft, "fused"):
         llm.engine._probe_draft.fused = None  # the k draft steps dispatched one by one (the path before the fusion)
-    sec = Sections()
-    sec.clock = time.thread_time
-    sec.draft_depth = 0
+    sec = Sections()  # its clock: the engine thread's CPU time
     wrap_pack(sec)
     instrument(llm, sec)
     rows = []
