@@ -91,6 +91,7 @@ def _attention_kernel(
     tile_seq_ref,     # i32[NT]          whole array
     tile_kv_len_ref,  # i32[NT]          whole array
     tile_lo_ref,      # i32[NT]          whole array: first KV block a query of the tile can see (window)
+    num_splits_ref,   # i32[1]           whole array: splits in use this step (<= kv_splits; splits_in_use)
     page_tables_ref,  # i32[S + 1, W']   whole array (W' a multiple of pages_per_block)
     qpos_ref,         # i32[R]           position of each query row; -1 = padding
     q_ref,            # [R, D]
@@ -126,8 +127,9 @@ def _attention_kernel(
     lo = jnp.minimum(tile_lo_ref[i], n_blocks)
     if kv_splits > 1:
         s = pl.program_id(2)
-        per_split = lax.div(n_blocks - lo + (kv_splits - 1), kv_splits)
-        start = lo + s * per_split
+        used = num_splits_ref[0]                           # splits >= used find start >= n_blocks: no work
+        per_split = lax.div(n_blocks - lo + (used - 1), used)
+        start = jnp.minimum(lo + s * per_split, n_blocks)
         end = jnp.minimum(start + per_split, n_blocks)
     else:
         start, end = lo, n_blocks
@@ -187,39 +189,56 @@ def _attention_kernel(
 # --------------------------------------------------------------------------------------------------------------
 # jitted implementation (no validation)
 # --------------------------------------------------------------------------------------------------------------
-@functools.partial(jax.jit, static_argnames=(
-    "sm_scale", "sliding_window", "soft_cap", "pages_per_block", "kv_splits", "num_warps", "num_stages",
-    "interpret"))
-def _ragged_paged_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, tile_kv_len, page_tables, *,
-                            sm_scale, sliding_window, soft_cap, pages_per_block, kv_splits, num_warps, num_stages,
-                            interpret, k_scales=None, v_scales=None):
+def tile_queries(q, positions, tile_tokens, num_kv_heads: int):
+    """Queries in tile order, all g = H / KVH heads of a KV head together.
+
+    q [T, H, D], positions i32[T], tile_tokens i32[NT, Bq] -> (qt [NT, KVH, R, D], qpos_rows i32[NT, R]) with
+    R = next_pow2(max(16, Bq * g)); row r is token r // g, head r % g; padding rows are zero with position -1."""
     T, H, D = q.shape
-    num_pages, page_size, KVH, _ = k_pages.shape
     NT, Bq = tile_tokens.shape
-    g = H // KVH
+    g = H // num_kv_heads
     R0 = Bq * g
     R = _next_pow2(max(16, R0))
-    P = pages_per_block
-    C = P * page_size
-
-    # Queries in tile order, all g heads of a KV head together: [NT, KVH, R, D]; padding rows are zero.
     q_pad = jnp.concatenate([q, jnp.zeros((1, H, D), q.dtype)], axis=0)
-    qt = q_pad[tile_tokens].reshape(NT, Bq, KVH, g, D).transpose(0, 2, 1, 3, 4).reshape(NT, KVH, R0, D)
+    qt = q_pad[tile_tokens].reshape(NT, Bq, num_kv_heads, g, D).transpose(0, 2, 1, 3, 4).reshape(
+        NT, num_kv_heads, R0, D)
     pos_pad = jnp.concatenate([positions.astype(jnp.int32), jnp.full((1,), -1, jnp.int32)])
-    q_pos = pos_pad[tile_tokens]                         # [NT, Bq]; -1 for empty slots
-    qpos_rows = jnp.repeat(q_pos, g, axis=1)             # [NT, R0]: row b * g + h -> token b
+    qpos_rows = jnp.repeat(pos_pad[tile_tokens], g, axis=1)  # [NT, R0]: row b * g + h -> token b; -1 = empty
     if R != R0:
         qt = jnp.pad(qt, ((0, 0), (0, 0), (0, R - R0), (0, 0)))
         qpos_rows = jnp.pad(qpos_rows, ((0, 0), (0, R - R0)), constant_values=-1)
+    return qt, qpos_rows
 
-    if sliding_window is not None:
-        # First KV position any query of the tile can see -> first KV block of the loop.
-        min_pos = jnp.min(jnp.where(q_pos >= 0, q_pos, jnp.iinfo(jnp.int32).max), axis=1)
-        first = jnp.maximum(min_pos - (sliding_window - 1), 0)
-        tile_lo = jnp.where(tile_kv_len > 0, first // C, 0).astype(jnp.int32)
-    else:
-        tile_lo = jnp.zeros((NT,), jnp.int32)
 
+def first_blocks(qpos_rows, tile_kv_len, sliding_window: int | None, block_tokens: int):
+    """i32[NT]: the first KV block (of block_tokens keys) any query of a tile can see (0 without a window)."""
+    if sliding_window is None:
+        return jnp.zeros(tile_kv_len.shape, jnp.int32)
+    min_pos = jnp.min(jnp.where(qpos_rows >= 0, qpos_rows, jnp.iinfo(jnp.int32).max), axis=1)
+    first = jnp.maximum(min_pos - (sliding_window - 1), 0)
+    return jnp.where(tile_kv_len > 0, first // block_tokens, 0).astype(jnp.int32)
+
+
+def splits_in_use(tile_kv_len, num_kv_heads: int, kv_splits: int, target_programs: int | None):
+    """i32[1]: how many of the kv_splits split-K programs of a tile get work in this step.
+
+    Without target_programs all of them. With it, just enough for the step's non-empty tiles to give about
+    target_programs busy programs (tiles x KV heads x splits): a batch-1 decode uses every split, a wide batch
+    only one, so one compiled kernel serves both (the bucket's static kv_splits is an upper bound)."""
+    if kv_splits == 1 or target_programs is None:
+        return jnp.full((1,), kv_splits, jnp.int32)
+    busy = jnp.maximum(jnp.sum(tile_kv_len > 0).astype(jnp.int32) * num_kv_heads, 1)
+    return jnp.clip((target_programs + busy - 1) // busy, 1, kv_splits).astype(jnp.int32).reshape(1)
+
+
+def attention_call(qt, qpos_rows, k_pages, v_pages, tile_seq, tile_kv_len, tile_lo, page_tables, num_splits, *,
+                   sm_scale, sliding_window, soft_cap, pages_per_block, kv_splits, num_warps, num_stages,
+                   interpret, k_scales=None, v_scales=None):
+    """The pallas_call alone, on tiled queries (tile_queries). Returns o [NT, KVH, R, D] in q's dtype, or with
+    kv_splits > 1 the float32 partials (o [S, NT, KVH, R, D], row max m [S, NT, KVH, R], row sum l [same])."""
+    NT, KVH, R, D = qt.shape
+    num_pages, page_size = k_pages.shape[:2]
+    P = pages_per_block
     page_tables = page_tables.astype(jnp.int32)
     W = page_tables.shape[1]
     if W % P:  # every block of P page ids must be readable
@@ -228,7 +247,7 @@ def _ragged_paged_attention(q, k_pages, v_pages, positions, tile_tokens, tile_se
     S = kv_splits
     whole = pl.BlockSpec()  # the whole array, indexed dynamically inside the kernel
     in_specs = [
-        whole, whole, whole, whole,
+        whole, whole, whole, whole, whole,
         pl.BlockSpec((None, R), lambda i, h, s: (i, 0)),
         pl.BlockSpec((None, None, R, D), lambda i, h, s: (i, h, 0, 0)),
         pl.BlockSpec((num_pages, page_size, None, D), lambda i, h, s: (0, 0, h, 0)),
@@ -240,7 +259,7 @@ def _ragged_paged_attention(q, k_pages, v_pages, positions, tile_tokens, tile_se
         in_specs += [pl.BlockSpec((num_pages, page_size, None), lambda i, h, s: (0, 0, h))] * 2
         scale_args = (k_scales.astype(jnp.float32), v_scales.astype(jnp.float32))
     if S == 1:
-        out_shape = jax.ShapeDtypeStruct((NT, KVH, R, D), q.dtype)
+        out_shape = jax.ShapeDtypeStruct((NT, KVH, R, D), qt.dtype)
         out_specs = pl.BlockSpec((None, None, R, D), lambda i, h, s: (i, h, 0, 0))
     else:
         out_shape = (jax.ShapeDtypeStruct((S, NT, KVH, R, D), jnp.float32),
@@ -255,7 +274,7 @@ def _ragged_paged_attention(q, k_pages, v_pages, positions, tile_tokens, tile_se
     compiler_params = None
     if not interpret and _TritonCompilerParams is not None:
         compiler_params = _TritonCompilerParams(num_warps=num_warps, num_stages=num_stages)
-    out = pl.pallas_call(
+    return pl.pallas_call(
         kernel,
         grid=(NT, KVH, S),
         in_specs=in_specs,
@@ -263,24 +282,48 @@ def _ragged_paged_attention(q, k_pages, v_pages, positions, tile_tokens, tile_se
         out_shape=out_shape,
         compiler_params=compiler_params,
         interpret=interpret,
-        name=f"ragged_paged_attention_R{R}_C{C}_S{S}",
-    )(tile_seq.astype(jnp.int32), tile_kv_len.astype(jnp.int32), tile_lo, page_tables, qpos_rows, qt,
-      k_pages, v_pages, *scale_args)
+        name=f"ragged_paged_attention_R{R}_C{P * page_size}_S{S}",
+    )(tile_seq.astype(jnp.int32), tile_kv_len.astype(jnp.int32), tile_lo, num_splits.astype(jnp.int32),
+      page_tables, qpos_rows, qt, k_pages, v_pages, *scale_args)
 
-    if S == 1:
-        o = out
-    else:  # merge the split partials (flash-decoding)
-        o_s, m_s, l_s = out
-        m = jnp.max(m_s, axis=0)
-        w = jnp.exp(m_s - m[None])
-        l = jnp.sum(w * l_s, axis=0)
-        o = jnp.sum(w[..., None] * o_s, axis=0) / jnp.maximum(l, 1e-30)[..., None]
-        o = o.astype(q.dtype)
-    # [NT, KVH, R, D] -> [NT * Bq, H, D] in the reference's (token, kv head, group) head order.
-    o = o[:, :, :R0].reshape(NT, KVH, Bq, g, D).transpose(0, 2, 1, 3, 4).reshape(NT * Bq, H, D)
-    # Scatter tiles back to flat tokens; empty slots (token T) write nothing (unique indices: plain stores).
+
+def merge_splits(o_s, m_s, l_s, dtype):
+    """Flash-decoding merge of split partials [S, NT, KVH, R(, D)] -> [NT, KVH, R, D]. A split without work has
+    m = -1e30, l = 0, o = 0 and gets weight 0 (a tile without any work comes out as zeros)."""
+    m = jnp.max(m_s, axis=0)
+    w = jnp.exp(m_s - m[None])
+    l = jnp.sum(w * l_s, axis=0)
+    return (jnp.sum(w[..., None] * o_s, axis=0) / jnp.maximum(l, 1e-30)[..., None]).astype(dtype)
+
+
+def tiles_to_tokens(o, tile_tokens, num_tokens: int, num_heads: int):
+    """o [NT, KVH, R, D] (tile order) -> [T, H, D] in the reference's (token, kv head, group) head order; tokens
+    no tile holds are zeros. Empty tile slots (token T) write nothing (unique indices: plain stores)."""
+    NT, KVH, _, D = o.shape
+    Bq = tile_tokens.shape[1]
+    g = num_heads // KVH
+    o = o[:, :, :Bq * g].reshape(NT, KVH, Bq, g, D).transpose(0, 2, 1, 3, 4).reshape(NT * Bq, num_heads, D)
     idx = tile_tokens.reshape(-1)
-    return set_rows(jnp.zeros((T, H, D), q.dtype), idx, o, idx >= T)
+    return set_rows(jnp.zeros((num_tokens, num_heads, D), o.dtype), idx, o, idx >= num_tokens)
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "sm_scale", "sliding_window", "soft_cap", "pages_per_block", "kv_splits", "target_programs", "num_warps",
+    "num_stages", "interpret"))
+def _ragged_paged_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, tile_kv_len, page_tables, *,
+                            sm_scale, sliding_window, soft_cap, pages_per_block, kv_splits, target_programs,
+                            num_warps, num_stages, interpret, k_scales=None, v_scales=None):
+    T, H, _ = q.shape
+    KVH, page_size = k_pages.shape[2], k_pages.shape[1]
+    qt, qpos_rows = tile_queries(q, positions, tile_tokens, KVH)
+    tile_lo = first_blocks(qpos_rows, tile_kv_len, sliding_window, pages_per_block * page_size)
+    num_splits = splits_in_use(tile_kv_len, KVH, kv_splits, target_programs)
+    out = attention_call(qt, qpos_rows, k_pages, v_pages, tile_seq, tile_kv_len, tile_lo, page_tables, num_splits,
+                         sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
+                         pages_per_block=pages_per_block, kv_splits=kv_splits, num_warps=num_warps,
+                         num_stages=num_stages, interpret=interpret, k_scales=k_scales, v_scales=v_scales)
+    o = out if kv_splits == 1 else merge_splits(*out, q.dtype)
+    return tiles_to_tokens(o, tile_tokens, T, H)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -325,6 +368,7 @@ def ragged_paged_attention(
     soft_cap: float | None = None,
     pages_per_block: int = 1,
     kv_splits: int = 1,
+    target_programs: int | None = None,
     num_warps: int = 4,
     num_stages: int = 2,
     interpret: bool = False,
@@ -335,6 +379,9 @@ def ragged_paged_attention(
 
     pages_per_block: KV pages loaded per loop iteration (power of two; C = pages_per_block * page_size keys).
     kv_splits: programs sharing one tile's KV range (split-K), merged in jnp; 1 = no split.
+    target_programs: with kv_splits > 1, use only as many splits per tile as give the step's non-empty tiles about
+      this many busy programs (e.g. 2 x the SM count): kv_splits becomes an upper bound and one compiled kernel
+      serves a batch-1 decode (all splits) and a wide batch (one split). None: always kv_splits.
     num_warps / num_stages: Triton compiler parameters (ignored in interpret mode). The pipelined K/V blocks
       take about num_stages * 2 * C * D * itemsize bytes of shared memory (227 KB per block on H100/H200): with
       D = 128 and page 16, bf16 fits up to pages_per_block 8, float32 up to 4 (measured from the compiled
@@ -371,6 +418,8 @@ def ragged_paged_attention(
                          f"page_size {page_size}, pages_per_block {pages_per_block}")
     if not isinstance(kv_splits, int) or kv_splits < 1:
         raise ValueError(f"kv_splits must be a positive int, got {kv_splits!r}")
+    if target_programs is not None and (not isinstance(target_programs, int) or target_programs < 1):
+        raise ValueError(f"target_programs must be a positive int or None, got {target_programs!r}")
     _check_int32("positions", positions, 1)
     _check_int32("tile_tokens", tile_tokens, 2)
     _check_int32("tile_seq", tile_seq, 1)
@@ -393,5 +442,6 @@ def ragged_paged_attention(
         q, k_pages, v_pages, positions, tile_tokens, tile_seq, tile_kv_len, page_tables,
         sm_scale=float(sm_scale), sliding_window=None if sliding_window is None else int(sliding_window),
         soft_cap=None if soft_cap is None else float(soft_cap), pages_per_block=int(pages_per_block),
-        kv_splits=kv_splits, num_warps=int(num_warps), num_stages=int(num_stages), interpret=bool(interpret),
+        kv_splits=kv_splits, target_programs=target_programs, num_warps=int(num_warps), num_stages=int(num_stages),
+        interpret=bool(interpret),
         k_scales=k_scales, v_scales=v_scales)
