@@ -5,11 +5,11 @@ benchmarks/kernels/paged_attention.py) it times, per layer call:
   full      ragged_paged_attention (tile gather + pallas_call + split merge + tile -> token scatter)
   kernel    the pallas_call alone on pre-tiled queries (attention_call): full - kernel = the jnp around it
   nt=N      full with the tile arrays cut to their first N tiles (a bucket with fewer empty tiles)
-  tp=N      full with target_programs=N (the splits in use follow the step's non-empty tiles)
+  engine    full with the engine's choice (models/attention.py: decode_kv_splits, kernel_num_stages)
   peer      JAX's bundled Triton paged_attention (its defaults)
 each as `inner` dependent calls unrolled in one jitted function ("unrolled": like the 32 layers of a model step)
 and, for a few, as a lax.scan of them ("scan": the kernel benchmark's loop; the difference is the loop's cost).
-Plus a (num_warps, num_stages) sweep at batch 64 x 4k. Prints one line per variant and writes
+Plus (splits, num_warps, num_stages) variants where one split already gives more programs than 2 x the SMs. Prints one line per variant and writes
 benchmarks/results/decode-attention-cost-<date>.json.
 
   python benchmarks/probes/decode_attention_cost.py            # H200, ~2 min
@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 from benchmarks.common import write_result  # noqa: E402
 from benchmarks.kernels import paged_attention as pab  # noqa: E402
 from benchmarks.peers import jax_paged_attention as peer  # noqa: E402
+from jaxinfer.models.attention import decode_kv_splits, kernel_num_stages  # noqa: E402
 from pallas_kernels.paged_attention import kernel as pk  # noqa: E402
 
 
@@ -57,19 +58,19 @@ def chain(call, inner: int, scan: bool):
     return run
 
 
-def full_call(ppb, ks, tp, nw, ns, nt, interpret):
+def full_call(ppb, ks, nw, ns, nt, interpret):
     def call(q, kp, vp, pos, tt, ts, tkl, pt):
         if nt is not None:
             tt, ts, tkl = tt[:nt], ts[:nt], tkl[:nt]
         return pk.ragged_paged_attention(q, kp, vp, pos, tt, ts, tkl, pt, sm_scale=pab.D ** -0.5,
-                                         pages_per_block=ppb, kv_splits=ks, target_programs=tp, num_warps=nw,
+                                         pages_per_block=ppb, kv_splits=ks, num_warps=nw,
                                          num_stages=ns, interpret=interpret)
     return call
 
 
 def kernel_call(ppb, ks, nw, ns, interpret):
-    def call(qt, qpos_rows, kp, vp, ts, tkl, lo, pt, nsp):
-        out = pk.attention_call(qt, qpos_rows, kp, vp, ts, tkl, lo, pt, nsp, sm_scale=pab.D ** -0.5,
+    def call(qt, qpos_rows, kp, vp, ts, tkl, lo, pt):
+        out = pk.attention_call(qt, qpos_rows, kp, vp, ts, tkl, lo, pt, sm_scale=pab.D ** -0.5,
                                 sliding_window=None, soft_cap=None, pages_per_block=ppb, kv_splits=ks, num_warps=nw,
                                 num_stages=ns, interpret=interpret)
         return out if ks == 1 else out[0][0]
@@ -94,52 +95,43 @@ def run_config(batch, ctx, a, rows):
         rows.append(row)
         print(f"{batch:>4} x {ctx:>6} {name:<34} {us:>9.1f} us {row['tbps']:>5.2f} TB/s", flush=True)
 
-    def full(name, ppb=4, ks=1, tp=None, nw=4, ns=2, nt=None, scan=False):
+    def full(name, ppb=4, ks=1, nw=4, ns=2, nt=None, scan=False):
         try:
-            fn = chain(full_call(ppb, ks, tp, nw, ns, nt, a.interpret), a.inner, scan)
-            record(name, _time(lambda x: fn(x, kp, vp, *md), (q,), a.reps), a.inner, ppb=ppb, ks=ks, tp=tp,
+            fn = chain(full_call(ppb, ks, nw, ns, nt, a.interpret), a.inner, scan)
+            record(name, _time(lambda x: fn(x, kp, vp, *md), (q,), a.reps), a.inner, ppb=ppb, ks=ks,
                    nw=nw, ns=ns, nt=nt, scan=scan)
         except Exception as e:  # keep going
             print(f"{name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
 
-    def kernel_only(name, ppb=4, ks=1, nw=4, ns=2, nt=None, tp=None):
+    def kernel_only(name, ppb=4, ks=1, nw=4, ns=2, nt=None):
         tt_, ts_, tkl_ = (tt, ts, tkl) if nt is None else (tt[:nt], ts[:nt], tkl[:nt])
         qt, qpos_rows = pk.tile_queries(q, pos, tt_, pab.KVH)
         lo = pk.first_blocks(qpos_rows, tkl_, None, ppb * pab.PS)
-        nsp = pk.splits_in_use(tkl_, pab.KVH, ks, tp)
         fn = chain(kernel_call(ppb, ks, nw, ns, a.interpret), a.inner, False)
         try:
-            record(name, _time(lambda x: fn(x, qpos_rows, kp, vp, ts_, tkl_, lo, pt, nsp), (qt,), a.reps), a.inner,
+            record(name, _time(lambda x: fn(x, qpos_rows, kp, vp, ts_, tkl_, lo, pt), (qt,), a.reps), a.inner,
                    ppb=ppb, ks=ks, nt=nt)
         except Exception as e:
             print(f"{name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
 
     nt_small = n_active + 1
-    if batch * pab.KVH < 2 * a.sms:  # few programs: the split-K questions
-        full("full p4 s1", 4, 1)
-        full("full p4 s1 scan", 4, 1, scan=True)
-        kernel_only("kernel p4 s1", 4, 1)
-        for ks in (16,) if batch == 1 else (3, 16):
-            full(f"full p4 s{ks}", 4, ks)
-            full(f"full p8 s{ks}", 8, ks)
-            kernel_only(f"kernel p4 s{ks}", 4, ks)
-            full(f"full p4 s{ks} nt={nt_small}", 4, ks, nt=nt_small)
-            kernel_only(f"kernel p4 s{ks} nt={nt_small}", 4, ks, nt=nt_small)
-            full(f"full p4 s{ks} ns1", 4, ks, ns=1)
-            full(f"full p4 s{ks} ns3", 4, ks, ns=3)
-            full(f"full p4 s{ks} nw8", 4, ks, nw=8)
-        full("full p4 s16 tp264", 4, 16, tp=2 * a.sms)
-        full("full p4 s16 tp264 scan", 4, 16, tp=2 * a.sms, scan=True)
-        full(f"full p4 s16 tp264 nt={nt_small}", 4, 16, tp=2 * a.sms, nt=nt_small)
-    else:  # many programs: tuning at S = 1, and what an unused split bound costs
-        for nw, ns in ((4, 2), (4, 3), (4, 4), (8, 2), (8, 3), (2, 3)):
-            full(f"full p4 s1 nw{nw} ns{ns}", 4, 1, nw=nw, ns=ns)
-        full("full p2 s1 ns3", 2, 1, ns=3)
+    splits = decode_kv_splits(hb.bucket.num_seqs, pab.KVH, a.sms)
+    full(f"engine p4 s{splits} ns{kernel_num_stages(splits)}", 4, splits, ns=kernel_num_stages(splits))
+    full("full p4 s1 ns2", 4, 1, ns=2)
+    full("full p4 s1 ns2 scan", 4, 1, ns=2, scan=True)
+    if batch * pab.KVH <= 2 * a.sms:  # few programs: the split-K questions
+        kernel_only("kernel p4 s16 ns1", 4, 16, ns=1)
+        full(f"full p4 s16 ns1 nt={nt_small}", 4, 16, ns=1, nt=nt_small)
+        kernel_only(f"kernel p4 s16 ns1 nt={nt_small}", 4, 16, ns=1, nt=nt_small)
+        full("full p8 s16 ns1", 8, 16, ns=1)
+        full("full p2 s16 ns1", 2, 16, ns=1)
+        full("full p4 s8 ns1", 4, 8, ns=1)
+        full("full p4 s16 ns1 nw2", 4, 16, ns=1, nw=2)
+    else:  # many programs: tuning without / with a few splits
+        for ks, nw, ns in ((1, 4, 1), (1, 4, 3), (1, 8, 2), (2, 4, 1), (2, 4, 2), (4, 4, 1), (16, 4, 1)):
+            full(f"full p4 s{ks} nw{nw} ns{ns}", 4, ks, nw=nw, ns=ns)
         full("full p8 s1 ns3", 8, 1, ns=3)
         kernel_only("kernel p4 s1", 4, 1)
-        full("full p4 s1 scan", 4, 1, scan=True)
-        full("full p4 s4 tp264", 4, 4, tp=2 * a.sms)
-        full("full p4 s16 tp264", 4, 16, tp=2 * a.sms)
     peer_fn = peer.load()
     if not isinstance(peer_fn, str) and not a.interpret:
         kt, vt = peer.to_peer_layout(kp), peer.to_peer_layout(vp)
@@ -158,7 +150,7 @@ def run_config(batch, ctx, a, rows):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", nargs="+", default=["1x512", "1x4096", "16x4096", "64x4096"])
+    ap.add_argument("--configs", nargs="+", default=["1x512", "1x4096", "16x4096", "32x4096", "64x4096"])
     ap.add_argument("--inner", type=int, default=32, help="dependent calls per timed run (32 = one model step)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--interpret", action="store_true")

@@ -21,6 +21,23 @@ def _pages_per_block(page_size: int) -> int:
     return max(1, 64 // page_size)
 
 
+def decode_kv_splits(num_seqs: int, kv_heads: int, num_sms: int) -> int:
+    """Split-K programs per query tile for a bucket of num_seqs sequences and kv_heads (local) KV heads.
+
+    One split gives num_seqs * kv_heads programs. While those fit in one wave of the GPU (<= num_sms) the KV of a
+    sequence is split 16 ways (flash decoding); a tile with fewer KV blocks than splits leaves the rest idle.
+    H200 (benchmarks/probes/decode_attention_cost.py, 2026-12-01; bucket of 16 sequences, 8 KV heads): batch 1 x 512
+    31.2 -> 20.7 us per layer, 1 x 4k 136 -> 33 us, 16 x 4k 216 -> 118 us. With more programs than SMs the split
+    did not pay (batch 64 x 4k: 384 us unsplit, 389 us with 2 splits in benchmarks/kernels/paged_attention.py)."""
+    return 16 if num_seqs * kv_heads <= num_sms else 1
+
+
+def kernel_num_stages(kv_splits: int) -> int:
+    """Triton software-pipelining depth: a split program walks only a few KV blocks, where the smaller shared-memory
+    footprint of no pipelining (more programs resident per SM) wins (H200: 1 x 4k with 16 splits 49 -> 33 us)."""
+    return 1 if kv_splits > 1 else 2
+
+
 class AttentionOptions(NamedTuple):
     """Static (compile-time) attention settings."""
 
@@ -29,6 +46,7 @@ class AttentionOptions(NamedTuple):
     backend: str = "reference"  # "reference" (jnp) or "pallas" (pallas_kernels/paged_attention/kernel.py)
     interpret: bool = False   # pallas on CPU: run the kernel body in interpret mode (tests)
     mesh: Any = None          # tensor parallelism: a Mesh with a "model" axis; attention runs per KV-head shard
+    num_sms: int = 132        # pallas: streaming multiprocessors of the GPU (decode_kv_splits); H100 / H200: 132
 
 
 class AttentionMetadata(NamedTuple):
@@ -65,10 +83,11 @@ def _paged_attention_local(q, k, v, k_pages, v_pages, md, opts, sm_scale, slidin
     if isinstance(k_pages, QuantizedPages):
         kd, vd, scales = k_pages.data, v_pages.data, dict(k_scales=k_pages.scale, v_scales=v_pages.scale)
     if opts.backend == "pallas":
+        splits = decode_kv_splits(md.page_tables.shape[0] - 1, kd.shape[2], opts.num_sms)  # rows: S + 1
         out = ragged_paged_attention(
             q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,
             sm_scale=sm_scale, sliding_window=sliding_window, pages_per_block=_pages_per_block(kd.shape[1]),
-            interpret=opts.interpret, **scales)
+            kv_splits=splits, num_stages=kernel_num_stages(splits), interpret=opts.interpret, **scales)
         return out, k_pages, v_pages
     out = ragged_paged_attention_reference(
         q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,

@@ -125,7 +125,8 @@ class ModelRunner:
         if backend == "auto":
             backend = "pallas" if jax.default_backend() == "gpu" else "reference"
         opts = AttentionOptions(kv_chunk, static, backend, interpret=jax.default_backend() == "cpu",
-                                mesh=plan.mesh if plan is not None and plan.tp > 1 else None)
+                                mesh=plan.mesh if plan is not None and plan.tp > 1 else None,
+                                num_sms=int(getattr(jax.devices()[0], "core_count", 0) or 132))
         kv_shardings = None if plan is None else [(kv_sharding, kv_sharding)] * cfg.num_layers
         self._step = make_step_fn(loaded, opts, config.max_num_seqs, kv_shardings)
         self._no_prev = jax.device_put(np.zeros((config.max_num_seqs,), np.int32), self._replicated)

@@ -91,7 +91,6 @@ def _attention_kernel(
     tile_seq_ref,     # i32[NT]          whole array
     tile_kv_len_ref,  # i32[NT]          whole array
     tile_lo_ref,      # i32[NT]          whole array: first KV block a query of the tile can see (window)
-    num_splits_ref,   # i32[1]           whole array: splits in use this step (<= kv_splits; splits_in_use)
     page_tables_ref,  # i32[S + 1, W']   whole array (W' a multiple of pages_per_block)
     qpos_ref,         # i32[R]           position of each query row; -1 = padding
     q_ref,            # [R, D]
@@ -127,9 +126,8 @@ def _attention_kernel(
     lo = jnp.minimum(tile_lo_ref[i], n_blocks)
     if kv_splits > 1:
         s = pl.program_id(2)
-        used = num_splits_ref[0]                           # splits >= used find start >= n_blocks: no work
-        per_split = lax.div(n_blocks - lo + (used - 1), used)
-        start = jnp.minimum(lo + s * per_split, n_blocks)
+        per_split = lax.div(n_blocks - lo + (kv_splits - 1), kv_splits)  # short tiles leave some splits idle
+        start = lo + s * per_split
         end = jnp.minimum(start + per_split, n_blocks)
     else:
         start, end = lo, n_blocks
@@ -219,19 +217,7 @@ def first_blocks(qpos_rows, tile_kv_len, sliding_window: int | None, block_token
     return jnp.where(tile_kv_len > 0, first // block_tokens, 0).astype(jnp.int32)
 
 
-def splits_in_use(tile_kv_len, num_kv_heads: int, kv_splits: int, target_programs: int | None):
-    """i32[1]: how many of the kv_splits split-K programs of a tile get work in this step.
-
-    Without target_programs all of them. With it, just enough for the step's non-empty tiles to give about
-    target_programs busy programs (tiles x KV heads x splits): a batch-1 decode uses every split, a wide batch
-    only one, so one compiled kernel serves both (the bucket's static kv_splits is an upper bound)."""
-    if kv_splits == 1 or target_programs is None:
-        return jnp.full((1,), kv_splits, jnp.int32)
-    busy = jnp.maximum(jnp.sum(tile_kv_len > 0).astype(jnp.int32) * num_kv_heads, 1)
-    return jnp.clip((target_programs + busy - 1) // busy, 1, kv_splits).astype(jnp.int32).reshape(1)
-
-
-def attention_call(qt, qpos_rows, k_pages, v_pages, tile_seq, tile_kv_len, tile_lo, page_tables, num_splits, *,
+def attention_call(qt, qpos_rows, k_pages, v_pages, tile_seq, tile_kv_len, tile_lo, page_tables, *,
                    sm_scale, sliding_window, soft_cap, pages_per_block, kv_splits, num_warps, num_stages,
                    interpret, k_scales=None, v_scales=None):
     """The pallas_call alone, on tiled queries (tile_queries). Returns o [NT, KVH, R, D] in q's dtype, or with
@@ -247,7 +233,7 @@ def attention_call(qt, qpos_rows, k_pages, v_pages, tile_seq, tile_kv_len, tile_
     S = kv_splits
     whole = pl.BlockSpec()  # the whole array, indexed dynamically inside the kernel
     in_specs = [
-        whole, whole, whole, whole, whole,
+        whole, whole, whole, whole,
         pl.BlockSpec((None, R), lambda i, h, s: (i, 0)),
         pl.BlockSpec((None, None, R, D), lambda i, h, s: (i, h, 0, 0)),
         pl.BlockSpec((num_pages, page_size, None, D), lambda i, h, s: (0, 0, h, 0)),
@@ -283,8 +269,8 @@ def attention_call(qt, qpos_rows, k_pages, v_pages, tile_seq, tile_kv_len, tile_
         compiler_params=compiler_params,
         interpret=interpret,
         name=f"ragged_paged_attention_R{R}_C{P * page_size}_S{S}",
-    )(tile_seq.astype(jnp.int32), tile_kv_len.astype(jnp.int32), tile_lo, num_splits.astype(jnp.int32),
-      page_tables, qpos_rows, qt, k_pages, v_pages, *scale_args)
+    )(tile_seq.astype(jnp.int32), tile_kv_len.astype(jnp.int32), tile_lo, page_tables, qpos_rows, qt, k_pages,
+      v_pages, *scale_args)
 
 
 def merge_splits(o_s, m_s, l_s, dtype):
@@ -308,17 +294,16 @@ def tiles_to_tokens(o, tile_tokens, num_tokens: int, num_heads: int):
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "sm_scale", "sliding_window", "soft_cap", "pages_per_block", "kv_splits", "target_programs", "num_warps",
-    "num_stages", "interpret"))
+    "sm_scale", "sliding_window", "soft_cap", "pages_per_block", "kv_splits", "num_warps", "num_stages",
+    "interpret"))
 def _ragged_paged_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, tile_kv_len, page_tables, *,
-                            sm_scale, sliding_window, soft_cap, pages_per_block, kv_splits, target_programs,
-                            num_warps, num_stages, interpret, k_scales=None, v_scales=None):
+                            sm_scale, sliding_window, soft_cap, pages_per_block, kv_splits, num_warps, num_stages,
+                            interpret, k_scales=None, v_scales=None):
     T, H, _ = q.shape
     KVH, page_size = k_pages.shape[2], k_pages.shape[1]
     qt, qpos_rows = tile_queries(q, positions, tile_tokens, KVH)
     tile_lo = first_blocks(qpos_rows, tile_kv_len, sliding_window, pages_per_block * page_size)
-    num_splits = splits_in_use(tile_kv_len, KVH, kv_splits, target_programs)
-    out = attention_call(qt, qpos_rows, k_pages, v_pages, tile_seq, tile_kv_len, tile_lo, page_tables, num_splits,
+    out = attention_call(qt, qpos_rows, k_pages, v_pages, tile_seq, tile_kv_len, tile_lo, page_tables,
                          sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
                          pages_per_block=pages_per_block, kv_splits=kv_splits, num_warps=num_warps,
                          num_stages=num_stages, interpret=interpret, k_scales=k_scales, v_scales=v_scales)
@@ -368,7 +353,6 @@ def ragged_paged_attention(
     soft_cap: float | None = None,
     pages_per_block: int = 1,
     kv_splits: int = 1,
-    target_programs: int | None = None,
     num_warps: int = 4,
     num_stages: int = 2,
     interpret: bool = False,
@@ -379,9 +363,6 @@ def ragged_paged_attention(
 
     pages_per_block: KV pages loaded per loop iteration (power of two; C = pages_per_block * page_size keys).
     kv_splits: programs sharing one tile's KV range (split-K), merged in jnp; 1 = no split.
-    target_programs: with kv_splits > 1, use only as many splits per tile as give the step's non-empty tiles about
-      this many busy programs (e.g. 2 x the SM count): kv_splits becomes an upper bound and one compiled kernel
-      serves a batch-1 decode (all splits) and a wide batch (one split). None: always kv_splits.
     num_warps / num_stages: Triton compiler parameters (ignored in interpret mode). The pipelined K/V blocks
       take about num_stages * 2 * C * D * itemsize bytes of shared memory (227 KB per block on H100/H200): with
       D = 128 and page 16, bf16 fits up to pages_per_block 8, float32 up to 4 (measured from the compiled
@@ -418,8 +399,6 @@ def ragged_paged_attention(
                          f"page_size {page_size}, pages_per_block {pages_per_block}")
     if not isinstance(kv_splits, int) or kv_splits < 1:
         raise ValueError(f"kv_splits must be a positive int, got {kv_splits!r}")
-    if target_programs is not None and (not isinstance(target_programs, int) or target_programs < 1):
-        raise ValueError(f"target_programs must be a positive int or None, got {target_programs!r}")
     _check_int32("positions", positions, 1)
     _check_int32("tile_tokens", tile_tokens, 2)
     _check_int32("tile_seq", tile_seq, 1)
@@ -442,6 +421,5 @@ def ragged_paged_attention(
         q, k_pages, v_pages, positions, tile_tokens, tile_seq, tile_kv_len, page_tables,
         sm_scale=float(sm_scale), sliding_window=None if sliding_window is None else int(sliding_window),
         soft_cap=None if soft_cap is None else float(soft_cap), pages_per_block=int(pages_per_block),
-        kv_splits=kv_splits, target_programs=target_programs, num_warps=int(num_warps), num_stages=int(num_stages),
-        interpret=bool(interpret),
+        kv_splits=kv_splits, num_warps=int(num_warps), num_stages=int(num_stages), interpret=bool(interpret),
         k_scales=k_scales, v_scales=v_scales)
