@@ -3,7 +3,7 @@
 A step with n tokens of m sequences runs in the smallest bucket whose token count T >= n; its other shapes
 follow from T, so the ladder is one list of ints and warm-up compiles exactly len(ladder) step programs:
   S  = min(T, max_num_seqs)           sampled rows / page-table rows (every sequence has >= 1 token)
-  Bq = 4 if T <= max_num_seqs else query_tile
+  Bq = 4 if T <= max_num_seqs or T is the smallest bucket, else query_tile
                                       query tile: small buckets are mostly decodes (one query per sequence),
                                       where a wide tile only multiplies padding work
   NT = ceil(T / Bq) + S               query tiles (a sequence of n tokens needs ceil(n / Bq) tiles)
@@ -50,7 +50,11 @@ class BucketLadder:
         buckets = []
         for t in sizes:
             s = min(t, max_num_seqs)
-            bq = min(query_tile, _DECODE_TILE) if t <= max_num_seqs else query_tile
+            # Decode-sized tiles where the bucket is mostly decodes; the smallest bucket always, because a
+            # single-sequence decode (max_num_seqs 1..15) runs there: with 16-token tiles its one query token
+            # padded a 64-row attention tile (H200, 8B at 4k context, max_num_seqs 1: 99 us per layer vs 36 us
+            # with 4-token tiles; step_breakdown / decode_attention_cost 2026-12-01).
+            bq = min(query_tile, _DECODE_TILE) if t <= max_num_seqs or t == sizes[0] else query_tile
             r = min(s, max_spec_seqs) if num_spec_tokens else 0
             buckets.append(Bucket(t, s, math.ceil(t / bq) + s, bq, width, r, num_spec_tokens if r else 0))
         return cls(tuple(buckets))
