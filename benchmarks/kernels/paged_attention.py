@@ -10,13 +10,16 @@ Variants per config:
   * reference, both loop settings: static_loop=True with kv_chunk_pages 128 (the engine's GPU setting) and the
     while loop with 16 pages per chunk. Both run at every config: with `inner` adapted (below) even 256 x 32k
     costs under a second of calls each. `ref_while`'s first output is the reference of every rel_err.
-  * kernel, at most 3 (pages per loop step, split-K) pairs, by this rule (P = ceil((context + 1) / 16) pages):
-      always (4, 1): the engine's setting (models/attention.py: 64 tokens per step, no split);
+  * kernel, at most 4 (pages per loop step, split-K) pairs, by this rule (P = ceil((context + 1) / 16) pages):
+      first the engine's choice (4, K_engine) (models/attention.py: 64 tokens per step; decode_kv_splits for the
+        bucket the batch runs in: 16 splits where sequences x KV heads fit one wave of SMs, else none);
+      always (4, 1) (no split);
       batch * KVH < 2 * SMs (too few programs to fill the GPU: batch 1 and 16 on 132 SMs): split-K with
         K = min(16, ceil(2 * SMs / (batch * KVH)), ceil(P / 4)) at 4 and at 8 pages per step;
       otherwise (8, 1), and (4, 2) while batch * KVH < 8 * SMs (a few waves, where a partial last wave costs).
     (From the H200 run of 2026-11-30: 1 page per step never won; 4 won most configs, 8 some long contexts;
-    split-K won at batch 1 and 16 except 1 x 512.)
+    split-K won at batch 1 and 16 except 1 x 512.) Split variants run without software pipelining, as in the
+    engine (kernel_num_stages).
   * peer, JAX's bundled kernel (benchmarks/peers/jax_paged_attention.py) with its own defaults (8 pages per compute
     block, 16 splits), plus 8 pages with the split rule's K where that is not 16. Its pools are our pools
     transposed to its [KVH, num_pages, page_size, D] layout once per config, outside the timing, after our pools
@@ -33,9 +36,9 @@ past --budget-s the remaining configs are recorded as skipped. The JSON
 
 Output: a line per variant as it is measured (us, TB/s, % HBM, rel_err, inner, compile s) and a summary line per
 config; at the end one table line per config (best reference; best kernel variant: us, TB/s, % HBM, x vs the
-reference; the engine's (4, 1) and its x vs the reference; best peer variant and the kernel's x vs it; rel_err of
+reference; the engine's choice and its x vs the reference; best peer variant and the kernel's x vs it; rel_err of
 the kernel and the peer), then the targets: >= 3.2 TB/s at batch >= 64 x context >= 4k, and the kernel never
-slower than the reference, for the best variant and for the engine's (4, 1). The JSON has every row and config.
+slower than the reference, for the best variant and for the engine's choice. The JSON has every row and config.
 
 Wall time of the default grid on the H200, estimated by --dry-run from the 2026-11-30 run (there each variant cost
 0.6 s beyond its calls: compile, transfers): 20 configs, 131 variants, ~4 s of calls (inner adapts), ~1 s per config
@@ -66,6 +69,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks.common import RESULTS_DIR, measure_hbm_bandwidth, write_result  # noqa: E402
 from benchmarks.peers import jax_paged_attention as peer  # noqa: E402
+from jaxinfer.models.attention import decode_kv_splits, kernel_num_stages  # noqa: E402
 from jaxinfer.runner.batch import SeqInput, pack  # noqa: E402
 from jaxinfer.runner.buckets import BucketLadder  # noqa: E402
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention  # noqa: E402
@@ -114,20 +118,24 @@ def split_rule(batch: int, ctx: int, sms: int) -> int:
     return max(1, min(16, math.ceil(2 * sms / (batch * KVH)), math.ceil(math.ceil((ctx + 1) / PS) / 4)))
 
 
+def engine_splits(batch: int, sms: int) -> int:
+    """kv_splits the engine uses for a decode batch: decode_kv_splits of the bucket it runs in (engine defaults)."""
+    ladder = BucketLadder.build(max_num_batched_tokens=MAX_BATCHED, max_num_seqs=MAX_NUM_SEQS, max_model_len=PS,
+                                page_size=PS, query_tile=16, kv_chunk_pages=1)
+    return decode_kv_splits(ladder.pick(batch, batch).num_seqs, KVH, sms)
+
+
 def kernel_variants(batch: int, ctx: int, sms: int) -> list[tuple[int, int]]:
-    """(pages_per_block, kv_splits) pairs, by the rule of the module docstring."""
-    out = [(4, 1)]
+    """(pages_per_block, kv_splits) pairs, by the rule of the module docstring; the engine's choice first."""
+    out = [(4, engine_splits(batch, sms))]
+    if (4, 1) not in out:
+        out.append((4, 1))
     if batch * KVH < 2 * sms:
         k = split_rule(batch, ctx, sms)
-        if k > 1:
-            out += [(4, k), (8, k)]
-        else:
-            out.append((8, 1))
+        more = [(4, k), (8, k)] if k > 1 else [(8, 1)]
     else:
-        out.append((8, 1))
-        if batch * KVH < 8 * sms:
-            out.append((4, 2))
-    return out
+        more = [(8, 1)] + ([(4, 2)] if batch * KVH < 8 * sms else [])
+    return out + [v for v in more if v not in out]
 
 
 def inner_for(kind: str, nbytes: int, max_inner: int) -> int:
@@ -227,7 +235,8 @@ def _ref_fn(chunk: int, static: bool, sm_scale: float):
 
 def _kernel_fn(ppb: int, ks: int, sm_scale: float, interpret: bool):
     return lambda x, k, v, *m: ragged_paged_attention(x, k, v, *m, sm_scale=sm_scale, pages_per_block=ppb,
-                                                      kv_splits=ks, interpret=interpret)
+                                                      kv_splits=ks, num_stages=kernel_num_stages(ks),
+                                                      interpret=interpret)
 
 
 def run_config(cfg: dict, a, hbm: float, sms: int, peer_fn) -> list[dict]:
@@ -263,6 +272,7 @@ def run_config(cfg: dict, a, hbm: float, sms: int, peer_fn) -> list[dict]:
               dict(kv_chunk_pages=chunk, static_loop=loop == "static"), hb)
     hb = hbs["static"][0]
     md = meta(hb)
+    cfg["engine_variant"] = f"kernel_p4_s{engine_splits(batch, sms)}"
     for ppb, ks in kernel_variants(batch, ctx, sms):
         timed(f"kernel_p{ppb}_s{ks}", "kernel", _kernel_fn(ppb, ks, sm_scale, a.interpret), (q, kp, vp, *md),
               dict(pages_per_block=ppb, kv_splits=ks), hb)
@@ -305,10 +315,10 @@ def _best(rows, kind, impl=None):
 
 
 def summarize(cfg: dict, rows: list[dict]) -> None:
-    """Adds to cfg the best kernel / reference / peer variant, the engine's (4, 1) and the ratios, and to every
+    """Adds to cfg the best kernel / reference / peer variant, the engine's choice and the ratios, and to every
     row its speed-up vs the best reference and the best peer variant; prints one line."""
     k, ref, p = _best(rows, "kernel"), _best(rows, "ref"), _best(rows, "peer")
-    eng = _best(rows, "kernel", "kernel_p4_s1")
+    eng = _best(rows, "kernel", cfg.get("engine_variant"))
     for r in rows:
         if "us" in r:
             if ref:
@@ -342,7 +352,7 @@ def print_table(cfgs: list[dict]) -> None:
     """One line per measured config (the end of the log: what a cut-off output tail still shows)."""
     nan = float("nan")
     print(f"{'batch':>5} {'ctx':>6} {'KV GB':>6} | {'ref us':>9} {'(best ref)':<10} | {'kernel us':>9} {'TB/s':>5} "
-          f"{'%HBM':>4} {'x ref':>6} {'(best)':<13} | {'p4_s1 us':>9} {'x ref':>6} | {'peer us':>9} {'(best)':<12} "
+          f"{'%HBM':>4} {'x ref':>6} {'(best)':<13} | {'engine us':>9} {'x ref':>6} | {'peer us':>9} {'(best)':<12} "
           f"{'x peer':>6} | {'err kern':>8} {'err peer':>8}", flush=True)
     for c in cfgs:
         head = f"{c['batch']:>5} {c['context']:>6} {c['kv_bytes'] / 1e9:>6.2f}"
@@ -364,7 +374,7 @@ def print_table(cfgs: list[dict]) -> None:
 
 
 def targets(cfgs: list[dict]) -> dict:
-    """The issue's two targets, for the best kernel variant and for the engine's (4, 1)."""
+    """The issue's two targets, for the best kernel variant and for the engine's choice."""
     done = [c for c in cfgs if "kernel_us" in c]
     out = {}
     for tag in ("kernel", "engine"):
@@ -387,7 +397,7 @@ def print_targets(t: dict) -> None:
     if "kernel_min_tbps_in_target" not in t:
         print(f"TARGET >= {TARGET_TBPS} TB/s at batch >= 64 x context >= 4k: no config of that region measured",
               flush=True)
-    for tag, what in (("kernel", "best variant"), ("engine", "engine's p4_s1")):
+    for tag, what in (("kernel", "best variant"), ("engine", "engine's choice")):
         m = t.get(f"{tag}_min_tbps_in_target")
         if m:
             print(f"TARGET >= {TARGET_TBPS} TB/s at batch >= 64 x context >= 4k ({what}): min {m['tbps']:.2f} TB/s "

@@ -10,7 +10,7 @@ benchmarks/kernels/paged_attention.py) it times, per layer call:
 each as `inner` dependent calls unrolled in one jitted function ("unrolled": like the 32 layers of a model step)
 and, for a few, as a lax.scan of them ("scan": the kernel benchmark's loop; the difference is the loop's cost).
 Plus (splits, num_warps, num_stages) variants where one split already gives more programs than 2 x the SMs. Prints one line per variant and writes
-benchmarks/results/decode-attention-cost-<date>.json.
+benchmarks/results/decode-attention-cost-<date>.json after every config.
 
   python benchmarks/probes/decode_attention_cost.py            # H200, ~2 min
   python benchmarks/probes/decode_attention_cost.py --interpret --configs 1x64 --inner 2 --reps 1   # CPU smoke
@@ -157,11 +157,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     a.sms = pab.num_sms()
     rows = []
-    for c in a.configs:
+    for c in a.configs:  # the JSON is rewritten after every config: a time limit loses at most the config in flight
         b, ctx = (int(x) for x in c.split("x"))
         run_config(b, ctx, a, rows)
-    path = write_result("decode-attention-cost", dict(device=str(jax.devices()[0].device_kind), jax=jax.__version__,
-                                                     inner=a.inner, reps=a.reps, sms=a.sms, rows=rows))
+        path = write_result("decode-attention-cost", dict(inner=a.inner, reps=a.reps, sms=a.sms, rows=rows))
     print("wrote", path)
     return 0
 

@@ -173,3 +173,18 @@ def test_pack_verify_row_errors_name_the_problem():
         pack([SeqInput([1, 2, 3, 4], 0, [1], num_spec=3)], b, 16)
     with pytest.raises(ValueError, match="sequence 1 verifies 1 drafts of 2 tokens .* 1 verify rows of 2 drafts"):
         pack([SeqInput([1, 2], 0, [1], num_spec=1), SeqInput([3, 4], 0, [2], num_spec=1)], b, 16)
+
+
+@pytest.mark.parametrize("max_num_seqs", [1, 4, 64])
+def test_smallest_bucket_uses_decode_tiles(max_num_seqs):
+    """A single-sequence decode runs in the smallest bucket: its query tiles are 4 tokens whatever max_num_seqs
+    (16-token tiles padded one query token to a 64-row attention tile: 2.7x slower per layer on the H200), and a
+    16-token prefill chunk still fits it (ceil(16 / 4) tiles)."""
+    ladder = BucketLadder.build(max_num_batched_tokens=256, max_num_seqs=max_num_seqs, max_model_len=256,
+                                page_size=16, query_tile=16, kv_chunk_pages=4)
+    small, big = ladder.buckets[0], ladder.buckets[-1]
+    assert small.num_tokens == 16 and small.query_tile == 4
+    assert big.query_tile == (4 if big.num_tokens <= max_num_seqs else 16)
+    hb = pack([SeqInput(token_ids=list(range(16)), start_pos=5, page_table=[1, 2])], small, 16)
+    assert (hb.arrays["tile_kv_len"] > 0).sum() == 4
+    np.testing.assert_array_equal(hb.arrays["tile_kv_len"][:4], [9, 13, 17, 21])
