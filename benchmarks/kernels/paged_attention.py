@@ -12,7 +12,7 @@ Variants per config:
     costs under a second of calls each. `ref_while`'s first output is the reference of every rel_err.
   * kernel, at most 4 (pages per loop step, split-K) pairs, by this rule (P = ceil((context + 1) / 16) pages):
       first the engine's choice (4, K_engine) (models/attention.py: 64 tokens per step; decode_kv_splits for the
-        bucket the batch runs in: 16 splits where sequences x KV heads fit one wave of SMs, else none);
+        bucket the batch runs in: 8 splits where sequences x KV heads fit one wave of SMs, else none);
       always (4, 1) (no split);
       batch * KVH < 2 * SMs (too few programs to fill the GPU: batch 1 and 16 on 132 SMs): split-K with
         K = min(16, ceil(2 * SMs / (batch * KVH)), ceil(P / 4)) at 4 and at 8 pages per step;

@@ -25,16 +25,20 @@ def decode_kv_splits(num_seqs: int, kv_heads: int, num_sms: int) -> int:
     """Split-K programs per query tile for a bucket of num_seqs sequences and kv_heads (local) KV heads.
 
     One split gives num_seqs * kv_heads programs. While those fit in one wave of the GPU (<= num_sms) the KV of a
-    sequence is split 16 ways (flash decoding); a tile with fewer KV blocks than splits leaves the rest idle.
-    H200 (benchmarks/probes/decode_attention_cost.py, 2026-12-01; bucket of 16 sequences, 8 KV heads): batch 1 x 512
-    31.2 -> 20.7 us per layer, 1 x 4k 136 -> 33 us, 16 x 4k 216 -> 118 us. With more programs than SMs the split
-    did not pay (batch 64 x 4k: 384 us unsplit, 389 us with 2 splits in benchmarks/kernels/paged_attention.py)."""
-    return 16 if num_seqs * kv_heads <= num_sms else 1
+    sequence is split 8 ways (flash decoding); a tile with fewer KV blocks than splits leaves the rest idle.
+    H200, per layer, bucket of 16 sequences / 20 tiles, 8 KV heads (benchmarks/probes/decode_attention_cost.py,
+    2026-12-01): no split / 16 splits / 8 splits (no pipelining): 1 x 512 30.0 / 22.8 / 17.5 us, 1 x 4k
+    133.9 / 36.6 / 36.3 us, 16 x 4k 219.3 / 113.9 / 103.0 us. Fewer splits write and merge fewer float32 partials
+    (every tile of the bucket has them, busy or not); 8 vs 16 is not measured beyond 4k, where 16 may win again
+    (more KV per split: 1 x 32k took 154 us with 16 splits in the kernel benchmark). With more programs than SMs the split did not pay (batch 64
+    x 4k: 384 us unsplit, 389 us with 2 splits in benchmarks/kernels/paged_attention.py)."""
+    return 8 if num_seqs * kv_heads <= num_sms else 1
 
 
 def kernel_num_stages(kv_splits: int) -> int:
     """Triton software-pipelining depth: a split program walks only a few KV blocks, where the smaller shared-memory
-    footprint of no pipelining (more programs resident per SM) wins (H200: 1 x 4k with 16 splits 49 -> 33 us)."""
+    footprint of no pipelining (more programs resident per SM) wins (H200: 1 x 4k with 16 splits 49 -> 33 us;
+    16 x 4k with 3 splits 131 -> 113 us)."""
     return 1 if kv_splits > 1 else 2
 
 

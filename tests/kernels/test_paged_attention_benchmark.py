@@ -20,12 +20,12 @@ def test_plan_orders_target_first_and_skips_oversized():
     big = next(c for c in cfgs if (c["batch"], c["context"]) == (256, 32768))
     assert big["kv_bytes"] == 256 * 32769 * 8 * 128 * 2 * 2 and "34.4 GB" in big["skipped"]
     assert sum("skipped" in c for c in cfgs) == 1
-    # the variant rule: the engine's choice first (16 splits for batches of the 16-sequence bucket, whose 16 x 8
+    # the variant rule: the engine's choice first (8 splits for batches of the 16-sequence bucket, whose 16 x 8
     # programs fit 132 SMs; none beyond), (4, 1) always, at most 4 variants; the split rule's K below 2 programs per
     # SM, 2 splits up to 8 programs per SM (132 SMs, 8 KV heads), none beyond
     for b, ctx in order:
         v = bench.kernel_variants(b, ctx, 132)
-        assert v[0] == (4, 16 if b <= 16 else 1) and (4, 1) in v and len(v) <= 4 and len(set(v)) == len(v)
+        assert v[0] == (4, 8 if b <= 16 else 1) and (4, 1) in v and len(v) <= 4 and len(set(v)) == len(v)
         want = bench.split_rule(b, ctx, 132) if b * 8 < 2 * 132 else 2 if b * 8 < 8 * 132 else 1
         assert max(k for _, k in v[1:]) == want, (b, ctx, v)
     assert bench.split_rule(1, 4096, 132) == 16 and bench.split_rule(16, 4096, 132) == 3
@@ -49,8 +49,8 @@ def test_cpu_smoke_run_reports_small_errors(tmp_path):
     (cfg,) = d["configs"]
     assert cfg["checked_against"] == "ref_while"
     rows = {r["impl"]: r for r in d["rows"]}
-    assert {"ref_while", "ref_static", "kernel_p4_s1", "kernel_p4_s16", "peer_p8_s16"} <= set(rows), rows.keys()
-    assert cfg["engine_variant"] == "kernel_p4_s16" and cfg["engine_us"] == rows["kernel_p4_s16"]["us"]
+    assert {"ref_while", "ref_static", "kernel_p4_s1", "kernel_p4_s8", "peer_p8_s16"} <= set(rows), rows.keys()
+    assert cfg["engine_variant"] == "kernel_p4_s8" and cfg["engine_us"] == rows["kernel_p4_s8"]["us"]
     for name, r in rows.items():
         assert "error" not in r, (name, r.get("error"))
         assert r["us"] > 0 and r["gbps"] > 0 and r["inner"] == 2
