@@ -9,8 +9,8 @@ benchmarks/kernels/paged_attention.py) it times, per layer call:
   peer      JAX's bundled Triton paged_attention (its defaults)
 each as `inner` dependent calls unrolled in one jitted function ("unrolled": like the 32 layers of a model step)
 and, for a few, as a lax.scan of them ("scan": the kernel benchmark's loop; the difference is the loop's cost).
-Plus (splits, num_warps, num_stages) variants where one split already gives more programs than 2 x the SMs. Prints one line per variant and writes
-benchmarks/results/decode-attention-cost-<date>.json after every config.
+Plus (splits, num_warps, num_stages) variants where one split already gives more programs than 2 x the SMs.
+Prints one line per variant and writes benchmarks/results/decode-attention-cost-<date>.json after every config.
 
   python benchmarks/probes/decode_attention_cost.py            # H200, ~2 min
   python benchmarks/probes/decode_attention_cost.py --interpret --configs 1x64 --inner 2 --reps 1   # CPU smoke
@@ -120,13 +120,13 @@ def run_config(batch, ctx, a, rows):
     full("full p4 s1 ns2", 4, 1, ns=2)
     full("full p4 s1 ns2 scan", 4, 1, ns=2, scan=True)
     if batch * pab.KVH <= 2 * a.sms:  # few programs: the split-K questions
-        kernel_only("kernel p4 s16 ns1", 4, 16, ns=1)
-        full(f"full p4 s16 ns1 nt={nt_small}", 4, 16, ns=1, nt=nt_small)
-        kernel_only(f"kernel p4 s16 ns1 nt={nt_small}", 4, 16, ns=1, nt=nt_small)
-        full("full p8 s16 ns1", 8, 16, ns=1)
-        full("full p2 s16 ns1", 2, 16, ns=1)
-        full("full p4 s8 ns1", 4, 8, ns=1)
-        full("full p4 s16 ns1 nw2", 4, 16, ns=1, nw=2)
+        kernel_only(f"kernel p4 s{splits} ns1", 4, splits, ns=1)
+        full(f"full p4 s{splits} ns1 nt={nt_small}", 4, splits, ns=1, nt=nt_small)
+        kernel_only(f"kernel p4 s{splits} ns1 nt={nt_small}", 4, splits, ns=1, nt=nt_small)
+        for ppb, ks in ((4, 16), (8, 16), (8, 8), (4, 4)):
+            if (ppb, ks) != (4, splits):
+                full(f"full p{ppb} s{ks} ns1", ppb, ks, ns=1)
+        full(f"full p4 s{splits} ns1 nw2", 4, splits, ns=1, nw=2)
     else:  # many programs: tuning without / with a few splits
         for ks, nw, ns in ((1, 4, 1), (1, 4, 3), (1, 8, 2), (2, 4, 1), (2, 4, 2), (4, 4, 1), (16, 4, 1)):
             full(f"full p4 s{ks} nw{nw} ns{ns}", 4, ks, nw=nw, ns=ns)
@@ -150,7 +150,7 @@ def run_config(batch, ctx, a, rows):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", nargs="+", default=["1x512", "1x4096", "16x4096", "32x4096", "64x4096"])
+    ap.add_argument("--configs", nargs="+", default=["1x512", "1x4096", "1x32768", "16x4096", "64x4096", "32x4096"])
     ap.add_argument("--inner", type=int, default=32, help="dependent calls per timed run (32 = one model step)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--interpret", action="store_true")

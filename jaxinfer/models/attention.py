@@ -30,8 +30,9 @@ def decode_kv_splits(num_seqs: int, kv_heads: int, num_sms: int) -> int:
     2026-12-01): no split / 16 splits / 8 splits (no pipelining): 1 x 512 30.0 / 22.8 / 17.5 us, 1 x 4k
     133.9 / 36.6 / 36.3 us, 16 x 4k 219.3 / 113.9 / 103.0 us. Fewer splits write and merge fewer float32 partials
     (every tile of the bucket has them, busy or not); 8 vs 16 is not measured beyond 4k, where 16 may win again
-    (more KV per split: 1 x 32k took 154 us with 16 splits in the kernel benchmark). With more programs than SMs the split did not pay (batch 64
-    x 4k: 384 us unsplit, 389 us with 2 splits in benchmarks/kernels/paged_attention.py)."""
+    (more KV per split: 1 x 32k took 154 us with 16 splits in the kernel benchmark). With more programs than SMs
+    the split did not pay (batch 64 x 4k: 384 us unsplit, 389 us with 2 splits in
+    benchmarks/kernels/paged_attention.py)."""
     return 8 if num_seqs * kv_heads <= num_sms else 1
 
 
