@@ -5,6 +5,7 @@ benchmarks/kernels/paged_attention.py) it times, per layer call:
   full      ragged_paged_attention (tile gather + pallas_call + split merge + tile -> token scatter)
   kernel    the pallas_call alone on pre-tiled queries (attention_call): full - kernel = the jnp around it
   nt=N      full with the tile arrays cut to their first N tiles (a bucket with fewer empty tiles)
+  merge=kernel  full with idle splits storing nothing and the Pallas merge reading only busy partials
   engine    full with the engine's choice (models/attention.py: decode_kv_splits, kernel_num_stages)
   peer      JAX's bundled Triton paged_attention (its defaults)
 each as `inner` dependent calls unrolled in one jitted function ("unrolled": like the 32 layers of a model step)
@@ -58,12 +59,12 @@ def chain(call, inner: int, scan: bool):
     return run
 
 
-def full_call(ppb, ks, nw, ns, nt, interpret):
+def full_call(ppb, ks, nw, ns, nt, interpret, merge="xla"):
     def call(q, kp, vp, pos, tt, ts, tkl, pt):
         if nt is not None:
             tt, ts, tkl = tt[:nt], ts[:nt], tkl[:nt]
         return pk.ragged_paged_attention(q, kp, vp, pos, tt, ts, tkl, pt, sm_scale=pab.D ** -0.5,
-                                         pages_per_block=ppb, kv_splits=ks, num_warps=nw,
+                                         pages_per_block=ppb, kv_splits=ks, merge=merge, num_warps=nw,
                                          num_stages=ns, interpret=interpret)
     return call
 
@@ -95,11 +96,11 @@ def run_config(batch, ctx, a, rows):
         rows.append(row)
         print(f"{batch:>4} x {ctx:>6} {name:<34} {us:>9.1f} us {row['tbps']:>5.2f} TB/s", flush=True)
 
-    def full(name, ppb=4, ks=1, nw=4, ns=2, nt=None, scan=False):
+    def full(name, ppb=4, ks=1, nw=4, ns=2, nt=None, scan=False, merge="xla"):
         try:
-            fn = chain(full_call(ppb, ks, nw, ns, nt, a.interpret), a.inner, scan)
+            fn = chain(full_call(ppb, ks, nw, ns, nt, a.interpret, merge), a.inner, scan)
             record(name, _time(lambda x: fn(x, kp, vp, *md), (q,), a.reps), a.inner, ppb=ppb, ks=ks,
-                   nw=nw, ns=ns, nt=nt, scan=scan)
+                   nw=nw, ns=ns, nt=nt, scan=scan, merge=merge)
         except Exception as e:  # keep going
             print(f"{name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
 
@@ -121,6 +122,8 @@ def run_config(batch, ctx, a, rows):
     full("full p4 s1 ns2 scan", 4, 1, ns=2, scan=True)
     if batch * pab.KVH <= 2 * a.sms:  # few programs: the split-K questions
         kernel_only(f"kernel p4 s{splits} ns1", 4, splits, ns=1)
+        full(f"full p4 s{splits} ns1 merge=kernel", 4, splits, ns=1, merge="kernel")
+        full("full p4 s16 ns1 merge=kernel", 4, 16, ns=1, merge="kernel")
         full(f"full p4 s{splits} ns1 nt={nt_small}", 4, splits, ns=1, nt=nt_small)
         kernel_only(f"kernel p4 s{splits} ns1 nt={nt_small}", 4, splits, ns=1, nt=nt_small)
         for ppb, ks in ((4, 16), (8, 16), (8, 8), (4, 4)):

@@ -104,6 +104,7 @@ def _attention_kernel(
     pages_per_block: int,
     kv_splits: int,
     quantized: bool = False,
+    busy_stores_only: bool = False,
 ):
     if quantized:
         ks_ref, vs_ref, *out_refs = refs
@@ -179,9 +180,32 @@ def _attention_kernel(
         o_ref[...] = (acc / jnp.maximum(l, 1e-30)[:, None]).astype(o_ref.dtype)
     else:
         o_ref, m_ref, l_ref = out_refs
-        o_ref[...] = acc
-        m_ref[...] = m
-        l_ref[...] = l
+
+        def store():
+            o_ref[...] = acc
+            m_ref[...] = m
+            l_ref[...] = l
+        if busy_stores_only:  # a split without KV blocks writes nothing; merge_splits_kernel never reads it
+            pl.when(end > start)(store)
+        else:
+            store()
+
+
+def _merge_kernel(used_ref, m_ref, l_ref, o_ref, out_ref):
+    """One (tile, KV head): the flash-decoding merge of its first used_ref[tile] split partials, the only ones the
+    attention kernel wrote (busy_stores_only). Blocks: m, l [S, R]; o [S, R, D]; out [R, D]. Masked loads read
+    nothing for the other splits (and for a tile without work: its output is zeros)."""
+    S, R, D = o_ref.shape
+    used = used_ref[pl.program_id(0)]
+    split = lax.broadcasted_iota(jnp.int32, (S, R), 0)
+    valid = split < used                                                   # [S, R]
+    m_s = plgpu.load(m_ref, mask=valid, other=_MASKED)
+    l_s = plgpu.load(l_ref, mask=valid, other=0.0)
+    o_s = plgpu.load(o_ref, mask=jnp.broadcast_to(valid[:, :, None], (S, R, D)), other=0.0)
+    m = jnp.max(m_s, axis=0)                                               # [R]
+    w = jnp.where(valid, jnp.exp(m_s - m[None, :]), 0.0)                   # [S, R]
+    l = jnp.sum(w * l_s, axis=0)
+    out_ref[...] = (jnp.sum(w[:, :, None] * o_s, axis=0) / jnp.maximum(l, 1e-30)[:, None]).astype(out_ref.dtype)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -219,9 +243,10 @@ def first_blocks(qpos_rows, tile_kv_len, sliding_window: int | None, block_token
 
 def attention_call(qt, qpos_rows, k_pages, v_pages, tile_seq, tile_kv_len, tile_lo, page_tables, *,
                    sm_scale, sliding_window, soft_cap, pages_per_block, kv_splits, num_warps, num_stages,
-                   interpret, k_scales=None, v_scales=None):
+                   interpret, k_scales=None, v_scales=None, busy_stores_only=False):
     """The pallas_call alone, on tiled queries (tile_queries). Returns o [NT, KVH, R, D] in q's dtype, or with
-    kv_splits > 1 the float32 partials (o [S, NT, KVH, R, D], row max m [S, NT, KVH, R], row sum l [same])."""
+    kv_splits > 1 the float32 partials (o [S, NT, KVH, R, D], row max m [S, NT, KVH, R], row sum l [same]);
+    busy_stores_only: splits without KV blocks leave their partials unwritten (merge with merge_splits_kernel)."""
     NT, KVH, R, D = qt.shape
     num_pages, page_size = k_pages.shape[:2]
     P = pages_per_block
@@ -256,7 +281,7 @@ def attention_call(qt, qpos_rows, k_pages, v_pages, tile_seq, tile_kv_len, tile_
                      pl.BlockSpec((None, None, None, R), lambda i, h, s: (s, i, h, 0)))
     kernel = functools.partial(_attention_kernel, sm_scale=float(sm_scale), sliding_window=sliding_window,
                                soft_cap=None if soft_cap is None else float(soft_cap), pages_per_block=P,
-                               kv_splits=S, quantized=quantized)
+                               kv_splits=S, quantized=quantized, busy_stores_only=busy_stores_only)
     compiler_params = None
     if not interpret and _TritonCompilerParams is not None:
         compiler_params = _TritonCompilerParams(num_warps=num_warps, num_stages=num_stages)
@@ -282,6 +307,40 @@ def merge_splits(o_s, m_s, l_s, dtype):
     return (jnp.sum(w[..., None] * o_s, axis=0) / jnp.maximum(l, 1e-30)[..., None]).astype(dtype)
 
 
+def splits_used(tile_kv_len, tile_lo, *, page_size: int, pages_per_block: int, table_width: int, kv_splits: int):
+    """i32[NT]: how many of a tile's kv_splits split programs get KV blocks (the kernel's own split arithmetic: the
+    blocks [lo, n_blocks) in chunks of ceil((n_blocks - lo) / kv_splits)). table_width: page-table width after the
+    kernel's padding to a multiple of pages_per_block."""
+    n_pages = jnp.minimum((tile_kv_len + page_size - 1) // page_size, table_width)
+    n_blocks = (n_pages + pages_per_block - 1) // pages_per_block
+    span = n_blocks - jnp.minimum(tile_lo, n_blocks)
+    per_split = jnp.maximum((span + kv_splits - 1) // kv_splits, 1)
+    return ((span + per_split - 1) // per_split).astype(jnp.int32)
+
+
+def merge_splits_kernel(o_s, m_s, l_s, used, dtype, *, num_warps: int = 4, interpret: bool = False):
+    """merge_splits as a Pallas kernel that reads only the first used[tile] partials of each tile (the ones a
+    busy_stores_only attention call wrote): partials of idle splits and tiles cost no memory traffic. One program
+    per (tile, KV head); S (kv_splits) must be a power of two (Triton block shapes)."""
+    S, NT, KVH, R, D = o_s.shape
+    compiler_params = None
+    if not interpret and _TritonCompilerParams is not None:
+        compiler_params = _TritonCompilerParams(num_warps=num_warps, num_stages=1)
+    return pl.pallas_call(
+        _merge_kernel,
+        grid=(NT, KVH),
+        in_specs=[pl.BlockSpec(),
+                  pl.BlockSpec((S, None, None, R), lambda i, h: (0, i, h, 0)),
+                  pl.BlockSpec((S, None, None, R), lambda i, h: (0, i, h, 0)),
+                  pl.BlockSpec((S, None, None, R, D), lambda i, h: (0, i, h, 0, 0))],
+        out_specs=pl.BlockSpec((None, None, R, D), lambda i, h: (i, h, 0, 0)),
+        out_shape=jax.ShapeDtypeStruct((NT, KVH, R, D), dtype),
+        compiler_params=compiler_params,
+        interpret=interpret,
+        name=f"ragged_paged_attention_merge_S{S}",
+    )(used, m_s, l_s, o_s)
+
+
 def tiles_to_tokens(o, tile_tokens, num_tokens: int, num_heads: int):
     """o [NT, KVH, R, D] (tile order) -> [T, H, D] in the reference's (token, kv head, group) head order; tokens
     no tile holds are zeros. Empty tile slots (token T) write nothing (unique indices: plain stores)."""
@@ -294,11 +353,11 @@ def tiles_to_tokens(o, tile_tokens, num_tokens: int, num_heads: int):
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "sm_scale", "sliding_window", "soft_cap", "pages_per_block", "kv_splits", "num_warps", "num_stages",
+    "sm_scale", "sliding_window", "soft_cap", "pages_per_block", "kv_splits", "merge", "num_warps", "num_stages",
     "interpret"))
 def _ragged_paged_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, tile_kv_len, page_tables, *,
-                            sm_scale, sliding_window, soft_cap, pages_per_block, kv_splits, num_warps, num_stages,
-                            interpret, k_scales=None, v_scales=None):
+                            sm_scale, sliding_window, soft_cap, pages_per_block, kv_splits, merge, num_warps,
+                            num_stages, interpret, k_scales=None, v_scales=None):
     T, H, _ = q.shape
     KVH, page_size = k_pages.shape[2], k_pages.shape[1]
     qt, qpos_rows = tile_queries(q, positions, tile_tokens, KVH)
@@ -306,8 +365,19 @@ def _ragged_paged_attention(q, k_pages, v_pages, positions, tile_tokens, tile_se
     out = attention_call(qt, qpos_rows, k_pages, v_pages, tile_seq, tile_kv_len, tile_lo, page_tables,
                          sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
                          pages_per_block=pages_per_block, kv_splits=kv_splits, num_warps=num_warps,
-                         num_stages=num_stages, interpret=interpret, k_scales=k_scales, v_scales=v_scales)
-    o = out if kv_splits == 1 else merge_splits(*out, q.dtype)
+                         num_stages=num_stages, interpret=interpret, k_scales=k_scales, v_scales=v_scales,
+                         busy_stores_only=kv_splits > 1 and merge == "kernel")
+    if kv_splits == 1:
+        o = out
+    elif merge == "kernel":
+        W = page_tables.shape[1]
+        used = splits_used(tile_kv_len.astype(jnp.int32), tile_lo, page_size=page_size,
+                           pages_per_block=pages_per_block, table_width=-(-W // pages_per_block) * pages_per_block,
+                           kv_splits=kv_splits)
+        o_s, m_s, l_s = out
+        o = merge_splits_kernel(o_s, m_s, l_s, used, q.dtype, interpret=interpret)
+    else:
+        o = merge_splits(*out, q.dtype)
     return tiles_to_tokens(o, tile_tokens, T, H)
 
 
@@ -353,6 +423,7 @@ def ragged_paged_attention(
     soft_cap: float | None = None,
     pages_per_block: int = 1,
     kv_splits: int = 1,
+    merge: str = "xla",
     num_warps: int = 4,
     num_stages: int = 2,
     interpret: bool = False,
@@ -363,6 +434,9 @@ def ragged_paged_attention(
 
     pages_per_block: KV pages loaded per loop iteration (power of two; C = pages_per_block * page_size keys).
     kv_splits: programs sharing one tile's KV range (split-K), merged in jnp; 1 = no split.
+    merge: with kv_splits > 1, "xla": every split program writes its float32 partials and XLA merges all of them;
+      "kernel": only splits with KV blocks write, and a Pallas merge kernel reads only those (no traffic for the
+      idle tiles of a bucket; kv_splits must be a power of two).
     num_warps / num_stages: Triton compiler parameters (ignored in interpret mode). The pipelined K/V blocks
       take about num_stages * 2 * C * D * itemsize bytes of shared memory (227 KB per block on H100/H200): with
       D = 128 and page 16, bf16 fits up to pages_per_block 8, float32 up to 4 (measured from the compiled
@@ -399,6 +473,11 @@ def ragged_paged_attention(
                          f"page_size {page_size}, pages_per_block {pages_per_block}")
     if not isinstance(kv_splits, int) or kv_splits < 1:
         raise ValueError(f"kv_splits must be a positive int, got {kv_splits!r}")
+    if merge not in ("xla", "kernel"):
+        raise ValueError(f"merge must be 'xla' or 'kernel', got {merge!r}")
+    if merge == "kernel" and kv_splits > 1 and not _is_pow2(kv_splits):
+        raise ValueError(f"merge='kernel' needs kv_splits to be a power of two (Triton block shapes), got "
+                         f"{kv_splits}; use merge='xla'")
     _check_int32("positions", positions, 1)
     _check_int32("tile_tokens", tile_tokens, 2)
     _check_int32("tile_seq", tile_seq, 1)
@@ -421,5 +500,6 @@ def ragged_paged_attention(
         q, k_pages, v_pages, positions, tile_tokens, tile_seq, tile_kv_len, page_tables,
         sm_scale=float(sm_scale), sliding_window=None if sliding_window is None else int(sliding_window),
         soft_cap=None if soft_cap is None else float(soft_cap), pages_per_block=int(pages_per_block),
-        kv_splits=kv_splits, num_warps=int(num_warps), num_stages=int(num_stages), interpret=bool(interpret),
+        kv_splits=kv_splits, merge=merge, num_warps=int(num_warps), num_stages=int(num_stages),
+        interpret=bool(interpret),
         k_scales=k_scales, v_scales=v_scales)

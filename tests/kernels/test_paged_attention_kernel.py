@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxinfer.runner.batch import pack
+from pallas_kernels.paged_attention import kernel as pk
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention
 from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference
 from tests.kernels.paged_cases import build, cases
@@ -68,6 +69,59 @@ def test_decode_bucket(heads, kv_heads, ppb, splits, window):
     out = np.asarray(ragged_paged_attention(*args, pages_per_block=ppb, kv_splits=splits, interpret=True, **kw))
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
     assert np.all(out[_unreferenced(d)] == 0)
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim,ps,window,ppb,splits", [
+    (4, 4, 64, 16, None, 1, 4), (8, 2, 64, 32, 20, 1, 2), (8, 2, 128, 16, None, 2, 8)])
+def test_kernel_merge_matches_reference(heads, kv_heads, head_dim, ps, window, ppb, splits):
+    """merge='kernel': idle splits write nothing and the Pallas merge reads only the busy ones; mixed prefill +
+    decode tiles, empty tiles, a sliding window."""
+    rng = np.random.default_rng(heads * 100 + splits)
+    d = build(rng, cases(ps), heads, kv_heads, head_dim, ps)
+    args = _args(d)
+    kw = dict(sm_scale=head_dim ** -0.5, sliding_window=window)
+    ref = np.asarray(ragged_paged_attention_reference(*args, kv_chunk_pages=2, **kw))
+    out = np.asarray(ragged_paged_attention(*args, pages_per_block=ppb, kv_splits=splits, merge="kernel",
+                                            interpret=True, **kw))
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+    assert np.all(out[_unreferenced(d)] == 0)
+
+
+def test_merge_kernel_never_reads_unused_partials():
+    """The Pallas merge against the jnp merge on the same partials, with NaN in every partial past a tile's used
+    splits (what an unwritten buffer may hold): the result equals the jnp merge of the used splits alone."""
+    S, NT, KVH, R, D = 4, 5, 2, 16, 32
+    rng = np.random.default_rng(0)
+    o = rng.normal(size=(S, NT, KVH, R, D)).astype(np.float32)
+    m = rng.normal(size=(S, NT, KVH, R)).astype(np.float32)
+    l = rng.uniform(0.5, 2.0, size=(S, NT, KVH, R)).astype(np.float32)
+    used = np.array([4, 1, 0, 3, 2], np.int32)
+    unused = np.arange(S)[:, None] >= used[None, :]                         # [S, NT]
+    clean = (np.where(unused[..., None, None, None], 0.0, o), np.where(unused[..., None, None], -1e30, m),
+             np.where(unused[..., None, None], 0.0, l))
+    poisoned = [np.where(unused[..., None, None, None], np.nan, o)] + [
+        np.where(unused[..., None, None], np.nan, x) for x in (m, l)]
+    want = np.asarray(pk.merge_splits(*map(jnp.asarray, clean), jnp.float32))
+    got = np.asarray(pk.merge_splits_kernel(*map(jnp.asarray, poisoned), jnp.asarray(used), jnp.float32,
+                                            interpret=True))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert np.all(got[2] == 0)  # a tile without work
+
+
+def test_splits_used_is_the_kernels_split_arithmetic():
+    """splits_used counts the split programs whose block range [start, end) is non-empty in the kernel."""
+    P, ps, S, W = 2, 16, 4, 8
+    kv_len = np.array([0, 1, 32, 33, 100, 256, 256, 300], np.int32)
+    lo = np.array([0, 0, 0, 0, 1, 3, 8, 0], np.int32)
+    got = np.asarray(pk.splits_used(jnp.asarray(kv_len), jnp.asarray(lo), page_size=ps, pages_per_block=P,
+                                    table_width=W, kv_splits=S))
+    want = []
+    for n, lo_ in zip(kv_len, lo):
+        n_blocks = -(-min(-(-n // ps), W) // P)
+        lo_ = min(lo_, n_blocks)
+        per = -(-(n_blocks - lo_) // S)
+        want.append(sum(min(lo_ + s * per + per, n_blocks) > lo_ + s * per for s in range(S)))
+    np.testing.assert_array_equal(got, want)
 
 
 def test_bf16_within_tolerance():
@@ -172,11 +226,14 @@ def _check_8b_shape(kind, interpret=False):
                              np.float32)
         # f32 with 8 pages of 16 x 128 per step needs ~290 KB of shared memory with 2 pipeline stages (> 227 KB)
         variants = ((1, 1), (4, 1), (4, 4), (8, 2)) if dtype == jnp.bfloat16 else ((1, 1), (4, 4))
-        for ppb, splits in variants:
+        # + the engine's decode split (8 splits, no pipelining), with the XLA and the Pallas merge
+        variants = [(p, k, {}) for p, k in variants] + [(4, 8, dict(num_stages=1)),
+                                                         (4, 8, dict(num_stages=1, merge="kernel"))]
+        for ppb, splits, kw in variants:
             out = np.asarray(ragged_paged_attention(*args, sm_scale=D ** -0.5, pages_per_block=ppb,
-                                                    kv_splits=splits, interpret=interpret), np.float32)
+                                                    kv_splits=splits, interpret=interpret, **kw), np.float32)
             rel = _rel(out[:n], ref[:n])
-            assert rel < tol, (kind, dtype, ppb, splits, rel)
+            assert rel < tol, (kind, dtype, ppb, splits, kw, rel)
             assert np.all(out[_unreferenced(d)] == 0)
 
 
