@@ -100,7 +100,8 @@ def main():
         row = dict(method=method, startup_s=time.perf_counter() - t0, weight_GB=llm.model.num_bytes / 1e9,
                    weights=weight_breakdown(llm.model))
         roof = bw / llm.model.num_bytes
-        _, tps, step = run_batch(llm, 1, a.prompt_len, a.new_tokens)
+        r = run_batch(llm, 1, a.prompt_len, a.new_tokens, a.max_num_batched_tokens)  # batch 1: no prefill mixed in
+        tps, step = r["decode_tok_s"], r["step_s_median"]
         row.update(decode_b1_tok_s=tps, step_ms_median=step * 1e3, roofline_tok_s=roof,
                    pct_roofline=100 * tps / roof)
         print(f"{method:<10} weights {row['weight_GB']:6.2f} GB ({row['weights']}) | batch-1 decode {tps:7.1f} tok/s "

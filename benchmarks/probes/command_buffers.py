@@ -74,8 +74,9 @@ def child(out_dir: str, variant: str, model: str):
     load_s = time.perf_counter() - t0
     res = dict(variant=variant, xla_flags=os.environ.get("XLA_FLAGS", ""), jax=jax.__version__, load_s=load_s)
     for batch, new in ((1, 96), (64, 48)):
-        run_batch(llm, batch, 128, 4)  # compiles the buckets this batch uses
-        ttft, tps, step_med = run_batch(llm, batch, 128, new)
+        run_batch(llm, batch, 128, 4, 256)  # compiles the buckets this batch uses
+        r = run_batch(llm, batch, 128, new, 256)  # steady state: every request decoding (benchmarks/latency.py)
+        ttft, tps, step_med = r["ttft_s"], r["steady_tok_s"], r["steady_step_s"]
         dev = device_only_step_s(llm, batch, 128 + new // 2)
         r = llm.runner
         step, _ = r._programs(r.ladder.pick(batch, batch))
