@@ -27,6 +27,11 @@ from jaxinfer import LLM, SamplingParams  # noqa: E402
 from jaxinfer.engine.gc_freeze import startup_objects_frozen  # noqa: E402
 
 
+def extra_tokens(batch: int, prompt_len: int, max_num_batched_tokens: int) -> int:
+    """Tokens each request asks beyond new_tokens: about the steps the others' prefill takes (0 at batch 1)."""
+    return math.ceil(batch * prompt_len / max_num_batched_tokens) if batch > 1 else 0
+
+
 def run_batch(llm, batch: int, prompt_len: int, new_tokens: int, max_num_batched_tokens: int, seed: int = 0):
     """Runs `batch` requests added together. Returns a dict:
       ttft_s          time to the first request's first token
@@ -42,13 +47,12 @@ def run_batch(llm, batch: int, prompt_len: int, new_tokens: int, max_num_batched
     eng = llm.engine
     rng = np.random.default_rng(seed)
     vocab = llm.model_config.vocab_size
-    prefill_steps = math.ceil(batch * prompt_len / max_num_batched_tokens) if batch > 1 else 0
-    sp = SamplingParams(max_tokens=new_tokens + prefill_steps, temperature=0.0, ignore_eos=True)
+    sp = SamplingParams(max_tokens=new_tokens + extra_tokens(batch, prompt_len, max_num_batched_tokens),
+                        temperature=0.0, ignore_eos=True)
     t_add = time.perf_counter()
     for i in range(batch):
         eng.add_request(f"b{batch}-{i}", rng.integers(0, vocab, prompt_len).tolist(), sp)
     t_first, step_times, steady, prev_all = None, [], [], False
-    tokens = 0
     with startup_objects_frozen():  # as LLM.generate does: no full-heap GC pauses in the loop
         while eng.has_unfinished():
             t0 = time.perf_counter()
@@ -133,7 +137,9 @@ def main():
             prof.disable()
             print(f"--- host profile, batch {b} (cProfile slows the host; read the shares, not the times)")
             pstats.Stats(prof).sort_stats("tottime").print_stats(22)
-        dev = device_only_step_s(llm, b, a.prompt_len + a.new_tokens // 2)
+        # at the steady window's mean context
+        dev = device_only_step_s(llm, b, a.prompt_len + extra_tokens(b, a.prompt_len, a.max_num_batched_tokens)
+                                 + a.new_tokens // 2)
         peer = None if a.no_peer else plain_decode(llm, b)
         tps = r["steady_tok_s"]
         row = dict(batch=b, ttft_ms=r["ttft_s"] * 1e3, decode_tok_s=tps, step_ms_median=r["steady_step_s"] * 1e3,
