@@ -42,13 +42,13 @@ def run_batch(llm, batch: int, prompt_len: int, new_tokens: int, max_num_batched
       steady_tok_s    batch-N decode: batch x steps / time of the steps in which every one of the `batch`
                       requests decoded and none prefilled (a step whose predecessor also returned a token for
                       all of them); each request asks for enough extra tokens (prefill steps of the others) that
-                      about `new_tokens` such steps happen
+                      about `new_tokens` such steps happen (fewer where max_model_len cuts them)
       steady_step_s   their median; steady_steps: how many there were"""
     eng = llm.engine
     rng = np.random.default_rng(seed)
     vocab = llm.model_config.vocab_size
-    sp = SamplingParams(max_tokens=new_tokens + extra_tokens(batch, prompt_len, max_num_batched_tokens),
-                        temperature=0.0, ignore_eos=True)
+    want = new_tokens + extra_tokens(batch, prompt_len, max_num_batched_tokens)
+    sp = SamplingParams(max_tokens=min(want, eng.max_model_len - prompt_len), temperature=0.0, ignore_eos=True)
     t_add = time.perf_counter()
     for i in range(batch):
         eng.add_request(f"b{batch}-{i}", rng.integers(0, vocab, prompt_len).tolist(), sp)
