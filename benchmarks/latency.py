@@ -138,8 +138,8 @@ def main():
             print(f"--- host profile, batch {b} (cProfile slows the host; read the shares, not the times)")
             pstats.Stats(prof).sort_stats("tottime").print_stats(22)
         # at the steady window's mean context
-        dev = device_only_step_s(llm, b, a.prompt_len + extra_tokens(b, a.prompt_len, a.max_num_batched_tokens)
-                                 + a.new_tokens // 2)
+        ctx = a.prompt_len + extra_tokens(b, a.prompt_len, a.max_num_batched_tokens) + a.new_tokens // 2
+        dev = device_only_step_s(llm, b, min(ctx, llm.engine.max_model_len - 2))
         peer = None if a.no_peer else plain_decode(llm, b)
         tps = r["steady_tok_s"]
         row = dict(batch=b, ttft_ms=r["ttft_s"] * 1e3, decode_tok_s=tps, step_ms_median=r["steady_step_s"] * 1e3,
