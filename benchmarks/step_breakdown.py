@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks.common import write_result  # noqa: E402
 from jaxinfer import LLM  # noqa: E402
-from jaxinfer.models.attention import AttentionMetadata, decode_kv_splits, kernel_num_stages  # noqa: E402
+from jaxinfer.models.attention import AttentionMetadata, device_num_sms, kernel_split_options  # noqa: E402
 from jaxinfer.runner.batch import SeqInput, pack  # noqa: E402
 from jaxinfer.runner.sampler import SamplingTensors, sample  # noqa: E402
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention  # noqa: E402
@@ -50,7 +50,6 @@ def main():
     llm = LLM(a.model, load_format="dummy", max_model_len=a.max_model_len, max_num_batched_tokens=256,
               max_num_seqs=max(a.batch), gpu_memory_utilization=0.5, attention_backend=a.attention_backend)
     r = llm.runner
-    r_num_sms = int(getattr(jax.devices()[0], "core_count", 0) or 132)
     cfg = llm.model_config
     loaded = r.loaded
     opts = r._step.__wrapped__ if hasattr(r._step, "__wrapped__") else None
@@ -102,11 +101,10 @@ def main():
             sm_scale=0.088, kv_chunk_pages=aopts.kv_chunk_pages, static_loop=True))
         rows["attention reference, one layer (x32)"] = timeit(attn, q, kp, vp) * 32
         if jax.default_backend() == "gpu":
-            splits = decode_kv_splits(hb.bucket.num_seqs, cfg.num_kv_heads, r_num_sms)  # the engine's choice
+            splits = kernel_split_options(hb.bucket.num_seqs, cfg.num_kv_heads, device_num_sms())  # the engine's choice
             kern = jax.jit(lambda q, kp, vp: ragged_paged_attention(
                 q, kp, vp, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,
-                sm_scale=0.088, pages_per_block=max(1, 64 // r.page_size), kv_splits=splits,
-                num_stages=kernel_num_stages(splits)))
+                sm_scale=0.088, pages_per_block=max(1, 64 // r.page_size), **splits))
             rows["attention pallas kernel, one layer (x32)"] = timeit(kern, q, kp, vp) * 32
         # KV write as in the step: all layers' caches donated in one program (in-place scatter per layer).
         def write_all(kv, k):

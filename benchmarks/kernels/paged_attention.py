@@ -69,7 +69,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks.common import RESULTS_DIR, measure_hbm_bandwidth, write_result  # noqa: E402
 from benchmarks.peers import jax_paged_attention as peer  # noqa: E402
-from jaxinfer.models.attention import decode_kv_splits, kernel_num_stages  # noqa: E402
+from jaxinfer.models.attention import decode_kv_splits, device_num_sms, kernel_num_stages  # noqa: E402
 from jaxinfer.runner.batch import SeqInput, pack  # noqa: E402
 from jaxinfer.runner.buckets import BucketLadder  # noqa: E402
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention  # noqa: E402
@@ -87,10 +87,6 @@ PREVIOUS = os.path.join(RESULTS_DIR, "kernel-paged-attention-2026-11-30.json")  
 # --------------------------------------------------------------------------------------------------------------
 # The plan: configs, their order, their variants
 # --------------------------------------------------------------------------------------------------------------
-def num_sms() -> int:
-    return int(getattr(jax.devices()[0], "core_count", 0) or 132)
-
-
 def kv_bytes(batch: int, ctx: int) -> int:
     """K + V bytes owned by the sequences: batch x (context + 1) tokens x KVH x D, bf16."""
     return batch * (ctx + 1) * KVH * D * 2 * jnp.dtype(DTYPE).itemsize
@@ -542,7 +538,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     a = parse_args(argv)
     t_start = time.perf_counter()
-    sms = num_sms()
+    sms = device_num_sms()
     cfgs = plan(a.batch, a.context, a.kv_limit_gb)
     if a.dry_run:
         dry_run(a, cfgs, sms)

@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 from benchmarks.common import write_result  # noqa: E402
 from benchmarks.kernels import paged_attention as pab  # noqa: E402
 from benchmarks.peers import jax_paged_attention as peer  # noqa: E402
-from jaxinfer.models.attention import decode_kv_splits, kernel_num_stages  # noqa: E402
+from jaxinfer.models.attention import decode_kv_splits, device_num_sms, kernel_num_stages  # noqa: E402
 from pallas_kernels.paged_attention import kernel as pk  # noqa: E402
 
 
@@ -158,7 +158,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--interpret", action="store_true")
     a = ap.parse_args(argv)
-    a.sms = pab.num_sms()
+    a.sms = device_num_sms()
     rows = []
     for c in a.configs:  # the JSON is rewritten after every config: a time limit loses at most the config in flight
         b, ctx = (int(x) for x in c.split("x"))

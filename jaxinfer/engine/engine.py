@@ -346,25 +346,21 @@ class LLMEngine:
         first be true in the step one of them finished: the others are only stamped with first_token_time (the
         per-step cost of a batch of non-streaming decodes is then a dict lookup each, not a group scan)."""
         now = time.monotonic()
-        groups: dict[str, str] = {}  # group id -> its smallest sequence id in seq_ids (the sort key)
+        all_seqs, all_groups = self._seqs, self._groups
+        gids = set()
         for sid in seq_ids:
-            st = self._seqs.get(sid)
-            g = self._groups.get(st.group_id) if st is not None else None
+            st = all_seqs.get(sid)
+            g = all_groups.get(st.group_id) if st is not None else None
             if g is None:
                 continue
             if g.first_token_time is None:
                 g.first_token_time = now
-            if not g.stream and sid not in finished:
-                continue
-            gid = g.request_id
-            if gid not in groups or sid < groups[gid]:
-                groups[gid] = sid
-        for gid, g in [(gid, self._groups[gid]) for gid in groups if not self._groups[gid].stream]:
-            # the sort key counts every sequence of the group in seq_ids, not only the finished ones
-            groups[gid] = min(sid for sid in g.seq_ids if sid in seq_ids)
+            if g.stream or sid in finished:
+                gids.add(g.request_id)
+        # sort key: the group's smallest sequence id in seq_ids
+        key = {gid: min(sid for sid in all_groups[gid].seq_ids if sid in seq_ids) for gid in gids}
         outs = []
-        all_seqs, all_groups = self._seqs, self._groups
-        for gid in sorted(groups, key=groups.__getitem__):
+        for gid in sorted(gids, key=key.__getitem__):
             g = all_groups[gid]
             if not g.stream and not all(all_seqs[sid].request.status.is_finished for sid in g.seq_ids):
                 continue

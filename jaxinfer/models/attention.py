@@ -21,6 +21,11 @@ def _pages_per_block(page_size: int) -> int:
     return max(1, 64 // page_size)
 
 
+def device_num_sms() -> int:
+    """Streaming multiprocessors of the first device (132 where the backend does not say: H100 / H200)."""
+    return int(getattr(jax.devices()[0], "core_count", 0) or 132)
+
+
 def decode_kv_splits(num_seqs: int, kv_heads: int, num_sms: int) -> int:
     """Split-K programs per query tile for a bucket of num_seqs sequences and kv_heads (local) KV heads.
 
@@ -41,6 +46,12 @@ def kernel_num_stages(kv_splits: int) -> int:
     footprint of no pipelining (more programs resident per SM) wins (H200: 1 x 4k with 16 splits 49 -> 33 us;
     16 x 4k with 3 splits 131 -> 113 us)."""
     return 1 if kv_splits > 1 else 2
+
+
+def kernel_split_options(num_seqs: int, kv_heads: int, num_sms: int) -> dict:
+    """The Pallas kernel's split-K keywords for a bucket: kv_splits (decode_kv_splits) and its num_stages."""
+    splits = decode_kv_splits(num_seqs, kv_heads, num_sms)
+    return dict(kv_splits=splits, num_stages=kernel_num_stages(splits))
 
 
 class AttentionOptions(NamedTuple):
@@ -88,11 +99,11 @@ def _paged_attention_local(q, k, v, k_pages, v_pages, md, opts, sm_scale, slidin
     if isinstance(k_pages, QuantizedPages):
         kd, vd, scales = k_pages.data, v_pages.data, dict(k_scales=k_pages.scale, v_scales=v_pages.scale)
     if opts.backend == "pallas":
-        splits = decode_kv_splits(md.page_tables.shape[0] - 1, kd.shape[2], opts.num_sms)  # rows: S + 1
+        splits = kernel_split_options(md.page_tables.shape[0] - 1, kd.shape[2], opts.num_sms)  # rows: S + 1
         out = ragged_paged_attention(
             q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,
             sm_scale=sm_scale, sliding_window=sliding_window, pages_per_block=_pages_per_block(kd.shape[1]),
-            kv_splits=splits, num_stages=kernel_num_stages(splits), interpret=opts.interpret, **scales)
+            interpret=opts.interpret, **splits, **scales)
         return out, k_pages, v_pages
     out = ragged_paged_attention_reference(
         q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,

@@ -205,17 +205,15 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
     elif src.kind == "orbax":
         from jaxinfer.checkpoint import restore_checkpoint
 
-        if quantizer is not None:  # float checkpoint restored whole, then quantized weight by weight
-            canonical = nnx.split(nnx.eval_shape(lambda: LlamaForCausalLM(hf_cfg, jdtype)))[1]
-            flat = _flatten(restore_checkpoint(src.path, nnx.to_pure_dict(canonical)))
+        canonical = nnx.split(nnx.eval_shape(lambda: LlamaForCausalLM(hf_cfg, jdtype)))[1]
+        pure = restore_checkpoint(src.path, nnx.to_pure_dict(canonical))  # the float checkpoint, whole
+        if quantizer is not None:  # then quantized weight by weight
+            flat = _flatten(pure)
             if place is not None:  # on the host in the canonical layout: the quantizer re-lays out and splits it
                 flat = {p: np.asarray(a) for p, a in flat.items()}
             pure = _unflatten({k: v for p, a in flat.items() for k, v in quantizer.put(p, a).items()})
-        else:
-            canonical = nnx.split(nnx.eval_shape(lambda: LlamaForCausalLM(hf_cfg, jdtype)))[1]
-            pure = restore_checkpoint(src.path, nnx.to_pure_dict(canonical))
-            if place is not None:  # restored on the default device: re-place shard by shard
-                pure = _unflatten({p: place(p, np.asarray(a)) for p, a in _flatten(pure).items()})
+        elif place is not None:  # restored on the default device: re-place shard by shard
+            pure = _unflatten({p: place(p, np.asarray(a)) for p, a in _flatten(pure).items()})
     elif src.kind == "dummy":
         pure = _random_weights(float_state if quantizer else abs_state, seed, quantizer,
                                None if place is None else place.shardings)

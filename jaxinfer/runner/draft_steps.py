@@ -11,8 +11,9 @@ Between step j-1 and step j, for every row i with j < k_i (its own number of dra
   positions[i] += 1; slot_mapping[i] = its page * page_size + offset of the new position;
   tile_kv_len[i] += 1; prev_src[i] = i (its input is step j-1's sampled token i, as the per-step path's prev_row).
 Rows with j >= k_i (a sequence that wants fewer drafts than the longest) stop advancing and write no K/V (slot -1,
-as padding tokens): their cache past their own k drafts is never touched and their extra outputs are dropped. Greedy (temperature 0) like the per-step path; the tokens are identical to it
-(tests/numerics/test_draft_steps.py compares both paths over several propose / rollback rounds).
+as padding tokens): their cache past their own k drafts is never touched and their extra outputs are dropped.
+Greedy (temperature 0) like the per-step path; the tokens are identical to it (tests/numerics/test_draft_steps.py
+compares both paths over several propose / rollback rounds).
 
 Programs: one per decode bucket (T >= n tokens of n sequences) for exactly `num_steps` = k_max steps, compiled at
 warm-up; a proposal whose longest request wants fewer drafts takes the per-step path (no extra programs).
@@ -29,7 +30,7 @@ import numpy as np
 
 from jaxinfer.runner.batch import INT_FIELDS, SeqInput, field_shapes, pack
 from jaxinfer.runner.buckets import Bucket
-from jaxinfer.runner.model_runner import step_compiler_options
+from jaxinfer.runner.model_runner import compile_lowered, step_compiler_options
 
 
 def _int_offsets(bucket: Bucket) -> dict[str, tuple[int, tuple[int, ...]]]:
@@ -108,13 +109,12 @@ class FusedDraftSteps:
         prog = self._compiled.get(bucket)
         if prog is None:
             r = self.runner
-            ints, floats = pack([SeqInput(token_ids=[0], start_pos=0, page_table=[0])], bucket, r.page_size).flat()
+            ints, floats = r.placeholder_batch(bucket)
             spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
             lowered = self._fn.lower(r.loaded.params, r.kv_caches, spec((ints.size + bucket.num_seqs,), np.int32),
                                      spec(floats.shape, np.float32), r.penalty_table, bucket=bucket)
-            opts = step_compiler_options(bucket)  # the XLA options of the runner's own step of this bucket
-            prog = lowered.compile(compiler_options=opts) if opts else lowered.compile()
-            self._compiled[bucket] = prog
+            # the XLA options of the runner's own step of this bucket
+            prog = self._compiled[bucket] = compile_lowered(lowered, step_compiler_options(bucket))
         return prog
 
     def warmup(self) -> None:

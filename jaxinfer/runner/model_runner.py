@@ -21,10 +21,10 @@ from tqdm.auto import tqdm
 
 from jaxinfer.config import EngineConfig
 from jaxinfer.models.loader import LoadedModel
-from jaxinfer.runner.batch import SeqInput, pack
+from jaxinfer.runner.batch import _TOKEN_IDS, SeqInput, pack
 from jaxinfer.runner.buckets import BucketLadder
 from jaxinfer.runner.penalties import host_row, write_row
-from jaxinfer.models.attention import AttentionOptions
+from jaxinfer.models.attention import AttentionOptions, device_num_sms
 from jaxinfer.runner.step import make_prompt_logprobs_fn, make_step_fn, unpack_host_outputs
 from pallas_kernels.paged_attention import kv_quant
 
@@ -32,7 +32,7 @@ log = logging.getLogger("jaxinfer")
 
 _CPU_KV_BUDGET_BYTES = 1 << 30  # without device memory statistics (CPU) size the cache at 1 GiB
 # per-sequence fields read with map(attrgetter): no Python-level loop over every sequence of a step
-_PENALTY_INIT, _NUM_SPEC, _TOKEN_IDS = (operator.attrgetter(f) for f in ("penalty_init", "num_spec", "token_ids"))
+_PENALTY_INIT = operator.attrgetter("penalty_init")
 # XLA's command buffers (CUDA graphs) pay for small steps and cost at large ones. Device-only step of the 8B shape
 # on the H200 (benchmarks/probes/command_buffers.py --sweep, results/command-buffer-sweep-2026-12-01.json), with /
 # without: 16 tokens 5.50 / 6.62 ms, 64 tokens 7.81 / 8.00 ms, 256 tokens 18.39 / 15.13 ms. So buckets of more
@@ -46,6 +46,11 @@ def step_compiler_options(bucket) -> dict | None:
     if jax.default_backend() == "gpu" and bucket.num_tokens > COMMAND_BUFFER_MAX_TOKENS:
         return {"xla_gpu_enable_command_buffer": ""}
     return None
+
+
+def compile_lowered(lowered, compiler_options: dict | None):
+    """lowered.compile() with per-executable XLA options (None: the defaults)."""
+    return lowered.compile(compiler_options=compiler_options) if compiler_options else lowered.compile()
 
 
 @dataclasses.dataclass
@@ -126,7 +131,7 @@ class ModelRunner:
             backend = "pallas" if jax.default_backend() == "gpu" else "reference"
         opts = AttentionOptions(kv_chunk, static, backend, interpret=jax.default_backend() == "cpu",
                                 mesh=plan.mesh if plan is not None and plan.tp > 1 else None,
-                                num_sms=int(getattr(jax.devices()[0], "core_count", 0) or 132))
+                                num_sms=device_num_sms())
         kv_shardings = None if plan is None else [(kv_sharding, kv_sharding)] * cfg.num_layers
         self._step = make_step_fn(loaded, opts, config.max_num_seqs, kv_shardings)
         self._no_prev = jax.device_put(np.zeros((config.max_num_seqs,), np.int32), self._replicated)
@@ -178,8 +183,7 @@ class ModelRunner:
         for b in tqdm(self.ladder.buckets, desc="compiling buckets", disable=not progress, leave=False):
             step, _ = self._programs(b)
             if jax.default_backend() != "cpu":  # CPU programs have no kernels to load; keep CPU start-up short
-                ints, floats = jax.device_put(pack([SeqInput(token_ids=[0], start_pos=0, page_table=[0])], b,
-                                                   self.page_size).flat(), self._replicated)
+                ints, floats = jax.device_put(self.placeholder_batch(b), self._replicated)
                 out, _ = self.run_compiled(step, ints, floats)
         self._penalty_writer()
         jax.block_until_ready(out)
@@ -193,14 +197,18 @@ class ModelRunner:
                                                                prev, self.penalty_table)
         return out, hidden
 
+    def placeholder_batch(self, bucket) -> tuple[np.ndarray, np.ndarray]:
+        """Packed (ints, floats) of a one-token step in `bucket`: the shapes a bucket's programs are lowered at."""
+        return pack([SeqInput(token_ids=[0], start_pos=0, page_table=[0])], bucket, self.page_size).flat()
+
     def compile_step(self, bucket, compiler_options: dict | None = None):
         """The step executable of a bucket, compiled ahead of time (compiler_options: per-executable XLA options,
         e.g. {"xla_gpu_enable_command_buffer": ""}; the probes in benchmarks/probes use them)."""
-        ints, floats = pack([SeqInput(token_ids=[0], start_pos=0, page_table=[0])], bucket, self.page_size).flat()
+        ints, floats = self.placeholder_batch(bucket)
         spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self._replicated)  # noqa: E731
         lowered = self._step.lower(self.loaded.params, self.kv_caches, spec(ints), spec(floats), self._no_prev,
                                    self.penalty_table, bucket=bucket)
-        return lowered.compile(compiler_options=compiler_options) if compiler_options else lowered.compile()
+        return compile_lowered(lowered, compiler_options)
 
     def _programs(self, bucket):
         """(step, prompt_logprobs) executables of a bucket, compiled on first use (warm-up does all)."""
@@ -253,7 +261,8 @@ class ModelRunner:
                 targets[a:a + len(tgt)] = tgt
             prompt = prompt_fn(self.loaded.params, hidden, jax.device_put(targets, self._replicated))
         want_top = bool(batch.arrays["want_logprobs"].any())  # packed already: no second pass over seqs
-        spec_seqs = [i for i, k in enumerate(map(_NUM_SPEC, seqs)) if k]  # verify row r holds sequence spec_seqs[r]
+        verify_row = batch.arrays["verify_row"]  # packed already: verify row r holds sequence spec_seqs[r]
+        spec_seqs = verify_row[verify_row < bucket.num_seqs].tolist()
         return InFlight(out, prompt, dict(prompt_logprob_targets or {}), batch.token_offsets, len(seqs), want_top,
                         spec_seqs)
 
