@@ -201,6 +201,10 @@ def test_validation_errors_name_the_values():
         call(good[0], jnp.zeros((4, 8, KVH, D)), jnp.zeros((4, 8, KVH, D)), *good[3:])
     with pytest.raises(ValueError, match="kv_splits must be a positive int, got 0"):
         call(*good, kv_splits=0)
+    with pytest.raises(ValueError, match="merge must be 'xla' or 'kernel', got 'pallas'"):
+        call(*good, kv_splits=2, merge="pallas")
+    with pytest.raises(ValueError, match="merge='kernel' needs kv_splits to be a power of two.*got 3; use merge='xla'"):
+        call(*good, kv_splits=3, merge="kernel")
 
 
 # ------------------------------------------------------------------------------------------------------------
