@@ -133,6 +133,7 @@ class ModelRunner:
                                 mesh=plan.mesh if plan is not None and plan.tp > 1 else None,
                                 num_sms=device_num_sms())
         kv_shardings = None if plan is None else [(kv_sharding, kv_sharding)] * cfg.num_layers
+        self.attention_options = opts
         self._step = make_step_fn(loaded, opts, config.max_num_seqs, kv_shardings)
         self._no_prev = jax.device_put(np.zeros((config.max_num_seqs,), np.int32), self._replicated)
         self._compiled: dict = {}  # Bucket -> (step, prompt_logprobs) executables

@@ -28,6 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxinfer.runner.branches import cond
+
 
 def host_row(prompt_ids, output_ids, vocab_size: int) -> np.ndarray:
     """i32[V] row of the `seen` table for a sequence with these known tokens (numpy, host side)."""
@@ -62,7 +64,7 @@ def penalize(logits: jax.Array, seen_table: jax.Array, slot: jax.Array, presence
         pen = apply_dense_penalties(logits, seen, presence, frequency, repetition)
         return jnp.where(active[:, None], pen, logits)
 
-    return lax.cond(jnp.any(active), on, lambda: logits)
+    return cond(jnp.any(active), on, lambda: logits)
 
 
 def count_sampled(seen_table: jax.Array, slot: jax.Array, tokens: jax.Array) -> jax.Array:

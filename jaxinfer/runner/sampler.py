@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxinfer.runner.branches import cond
 from jaxinfer.runner.penalties import penalize
 
 MAX_TOP_K_FAST = 256  # candidates taken by lax.top_k on the fast path
@@ -235,7 +236,7 @@ def _sample_random(x: jax.Array, t: SamplingTensors, greedy: jax.Array) -> jax.A
         z = jnp.where(scaled >= thr[:, None], scaled + _gumbel(keys, V), -jnp.inf)
         return jnp.argmax(z, axis=-1).astype(jnp.int32)
 
-    full_tok = lax.cond(jnp.any(full_row), full_fn, lambda: jnp.zeros((S,), jnp.int32))
+    full_tok = cond(jnp.any(full_row), full_fn, lambda: jnp.zeros((S,), jnp.int32))
     tokens = jnp.where(full_row, full_tok, tokens)
 
     # Exact path: top_k > K, or top-k off and the candidates hold less than top_p of A's mass (the top-p set
@@ -250,7 +251,7 @@ def _sample_random(x: jax.Array, t: SamplingTensors, greedy: jax.Array) -> jax.A
         pos = jnp.argmax(jnp.where(keep_e, vals + _gumbel(keys, V), -jnp.inf), axis=-1)
         return jnp.take_along_axis(idx, pos[:, None], axis=1)[:, 0]
 
-    exact_tok = lax.cond(jnp.any(exact_row), exact_fn, lambda: jnp.zeros((S,), jnp.int32))
+    exact_tok = cond(jnp.any(exact_row), exact_fn, lambda: jnp.zeros((S,), jnp.int32))
     return jnp.where(exact_row, exact_tok, tokens).astype(jnp.int32)
 
 
@@ -284,7 +285,7 @@ def sample(logits: jax.Array, t: SamplingTensors, *, penalty_ids: jax.Array | No
     if want_top_logprobs is None:
         top_ids, top_logprobs = top_fn()
     else:
-        top_ids, top_logprobs = lax.cond(
+        top_ids, top_logprobs = cond(
             want_top_logprobs, top_fn,
             lambda: (jnp.zeros((S, MAX_LOGPROBS), jnp.int32), jnp.zeros((S, MAX_LOGPROBS), jnp.float32)))
 
@@ -298,7 +299,7 @@ def sample(logits: jax.Array, t: SamplingTensors, *, penalty_ids: jax.Array | No
                      t.repetition_penalty)
 
     greedy = t.temperature < GREEDY_EPS
-    random_tokens = lax.cond(jnp.all(greedy), lambda: jnp.zeros((S,), jnp.int32),
+    random_tokens = cond(jnp.all(greedy), lambda: jnp.zeros((S,), jnp.int32),
                              lambda: _sample_random(x, t, greedy))
     tokens = jnp.where(greedy, jnp.argmax(x, axis=-1).astype(jnp.int32), random_tokens)
     logprobs = jnp.take_along_axis(raw, tokens[:, None], axis=1)[:, 0] - lse_raw

@@ -69,7 +69,7 @@ def unflatten_batch(ints, floats, bucket) -> dict:
     return out
 
 
-def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int, kv_shardings=None):
+def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int, kv_shardings=None, donate: bool = True):
     """Build the jitted step for a LoadedModel. The graphdef/treedef are closed over (static); so is the bucket,
     which fixes the layout of the two transfer buffers.
 
@@ -112,12 +112,13 @@ def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int, kv_shardings
         return (kv_caches, StepOutput(tokens, out.logprobs, out.top_ids, out.top_logprobs, *spec, host), hidden,
                 penalty_table)
 
+    donated = (1, 5) if donate else ()  # donate=False: probes only (the KV cache is then copied every step)
     if loaded.plan is None:
-        return jax.jit(step, donate_argnums=(1, 5), static_argnames=("bucket",))
+        return jax.jit(step, donate_argnums=donated, static_argnames=("bucket",))
     # Input shardings are those of the arguments (weights as loaded, the cache as allocated, the batch placed
     # replicated by the runner); the AOT-compiled program of a bucket then rejects anything else.
     rep = loaded.plan.replicated
-    return jax.jit(step, donate_argnums=(1, 5), static_argnames=("bucket",),
+    return jax.jit(step, donate_argnums=donated, static_argnames=("bucket",),
                    out_shardings=(kv_shardings, StepOutput(*([rep] * len(StepOutput._fields))), rep, rep))
 
 
