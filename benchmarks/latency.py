@@ -84,7 +84,7 @@ def device_only_step_s(llm, batch: int, ctx: int, iters: int = 20) -> float:
              for i in range(batch)]
     seqs = [SeqInput(token_ids=[1], start_pos=ctx, page_table=p) for p in pages]
     hb = pack(seqs, r.ladder.pick(batch, batch), r.page_size)
-    step, _ = r._programs(hb.bucket)
+    step = r.step_program(hb)  # the program the engine runs for these (greedy) rows
     ints, floats = jax.device_put(hb.flat())
     for _ in range(3):
         out, _ = r.run_compiled(step, ints, floats)

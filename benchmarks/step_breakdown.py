@@ -62,7 +62,7 @@ def main():
         dev = jax.device_put(hb.arrays)
         rows = {}
 
-        step, _ = r._programs(hb.bucket)
+        step = r.step_program(hb)  # the program the engine runs for these rows
         ints, floats = jax.device_put(hb.flat())
         r.run_compiled(step, ints, floats)
         t0 = time.perf_counter()
@@ -141,7 +141,7 @@ def main():
         if b == a.batch[0]:  # prefill: one sequence, a 256-token chunk after 256 cached tokens (TTFT's unit)
             pre = [SeqInput(token_ids=[1] * 256, start_pos=256, page_table=list(range(1, 34)))]
             hp = pack(pre, r.ladder.pick(256, 1), r.page_size)
-            pstep, _ = r._programs(hp.bucket)
+            pstep = r.step_program(hp)
             pi, pf = jax.device_put(hp.flat())
             r.kv_caches = kv
             o, _ = r.run_compiled(pstep, pi, pf)

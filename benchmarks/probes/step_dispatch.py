@@ -6,16 +6,23 @@ serialised behind the device instead of overlapping it. This probe times the com
 time until it returns to Python, not the device time) for one bucket under variants that each remove one
 suspect:
 
-  idle         the device is idle when the call is made (block_until_ready before each): the pure host cost
-  busy         back to back, fresh device inputs each call (device_put of the packed numpy batch), the previous
-               step's tokens fed in and its KV cache donated: what the engine does
-  busy_same    back to back with the SAME input device buffers every call (no address change for XLA's command
-               buffer, i.e. CUDA graph, to update)
-  busy_nocb    like busy, the executable compiled without command buffers (xla_gpu_enable_command_buffer="")
-  busy_cb_all  like busy, command buffers of every type (CONDITIONAL and WHILE captured too)
-  busy_select  like busy, the sampler's lax.conds traced as where-selects of both branches (runner/branches.py)
-  busy_nodonate like busy, a step program that donates nothing (KV cache copied, not updated in place)
+  idle          the device is idle when the call is made (block_until_ready before each): the host cost alone
+  busy          back to back, fresh device inputs each call (device_put of the packed numpy batch), the previous
+                step's tokens fed in and its KV cache donated: what the engine does (general sampler program)
+  busy_same     back to back with the SAME input device buffers every call (no new addresses for XLA's command
+                buffers, i.e. CUDA graphs, to update)
+  busy_conds    the sampler's skips as lax.cond (runner/branches.py select_branches(False); the form before
+                2026-12-02): XLA GPU's ConditionalThunk waits on the host for its predicate
+  busy_greedy   the greedy-only program (runner/sampler.py greedy_only) the engine runs for all-greedy steps
+  busy_nocb / busy_cb_default / busy_cb_all   compiled without command buffers / with XLA's default types / with
+                every type (CONDITIONAL and WHILE too); the engine's choice is step_compiler_options
+  busy_nodonate a step program that donates nothing (KV cache copied, not updated in place)
 
+First run (commit f9fae88, results/step-dispatch-2026-12-02.json's first version, H200, 8B, context 512): with the
+conditionals the call took 9.7 ms of a 9.8 ms device step at batch 64 (idle: 9.8 ms, so it waited for the device,
+not for the host); traced as selects 2.6 ms (device 8.5 ms). Without command buffers (buckets > 128 tokens) the call
+is ~8.4-8.7 ms of host launches at batch 64 / 256 whatever the sampler, and at batch 256 it also waits for the
+launch queue (busy 16.5 ms): there the host work is overlapped anyway, the step being device-bound.
 For each: median / p90 call time, and the device step time (wall time of the whole back-to-back run / iters).
 If `busy` blocks and `idle` does not, the call waits for the device; the variant that returns at once names the
 cause.
@@ -64,8 +71,9 @@ def _time_calls(call, iters: int, idle: bool):
 CB_ALL = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE"
 
 
-def _fresh_step(llm, bucket, flat, *, donate=True, select=False, options=None):
-    """A newly traced and compiled step program of `bucket` (a fresh jit object: jit caches its traces)."""
+def _fresh_step(llm, bucket, flat, *, donate=True, select=None, options=None, greedy_only=False):
+    """A newly traced and compiled step program of `bucket` (a fresh jit object: jit caches its traces).
+    select: None = the engine's choice (selects on GPU), True / False = selects / lax.cond."""
     from jaxinfer.runner.branches import select_branches
     from jaxinfer.runner.model_runner import compile_lowered
     from jaxinfer.runner.step import make_step_fn
@@ -75,7 +83,7 @@ def _fresh_step(llm, bucket, flat, *, donate=True, select=False, options=None):
     spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731
     with select_branches(select):
         lowered = fn.lower(r.loaded.params, r.kv_caches, spec(flat[0]), spec(flat[1]), r._no_prev, r.penalty_table,
-                           bucket=bucket)
+                           bucket=bucket, greedy_only=greedy_only)
     return compile_lowered(lowered, options)
 
 
@@ -94,11 +102,13 @@ def probe_batch(llm, batch: int, ctx: int, iters: int) -> dict:
         "idle": (dict(options=engine_opts), False, True),
         "busy": (dict(options=engine_opts), False, False),
         "busy_same": (dict(options=engine_opts), True, False),
+        "busy_conds": (dict(options=engine_opts, select=False), False, False),
+        "idle_conds": (dict(options=engine_opts, select=False), False, True),
+        "busy_greedy": (dict(options=engine_opts, greedy_only=True), False, False),
+        "idle_greedy": (dict(options=engine_opts, greedy_only=True), False, True),
         "busy_nocb": (dict(options={"xla_gpu_enable_command_buffer": ""}), False, False),
+        "busy_cb_default": (dict(options=None), False, False),
         "busy_cb_all": (dict(options={"xla_gpu_enable_command_buffer": CB_ALL}), False, False),
-        "busy_select": (dict(options=engine_opts, select=True), False, False),
-        "idle_select": (dict(options=engine_opts, select=True), False, True),
-        "busy_select_nocb": (dict(options={"xla_gpu_enable_command_buffer": ""}, select=True), False, False),
         "busy_nodonate": (dict(options=engine_opts, donate=False), False, False),
     }
     rows, built = {}, {}

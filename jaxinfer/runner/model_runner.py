@@ -24,6 +24,7 @@ from jaxinfer.models.loader import LoadedModel
 from jaxinfer.runner.batch import _TOKEN_IDS, SeqInput, pack
 from jaxinfer.runner.buckets import BucketLadder
 from jaxinfer.runner.penalties import host_row, write_row
+from jaxinfer.runner.sampler import GREEDY_EPS
 from jaxinfer.models.attention import AttentionOptions, device_num_sms
 from jaxinfer.runner.step import make_prompt_logprobs_fn, make_step_fn, unpack_host_outputs
 from pallas_kernels.paged_attention import kv_quant
@@ -137,6 +138,12 @@ class ModelRunner:
         self._step = make_step_fn(loaded, opts, config.max_num_seqs, kv_shardings)
         self._no_prev = jax.device_put(np.zeros((config.max_num_seqs,), np.int32), self._replicated)
         self._compiled: dict = {}  # Bucket -> (step, prompt_logprobs) executables
+        # GPU: a second step program per bucket for steps whose rows are all greedy, unpenalised and ask no top
+        # logprobs (runner/sampler.py greedy_only): the general program's sampler work is all selects there
+        # (runner/branches.py), which cost ~0.6 ms at batch 1 on the H200. CPU: the general program only (its
+        # lax.conds skip that work already, and a second compile per bucket would double CPU start-up).
+        self.greedy_programs = jax.default_backend() == "gpu"
+        self._greedy: dict = {}  # Bucket -> greedy-only step executable
         self._prompt_logprobs = make_prompt_logprobs_fn(loaded)
 
     # ---- memory -------------------------------------------------------------------------------------------
@@ -182,10 +189,11 @@ class ModelRunner:
         t0 = time.perf_counter()
         out = None
         for b in tqdm(self.ladder.buckets, desc="compiling buckets", disable=not progress, leave=False):
-            step, _ = self._programs(b)
+            steps = [self._programs(b)[0]] + ([self.greedy_program(b)] if self.greedy_programs else [])
             if jax.default_backend() != "cpu":  # CPU programs have no kernels to load; keep CPU start-up short
                 ints, floats = jax.device_put(self.placeholder_batch(b), self._replicated)
-                out, _ = self.run_compiled(step, ints, floats)
+                for step in steps:
+                    out, _ = self.run_compiled(step, ints, floats)
         self._penalty_writer()
         jax.block_until_ready(out)
         log.info("compiled %d buckets in %.1f s", len(self.ladder.buckets), time.perf_counter() - t0)
@@ -202,14 +210,31 @@ class ModelRunner:
         """Packed (ints, floats) of a one-token step in `bucket`: the shapes a bucket's programs are lowered at."""
         return pack([SeqInput(token_ids=[0], start_pos=0, page_table=[0])], bucket, self.page_size).flat()
 
-    def compile_step(self, bucket, compiler_options: dict | None = None):
+    def compile_step(self, bucket, compiler_options: dict | None = None, greedy_only: bool = False):
         """The step executable of a bucket, compiled ahead of time (compiler_options: per-executable XLA options,
-        e.g. {"xla_gpu_enable_command_buffer": ""}; the probes in benchmarks/probes use them)."""
+        e.g. {"xla_gpu_enable_command_buffer": ""}; the probes in benchmarks/probes use them). greedy_only: the
+        variant for steps whose rows are all greedy, unpenalised and ask no top logprobs."""
         ints, floats = self.placeholder_batch(bucket)
         spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self._replicated)  # noqa: E731
         lowered = self._step.lower(self.loaded.params, self.kv_caches, spec(ints), spec(floats), self._no_prev,
-                                   self.penalty_table, bucket=bucket)
+                                   self.penalty_table, bucket=bucket, greedy_only=greedy_only)
         return compile_lowered(lowered, compiler_options)
+
+    def greedy_program(self, bucket):
+        """The greedy-only step executable of a bucket, compiled on first use (warm-up does all on GPU)."""
+        step = self._greedy.get(bucket)
+        if step is None:
+            step = self._greedy[bucket] = self.compile_step(bucket, step_compiler_options(bucket), greedy_only=True)
+        return step
+
+    def step_program(self, batch) -> Any:
+        """The step executable for a packed batch: the greedy-only one when it has one and every row qualifies
+        (padding rows are greedy and unpenalised)."""
+        a = batch.arrays
+        if (self.greedy_programs and not a["want_logprobs"].any() and bool((a["temperature"] < GREEDY_EPS).all())
+                and bool((a["penalty_slot"] < 0).all())):
+            return self.greedy_program(batch.bucket)
+        return self._programs(batch.bucket)[0]
 
     def _programs(self, bucket):
         """(step, prompt_logprobs) executables of a bucket, compiled on first use (warm-up does all)."""
@@ -241,8 +266,8 @@ class ModelRunner:
         sequence's tokens (their log-probs are computed on the device too)."""
         n_tok = sum(map(len, map(_TOKEN_IDS, seqs)))
         bucket = self.ladder.pick(n_tok, len(seqs))
-        step, prompt_fn = self._programs(bucket)
         batch = pack(seqs, bucket, self.page_size)
+        step, prompt_fn = self.step_program(batch), self._programs(bucket)[1]
         # a penalised sequence starting (or restarting): its counts row, from its known tokens
         for init in [x for x in map(_PENALTY_INIT, seqs) if x is not None]:  # (no Python loop over all seqs)
             slot, prompt_ids, output_ids = init

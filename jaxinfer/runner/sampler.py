@@ -258,7 +258,7 @@ def _sample_random(x: jax.Array, t: SamplingTensors, greedy: jax.Array) -> jax.A
 def sample(logits: jax.Array, t: SamplingTensors, *, penalty_ids: jax.Array | None = None,
            penalty_counts: jax.Array | None = None, penalty_table: jax.Array | None = None,
            penalty_slot: jax.Array | None = None,
-           want_top_logprobs: jax.Array | None = None) -> SamplerOutput:
+           want_top_logprobs: jax.Array | None = None, greedy_only: bool = False) -> SamplerOutput:
     """Sample one token per row. logits f32[S, V] (any float dtype; computed in f32), t: S-row SamplingTensors.
 
     penalty_ids / penalty_counts i32[S, P] (see apply_penalties), or None to skip penalties at trace time.
@@ -266,13 +266,21 @@ def sample(logits: jax.Array, t: SamplingTensors, *, penalty_ids: jax.Array | No
     rows with slot -1 are not penalised, and the penalty math is skipped (lax.cond) when no row has a slot.
     want_top_logprobs: bool scalar (traced): False skips the top-20 logprobs (returned as zeros) — they cost a
     chunked top-k over the vocabulary (~0.1-0.3 ms on an H200 at 128k vocab) that most steps do not need.
-    The random path (top-k candidates, Gumbel noise) likewise runs only when some row samples (lax.cond, which
-    XLA GPU runs without blocking the host: benchmarks/probes/dispatch_blocking.py).
+    The random path (top-k candidates, Gumbel noise) likewise runs only when some row samples. These skips are
+    runner/branches.cond: lax.cond on the CPU, both branches + select on GPU (a GPU conditional makes the host wait
+    for the device at dispatch). greedy_only (static): every row greedy, no penalties, no top logprobs.
     """
     S, V = logits.shape
     raw = logits.astype(jnp.float32)
     lse_raw = jax.nn.logsumexp(raw, axis=-1)  # [S]
     n_lp = min(MAX_LOGPROBS, V)
+    if greedy_only:
+        # Static: the host promises every row is greedy, unpenalised and asks no top logprobs (runner/step.py
+        # compiles this variant beside the general one on GPU): argmax and its logprob, nothing else.
+        tokens = jnp.argmax(raw, axis=-1).astype(jnp.int32)
+        logprobs = jnp.take_along_axis(raw, tokens[:, None], axis=1)[:, 0] - lse_raw
+        return SamplerOutput(tokens=tokens, logprobs=logprobs, top_ids=jnp.zeros((S, MAX_LOGPROBS), jnp.int32),
+                             top_logprobs=jnp.zeros((S, MAX_LOGPROBS), jnp.float32))
 
     def top_fn():
         top_vals, top_ids = _top_k(raw, n_lp)

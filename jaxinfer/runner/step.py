@@ -1,7 +1,8 @@
 """The jitted step: (params, kv_caches, ints, floats, prev_tokens, penalty_table)
     -> (kv_caches, sampled tokens + logprobs, hidden, penalty_table).
 
-One program per bucket. The KV cache (a list of per-layer (k_pages, v_pages)) and the penalty token-count table
+One program per bucket (on GPU two: `greedy_only=True` for steps whose rows are all greedy, unpenalised and ask
+no top logprobs, and the general one; runner/sampler.py). The KV cache (a list of per-layer (k_pages, v_pages)) and the penalty token-count table
 (runner/penalties.py) are donated and updated in place; nothing else is donated. Only small arrays (token ids, logprobs) are meant to travel back to the host; the
 final hidden states stay on the device for the (rare) prompt-logprob pass.
 
@@ -77,7 +78,7 @@ def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int, kv_shardings
     with, the KV cache `kv_shardings` (list of (k, v) per layer), and the batch, sampled tokens and final hidden
     states are replicated over the replica's devices."""
 
-    def step(params, kv_caches, ints, floats, prev_tokens, penalty_table, bucket):
+    def step(params, kv_caches, ints, floats, prev_tokens, penalty_table, bucket, greedy_only=False):
         batch = unflatten_batch(ints, floats, bucket)
         model = loaded.module(params)
         src = batch["prev_src"]
@@ -96,7 +97,7 @@ def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int, kv_shardings
             all_logits = jax.lax.with_sharding_constraint(all_logits, loaded.plan.replicated)
         slot = batch["penalty_slot"]
         out = sample(all_logits[:S], _sampling(batch), penalty_table=penalty_table, penalty_slot=slot,
-                     want_top_logprobs=jnp.any(batch["want_logprobs"] > 0))
+                     want_top_logprobs=jnp.any(batch["want_logprobs"] > 0), greedy_only=greedy_only)
         # The sampled tokens count for the next step's penalties, even before the host sees them (pipelining).
         # (Penalised requests never speculate: engine/spec_control.py.)
         penalty_table = count_sampled(penalty_table, slot, out.tokens)
@@ -114,11 +115,11 @@ def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int, kv_shardings
 
     donated = (1, 5) if donate else ()  # donate=False: probes only (the KV cache is then copied every step)
     if loaded.plan is None:
-        return jax.jit(step, donate_argnums=donated, static_argnames=("bucket",))
+        return jax.jit(step, donate_argnums=donated, static_argnames=("bucket", "greedy_only"))
     # Input shardings are those of the arguments (weights as loaded, the cache as allocated, the batch placed
     # replicated by the runner); the AOT-compiled program of a bucket then rejects anything else.
     rep = loaded.plan.replicated
-    return jax.jit(step, donate_argnums=donated, static_argnames=("bucket",),
+    return jax.jit(step, donate_argnums=donated, static_argnames=("bucket", "greedy_only"),
                    out_shardings=(kv_shardings, StepOutput(*([rep] * len(StepOutput._fields))), rep, rep))
 
 
