@@ -37,7 +37,7 @@ def build_gguf_tokenizer(path: str):
     kind = _field(reader, "tokenizer.ggml.model")
     if kind != "gpt2":
         return _transformers_fallback(path, kind)
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
     tokens = list(_field(reader, "tokenizer.ggml.tokens"))
@@ -45,18 +45,7 @@ def build_gguf_tokenizer(path: str):
     types = list(_field(reader, "tokenizer.ggml.token_type", []) or [])
     backend = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False,
                                    byte_fallback=False))
-    pre = _field(reader, "tokenizer.ggml.pre")
-    split = _SPLITS.get(pre)
-    if pre in _DIGITS_THEN_BYTE_LEVEL:
-        backend.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-    elif split is None:
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    else:
-        backend.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(split), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    backend.pre_tokenizer = _pre_tokenizer(_field(reader, "tokenizer.ggml.pre"))
     backend.decoder = decoders.ByteLevel()
     special = [t for t, ty in zip(tokens, types) if ty == _CONTROL]
     backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in special])
@@ -72,6 +61,20 @@ def build_gguf_tokenizer(path: str):
     if template:
         hf.chat_template = template
     return hf
+
+
+def _pre_tokenizer(pre: str | None):
+    """The `tokenizers` pre-tokenizer of llama.cpp's `tokenizer.ggml.pre` name (None: GPT-2's byte-level regex)."""
+    from tokenizers import Regex, pre_tokenizers
+
+    if pre in _DIGITS_THEN_BYTE_LEVEL:
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    split = _SPLITS.get(pre)
+    if split is None:
+        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
 
 
 def _transformers_fallback(path: str, kind):
