@@ -4,7 +4,8 @@ transformers can read a GGUF tokenizer too, but its GGUF reader imports torch, w
 `pip install jaxinfer` does not have. Byte-level BPE vocabularies (llama.cpp's `tokenizer.ggml.model == "gpt2"`:
 SmolLM2, Llama 3, Qwen2/3, Mistral-Nemo) are rebuilt here with the `tokenizers` library the same way
 transformers does: vocabulary + merges, byte-level pre-tokenizer (with the split regex the vocabulary was
-trained with, where llama.cpp names one), byte-level decoder, control tokens as special tokens, no BOS added,
+trained with, where llama.cpp names one; for `smollm` the Digits + ByteLevel pair of SmolLM2's tokenizer.json),
+byte-level decoder, control tokens as special tokens, no BOS added,
 the chat template from `tokenizer.chat_template`. Other vocabularies (sentencepiece "llama") go through
 transformers, which then needs torch.
 """
@@ -20,6 +21,11 @@ _QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _SPLITS = {"llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3, "smaug-bpe": _LLAMA3, "qwen2": _QWEN2,
            "deepseek-r1-qwen": _QWEN2}
+# `tokenizer.ggml.pre` values whose tokenizer.json pre-tokenizer is Sequence([Digits(individual_digits=True),
+# ByteLevel(use_regex=True)]): every Unicode number character (Nd / Nl / No: "7", "²", "①", "½") becomes its own
+# piece *before* the GPT-2 regex runs, so " 12" is [" ", "1", "2"] (the space is not glued to the digit) and
+# "a ²" is ["a", " ", "²"]. A plain ByteLevel regex would give [" 12"] and [" ²"]: different token ids.
+_DIGITS_THEN_BYTE_LEVEL = {"smollm"}
 _CONTROL = 3  # llama.cpp token type of special tokens like <|im_end|>
 
 
@@ -31,7 +37,7 @@ def build_gguf_tokenizer(path: str):
     kind = _field(reader, "tokenizer.ggml.model")
     if kind != "gpt2":
         return _transformers_fallback(path, kind)
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
     tokens = list(_field(reader, "tokenizer.ggml.tokens"))
@@ -39,13 +45,7 @@ def build_gguf_tokenizer(path: str):
     types = list(_field(reader, "tokenizer.ggml.token_type", []) or [])
     backend = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False,
                                    byte_fallback=False))
-    split = _SPLITS.get(_field(reader, "tokenizer.ggml.pre"))
-    if split is None:
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    else:
-        backend.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(split), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    backend.pre_tokenizer = _pre_tokenizer(_field(reader, "tokenizer.ggml.pre"))
     backend.decoder = decoders.ByteLevel()
     special = [t for t, ty in zip(tokens, types) if ty == _CONTROL]
     backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in special])
@@ -61,6 +61,20 @@ def build_gguf_tokenizer(path: str):
     if template:
         hf.chat_template = template
     return hf
+
+
+def _pre_tokenizer(pre: str | None):
+    """The `tokenizers` pre-tokenizer of llama.cpp's `tokenizer.ggml.pre` name (None: GPT-2's byte-level regex)."""
+    from tokenizers import Regex, pre_tokenizers
+
+    if pre in _DIGITS_THEN_BYTE_LEVEL:
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    split = _SPLITS.get(pre)
+    if split is None:
+        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
 
 
 def _transformers_fallback(path: str, kind):
