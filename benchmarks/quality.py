@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import write_result  # noqa: E402
 from jaxinfer import LLM, SamplingParams  # noqa: E402
 from jaxinfer.models.awq import calibration_text as awq_calibration_text  # noqa: E402
-from jaxinfer.models.quant_spec import QuantizationError  # noqa: E402
+from jaxinfer.config import QuantizationError  # noqa: E402
 from jaxinfer.quality import quality_text, token_nll  # noqa: E402
 
 # Allowed perplexity increase over the unquantized model of the same dtype (issue 7, item 5).

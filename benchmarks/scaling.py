@@ -82,7 +82,8 @@ def step_collectives(hf: dict, tp: int, batch: int = COMM_BATCH) -> dict:
     """Collectives of the compiled decode step of `batch` sequences: {kind: bytes}, and the op count."""
     from jaxinfer.models.attention import AttentionOptions
     from jaxinfer.parallel import KV_CACHE_AXES, collective_ops
-    from jaxinfer.runner.batch import SeqInput, pack
+    from jaxinfer.outputs import SeqInput
+    from jaxinfer.runner.batch import pack
     from jaxinfer.runner.buckets import BucketLadder
     from jaxinfer.runner.step import make_step_fn
 

@@ -102,7 +102,7 @@ class LLM:
 
             proposer = NgramProposer(sc.ngram_min_n, sc.ngram_max_n)
         else:
-            from jaxinfer.runner.draft_proposer import build_model_proposer
+            from jaxinfer.draft_model import build_model_proposer
 
             proposer = build_model_proposer(sc, self.model, self.config, max_len, self.runner.num_pages,
                                             progress=self._progress)

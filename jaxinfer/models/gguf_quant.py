@@ -29,7 +29,7 @@ from collections import Counter
 
 import numpy as np
 
-from jaxinfer.models.quant_spec import KeepGGUFQuantization, QuantizationError, QuantSpec
+from jaxinfer.config import KeepGGUFQuantization, QuantizationError, QuantSpec
 from jaxinfer.models.quant_tensor import QuantizedTensor
 
 log = logging.getLogger("jaxinfer")

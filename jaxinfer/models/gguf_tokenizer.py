@@ -25,21 +25,21 @@ _CONTROL = 3  # llama.cpp token type of special tokens like <|im_end|>
 
 def build_gguf_tokenizer(path: str):
     """PreTrainedTokenizerFast for the GGUF at `path` (byte-level BPE), or transformers' own loader otherwise."""
-    from jaxinfer.models.gguf_loader import _field, _open
+    from jaxinfer.models.gguf_reader import gguf_field, open_gguf
 
-    reader = _open(path)
-    kind = _field(reader, "tokenizer.ggml.model")
+    reader = open_gguf(path)
+    kind = gguf_field(reader, "tokenizer.ggml.model")
     if kind != "gpt2":
         return _transformers_fallback(path, kind)
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    tokens = list(_field(reader, "tokenizer.ggml.tokens"))
-    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges", [])]
-    types = list(_field(reader, "tokenizer.ggml.token_type", []) or [])
+    tokens = list(gguf_field(reader, "tokenizer.ggml.tokens"))
+    merges = [tuple(m.split(" ", 1)) for m in gguf_field(reader, "tokenizer.ggml.merges", [])]
+    types = list(gguf_field(reader, "tokenizer.ggml.token_type", []) or [])
     backend = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False,
                                    byte_fallback=False))
-    split = _SPLITS.get(_field(reader, "tokenizer.ggml.pre"))
+    split = _SPLITS.get(gguf_field(reader, "tokenizer.ggml.pre"))
     if split is None:
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     else:
@@ -51,13 +51,13 @@ def build_gguf_tokenizer(path: str):
     backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in special])
 
     def tok(key):
-        i = _field(reader, f"tokenizer.ggml.{key}")
+        i = gguf_field(reader, f"tokenizer.ggml.{key}")
         return tokens[i] if i is not None and 0 <= i < len(tokens) else None
 
     hf = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=tok("bos_token_id"),
                                  eos_token=tok("eos_token_id"), unk_token=tok("unknown_token_id"),
                                  pad_token=tok("padding_token_id"))
-    template = _field(reader, "tokenizer.chat_template")
+    template = gguf_field(reader, "tokenizer.chat_template")
     if template:
         hf.chat_template = template
     return hf

@@ -19,7 +19,7 @@ import glob
 import json
 import os
 import re
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +27,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from jaxinfer.config import ConfigError, ModelConfig
+from jaxinfer.config import ConfigError, ModelConfig, QuantizationError, QuantSpec
 from jaxinfer.models.llama import LlamaForCausalLM
 from jaxinfer.models.registry import PRESETS, preset_config
 
@@ -52,7 +52,7 @@ class LoadedModel:
     params: list          # flat list of weight arrays (leaves of the nnx State, fixed order)
     treedef: Any          # pytree structure to rebuild the State from `params`
     dtype: Any
-    quantization: Any = None  # models.quant_spec.QuantSpec of quantized linear layers, or None
+    quantization: Any = None  # config.QuantSpec of quantized linear layers, or None
     plan: Any = None      # jaxinfer.parallel.ShardingPlan (tensor/data parallel), None: one default device
     layout: Any = None    # jaxinfer.parallel.TPLayout of the weights when plan.tp > 1
 
@@ -160,14 +160,14 @@ def resolve_dtype(dtype: str, cfg: ModelConfig):
 
 def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool = True, quantization=None,
                tensors=None, plan=None) -> LoadedModel:
-    """quantization: a models.quant_spec.QuantSpec (None: float weights); the decoder projections become
+    """quantization: a config.QuantSpec (None: float weights); the decoder projections become
     QuantLinears filled by RTN on the device, tensor by tensor (or from QuantizedTensors in `tensors`).
     tensors: an iterable of (Hugging Face name, np.ndarray | QuantizedTensor) read instead of src's files
-    (pre-quantized checkpoint readers; see models.quant.params_from_quantized).
+    (pre-quantized checkpoint readers; see params_from_quantized).
     plan: a jaxinfer.parallel.ShardingPlan; every weight is then placed with the sharding its logical axes
     give, each device receiving only its own block (see `_sharded_placer`). The returned cfg is the config the
     model runs with (KV heads replicated up to tensor_parallel_size; jaxinfer/parallel.py)."""
-    if getattr(quantization, "name", None) == "gguf":  # quant_spec.KeepGGUFQuantization: the file's own int4
+    if getattr(quantization, "name", None) == "gguf":  # config.KeepGGUFQuantization: the file's own int4
         from jaxinfer.models.gguf_quant import keep_gguf_quantization
 
         quantization, tensors = keep_gguf_quantization(src, quantization)
@@ -184,7 +184,7 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
     quantizer = None
     if quantization is not None:
         from jaxinfer.models.quant import Quantizer, quantize_module
-        from jaxinfer.models.quant_spec import check_checkpoint_compatible
+        from jaxinfer.config import check_checkpoint_compatible
 
         if tensors is None:
             check_checkpoint_compatible(quantization, src.hf_config, repr(src.path or src.name))
@@ -228,6 +228,26 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
                        layout=layout)
 
 
+def params_from_quantized(src, tensors: Mapping[str, Any] | Iterable[tuple[str, Any]], dtype="auto", *,
+                          spec: QuantSpec | None = None, backend: str = "auto", progress: bool = False):
+    """Build a LoadedModel from pre-quantized tensors (AWQ / GPTQ / FP8 / GGUF readers).
+
+    src: the ModelSource (its hf_config gives the shapes). tensors: Hugging Face tensor names
+    ('model.layers.0.self_attn.q_proj.weight', ...) -> QuantizedTensor ([in, out], for the linear projections
+    and optionally lm_head.weight) or np.ndarray (everything else, in Hugging Face layout). q/k/v and gate/up are
+    fused here (columns regrouped per KV head, scales and zero points following). A float tensor given for a
+    projection is RTN-quantized to the same spec. spec defaults to `spec_of_tensors(tensors)` (pass it when
+    `tensors` is a one-pass iterator)."""
+    from jaxinfer.models.quant import spec_of_tensors
+
+    if spec is None:
+        if not isinstance(tensors, Mapping):
+            raise QuantizationError("pass spec= when tensors is an iterator (its kinds cannot be inspected first)")
+        spec = spec_of_tensors(tensors, backend)
+    items = tensors.items() if isinstance(tensors, Mapping) else tensors
+    return load_model(src, dtype, quantization=spec, tensors=iter(items), progress=progress)
+
+
 def _prequantized(src: ModelSource, quantization):
     """A Hugging Face directory whose config carries an AWQ / GPTQ / FP8 / compressed-tensors float8
     quantization_config is read by models/quant_formats.py and loaded quantized as it is (QuantizedTensors, no
@@ -238,7 +258,7 @@ def _prequantized(src: ModelSource, quantization):
     if quant_method(src.hf_config or {}) not in ("awq", "gptq", "fp8", "compressed-tensors"):
         return quantization, None
     from jaxinfer.models.quant import spec_of_tensors
-    from jaxinfer.models.quant_spec import check_checkpoint_compatible
+    from jaxinfer.config import check_checkpoint_compatible
 
     check_checkpoint_compatible(quantization, src.hf_config, repr(src.path))
     _, read, _ = read_quantized_checkpoint(src.path)

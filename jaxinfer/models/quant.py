@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +37,7 @@ import numpy as np
 from flax import nnx
 
 from jaxinfer.models.layers import Linear
-from jaxinfer.models.quant_spec import QuantizationError, QuantSpec
+from jaxinfer.config import QuantizationError, QuantSpec
 from jaxinfer.models.quant_tensor import FP8_E4M3, QuantizedTensor, concat_out
 from pallas_kernels.quantized_matmul import kernel as qmm_kernel
 from pallas_kernels.quantized_matmul import reference as qmm_ref
@@ -416,23 +416,3 @@ def spec_of_tensors(tensors: Mapping[str, Any], backend: str = "auto") -> QuantS
     (kind, group, symmetric), = kinds
     return QuantSpec(kind, group, symmetric=symmetric,
                      lm_head=isinstance(tensors.get("lm_head.weight"), QuantizedTensor), backend=backend)
-
-
-def params_from_quantized(src, tensors: Mapping[str, Any] | Iterable[tuple[str, Any]], dtype="auto", *,
-                          spec: QuantSpec | None = None, backend: str = "auto", progress: bool = False):
-    """Build a LoadedModel from pre-quantized tensors (AWQ / GPTQ / FP8 / GGUF readers).
-
-    src: the ModelSource (its hf_config gives the shapes). tensors: Hugging Face tensor names
-    ('model.layers.0.self_attn.q_proj.weight', ...) -> QuantizedTensor ([in, out], for the linear projections
-    and optionally lm_head.weight) or np.ndarray (everything else, in Hugging Face layout). q/k/v and gate/up are
-    fused here (columns regrouped per KV head, scales and zero points following). A float tensor given for a
-    projection is RTN-quantized to the same spec. spec defaults to `spec_of_tensors(tensors)` (pass it when
-    `tensors` is a one-pass iterator)."""
-    from jaxinfer.models.loader import load_model
-
-    if spec is None:
-        if not isinstance(tensors, Mapping):
-            raise QuantizationError("pass spec= when tensors is an iterator (its kinds cannot be inspected first)")
-        spec = spec_of_tensors(tensors, backend)
-    items = tensors.items() if isinstance(tensors, Mapping) else tensors
-    return load_model(src, dtype, quantization=spec, tensors=iter(items), progress=progress)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxinfer.models.quant import quantize_rtn, tensor_leaves
-from jaxinfer.models.quant_spec import QuantizationError
+from jaxinfer.config import QuantizationError
 from jaxinfer.models.quant_tensor import QuantizedTensor
 from pallas_kernels.quantized_matmul import kernel as qk
 from pallas_kernels.quantized_matmul import reference as qr

@@ -17,11 +17,10 @@ from gguf import GGMLQuantizationType as QT
 
 import jaxinfer
 from jaxinfer import SamplingParams
-from jaxinfer.config import ConfigError
+from jaxinfer.config import ConfigError, KeepGGUFQuantization, QuantizationError
 from jaxinfer.models.gguf_quant import keep_gguf_quantization
 from jaxinfer.models.loader import resolve_model
 from jaxinfer.models.quant_formats import gguf_to_quantized
-from jaxinfer.models.quant_spec import KeepGGUFQuantization, QuantizationError
 from jaxinfer.models.quant_tensor import QuantizedTensor
 from pallas_kernels.quantized_matmul.reference import dequantize_int4
 from tests.numerics.gguf_blocks import q4_k_raw

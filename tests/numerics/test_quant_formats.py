@@ -332,12 +332,13 @@ def test_real_smollm2_gguf_layers(smollm2_gguf):
     """SmolLM2's Q4_1 linears (layer 0, incl. RoPE-permuted q/k) read quantized equal the float loader's."""
     from gguf import GGUFReader
 
-    from jaxinfer.models.gguf_loader import _hf_name, dequantize_tensor, reverse_rope_permute
+    from jaxinfer.models.gguf_loader import dequantize_tensor
+    from jaxinfer.models.gguf_reader import reverse_rope_permute, to_hf_name
 
     got = dict(iter_gguf_quantized(smollm2_gguf, only=lambda n: ".layers.0." in n))
     assert len(got) == 7
     for t in GGUFReader(smollm2_gguf).tensors:
-        name = _hf_name(t.name)
+        name = to_hf_name(t.name)
         if name in got:
             ref = dequantize_tensor(t)  # gguf-py's dequantizer, HF [out, in] but still in llama.cpp's row order
             if "q_proj" in name or "k_proj" in name:
