@@ -39,11 +39,11 @@ def cmd_generate(a) -> int:
 
 
 def cmd_info(a) -> int:
-    from jaxinfer.config import ModelConfig
-    from jaxinfer.models.loader import resolve_model
+    from jaxinfer.models.registry import model_config
+    from jaxinfer.weights.loader import resolve_model
 
     src = resolve_model(a.model or a.model_pos, a.load_format)
-    cfg = ModelConfig.from_hf(src.hf_config)
+    _, cfg = model_config(src.hf_config)
     n = cfg.num_params()
     info = {
         "model": src.name, "source": src.kind, "path": src.path, "config": {

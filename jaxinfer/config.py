@@ -11,13 +11,6 @@ import math
 import re
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-_SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-}
 _SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -97,17 +90,10 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "ModelConfig":
-        """Build from a Hugging Face config dict; reject what the model code does not implement."""
+        """Build from a Hugging Face config dict; reject the options the model code does not implement. Which
+        model_type / architectures exist is the registry's table: models/registry.model_config(hf) checks those
+        and then calls this (the loader and `jaxinfer info` go through it)."""
         model_type = hf.get("model_type")
-        archs = hf.get("architectures") or []
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ConfigError(
-                f"unsupported model_type {model_type!r} (architectures {archs}); jaxinfer supports "
-                f"{', '.join(SUPPORTED_MODEL_TYPES)} (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, SmolLM2)")
-        for arch in archs:
-            if arch not in _SUPPORTED_ARCHITECTURES:
-                raise ConfigError(
-                    f"unsupported architecture {arch!r}; jaxinfer supports {sorted(_SUPPORTED_ARCHITECTURES)}")
         act = hf.get("hidden_act", "silu")
         if act != "silu":
             raise ConfigError(f"unsupported hidden_act {act!r}: only 'silu' (SwiGLU MLP) is implemented")
@@ -294,7 +280,7 @@ class SpeculativeConfig:
 #                                   "int4-asym" (or "int4-g64-asym", ...) asymmetric with zero points
 #                 "fp8"             e4m3 weights with per-channel scales, activations quantized per token (W8A8)
 #                 "gguf"            GGUF files only: keep the file's own Q4_0 / Q4_1 / Q4_K linear weights quantized
-#                                   (int4, group 32) instead of dequantizing them; see models/gguf_quant.py
+#                                   (int4, group 32) instead of dequantizing them; see weights/gguf_quant.py
 #   quantize_lm_head: also quantize the LM head (untied models only); embeddings always stay in the model dtype.
 #   quantized_matmul: "auto" (the Pallas kernel on GPU for int8/int4, XLA's native fp8 dot for fp8, the jnp
 #                 reference on CPU), "reference", "xla", or "pallas" (interpret mode on CPU: slow, for tests).
@@ -317,7 +303,7 @@ class QuantSpec:
     lm_head: bool = False       # quantize the LM head too
     backend: str = "auto"       # quantized_matmul option (see the module docstring)
     # Decoder projections that stay float Linears, as module paths ('layers', i, 'attn', 'qkv'): the layers of a
-    # GGUF file whose type cannot be kept quantized (models/gguf_quant.py). Empty for quantization on load.
+    # GGUF file whose type cannot be kept quantized (weights/gguf_quant.py). Empty for quantization on load.
     float_modules: frozenset = frozenset()
 
     def __post_init__(self):
@@ -346,7 +332,7 @@ class QuantSpec:
 @dataclasses.dataclass(frozen=True)
 class KeepGGUFQuantization:
     """quantization='gguf': keep a GGUF file's quantized linear weights as they are. The loader turns it into the
-    QuantSpec the file implies (models/gguf_quant.py); any other model source refuses it."""
+    QuantSpec the file implies (weights/gguf_quant.py); any other model source refuses it."""
     backend: str = "auto"
     name = "gguf"
 
@@ -438,7 +424,7 @@ class EngineConfig:
     kv_loop: "static" (unrolled over the page-table width; no device-to-host syncs: GPU), "dynamic" (while loop
         up to the longest context: CPU) or "auto".
     quantization: quantize the weights on load: None, "int8", "int4" ("int4-g64", "int4-g32", "-asym" variants)
-        or "fp8" (W8A8), or "gguf" (keep a GGUF file's Q4_0 / Q4_1 / Q4_K projections int4: models/gguf_quant.py);
+        or "fp8" (W8A8), or "gguf" (keep a GGUF file's Q4_0 / Q4_1 / Q4_K projections int4: weights/gguf_quant.py);
         quantize_lm_head: the LM head too (embeddings stay unquantized); quantized_matmul:
         "auto" | "reference" | "xla" | "pallas" (see QuantSpec above).
     tensor_parallel_size: devices one model replica is split over (jaxinfer/parallel.py).

@@ -14,7 +14,7 @@ from flax import nnx
 
 from jaxinfer.config import EngineConfig, SpeculativeConfig
 from jaxinfer.engine.kv_cache import KVCacheManager
-from jaxinfer.models.loader import LoadedModel, load_model, resolve_model
+from jaxinfer.weights.loader import LoadedModel, load_model, resolve_model
 from jaxinfer.runner.draft_proposer import ModelProposer
 from jaxinfer.runner.model_runner import ModelRunner
 

@@ -10,10 +10,10 @@ from tests.import_graph import graph, strongly_connected
 
 LAYERS = [
     # plain types and settings, no project imports; the kernels with their references
-    ["jaxinfer.config", "jaxinfer.outputs", "jaxinfer.sampling_params", "jaxinfer.checkpoint",
-     "jaxinfer.default_model", "pallas_kernels"],
-    ["jaxinfer.engine", "jaxinfer.parallel"],    # the host loop (no jax); mesh + sharding rules
-    ["jaxinfer.models"],                         # the network (+ formats, until weights/ takes them)
+    ["jaxinfer.config", "jaxinfer.outputs", "jaxinfer.sampling_params", "pallas_kernels"],
+    # the host loop (no jax); the network and its architecture registry; mesh + sharding rules
+    ["jaxinfer.engine", "jaxinfer.models", "jaxinfer.parallel"],
+    ["jaxinfer.weights"],                        # checkpoint formats, quantize-on-load, the default model
     ["jaxinfer.runner", "jaxinfer.tokenizer"],   # the device side of a step; text <-> ids
     ["jaxinfer.draft_model", "jaxinfer.quality"],  # the draft's runner + its page allocator; perplexity
     ["jaxinfer.api"],                            # LLM / generate(): engine + runner (+ draft runner) assembled

@@ -19,8 +19,8 @@ import transformers as tf
 import jaxinfer
 from jaxinfer import SamplingParams
 from jaxinfer.config import ConfigError, QuantizationError, parse_quantization
-from jaxinfer.models.loader import params_from_quantized
-from jaxinfer.models.quant import quantize_rtn
+from jaxinfer.weights.loader import params_from_quantized
+from jaxinfer.weights.quantize import quantize_rtn
 
 OPTS = dict(dtype="float32", num_pages=64, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=8,
             warmup=False, progress=False)
@@ -102,7 +102,7 @@ def test_pallas_kernel_in_engine_matches_reference(tiny_llama_dir):
 
 
 def test_dummy_preset_quantizes_the_float_random_weights():
-    from jaxinfer.models.quant import quantized_leaves
+    from jaxinfer.weights.quantize import quantized_leaves
 
     f = jaxinfer.LLM("tiny-llama", load_format="dummy", **OPTS)
     q = jaxinfer.LLM("tiny-llama", load_format="dummy", quantization="int4-g32", quantize_lm_head=True, **OPTS)
@@ -122,7 +122,7 @@ def test_params_from_quantized_tensors(tiny_llama_dir):
     with q/k/v regrouped per KV head and gate/up fused."""
     from safetensors.numpy import load_file
 
-    from jaxinfer.models.loader import resolve_model
+    from jaxinfer.weights.loader import resolve_model
 
     raw = load_file(os.path.join(tiny_llama_dir, "model.safetensors"))
     tensors = {}

@@ -20,7 +20,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxinfer.config import EngineConfig
-from jaxinfer.models.loader import LoadedModel
+from jaxinfer.weights.loader import LoadedModel
 from jaxinfer.outputs import RunnerOutput, SeqInput
 from jaxinfer.runner.batch import _TOKEN_IDS, pack
 from jaxinfer.runner.buckets import BucketLadder

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxinfer.models.quant import quantized_leaves
+from jaxinfer.weights.quantize import quantized_leaves
 from jaxinfer.config import parse_quantization
 from pallas_kernels.quantized_matmul import kernel as qk
 from pallas_kernels.quantized_matmul import reference as qr

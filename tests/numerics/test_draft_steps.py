@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxinfer.config import EngineConfig, SpeculativeConfig
-from jaxinfer.models.loader import load_model, resolve_model
+from jaxinfer.weights.loader import load_model, resolve_model
 from jaxinfer.draft_model import model_proposer
 
 K = 3

@@ -154,8 +154,8 @@ def test_dummy_weights_quantize_the_sharded_float_weights():
     matmul under TP (a pallas_call is not partitioned by XLA: it would gather the weights)."""
     from flax import nnx
 
-    from jaxinfer.models.loader import load_model, resolve_model
-    from jaxinfer.models.quant import quantize_rtn
+    from jaxinfer.weights.loader import load_model, resolve_model
+    from jaxinfer.weights.quantize import quantize_rtn
     from jaxinfer.config import parse_quantization
 
     src, plan = resolve_model("tiny-llama", "dummy"), make_plans(2)[0]
@@ -177,8 +177,8 @@ def test_orbax_float_checkpoint_quantized_at_tp4_equals_safetensors_path(few_kv1
     the safetensors checkpoint quantized on load at TP=4 (load only, nothing compiled for a step)."""
     from flax import nnx
 
-    from jaxinfer.checkpoint import save_checkpoint
-    from jaxinfer.models.loader import load_model, resolve_model
+    from jaxinfer.weights.checkpoint import save_checkpoint
+    from jaxinfer.weights.loader import load_model, resolve_model
     from jaxinfer.config import parse_quantization
 
     src = resolve_model(few_kv16_dir)

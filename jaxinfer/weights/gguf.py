@@ -37,16 +37,10 @@ import numpy as np
 import gguf
 from gguf import GGMLQuantizationType, GGUFReader
 
-from jaxinfer.models.gguf_reader import (find_tensor, gguf_architecture, gguf_field, numpy_shape, open_gguf,
+from jaxinfer.models.registry import hf_architecture_name
+from jaxinfer.weights.gguf_reader import (find_tensor, gguf_architecture, gguf_field, numpy_shape, open_gguf,
                                          require_field, reverse_rope_permute, rope_permuted_heads, to_hf_name)
-from jaxinfer.models.quant_formats import gguf_linear_quantized
-
-_HF_ARCH_CLASS = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-}
+from jaxinfer.weights.prequantized import gguf_linear_quantized
 
 # Quantization types we dequantize (all through gguf.quants.dequantize, pure numpy). Listed explicitly so an
 # exotic type fails with a clear message at the tensor that uses it, not deep inside gguf.
@@ -98,7 +92,7 @@ def gguf_to_hf_config(reader_or_path: GGUFReader | str | os.PathLike) -> dict:
 
     config: dict[str, Any] = {
         "model_type": model_type,
-        "architectures": [_HF_ARCH_CLASS[model_type]],
+        "architectures": [hf_architecture_name(model_type)],
         "hidden_size": hidden,
         "intermediate_size": int(require_field(reader, k("feed_forward_length"))),
         "num_hidden_layers": int(require_field(reader, k("block_count"))),
@@ -237,7 +231,7 @@ def iter_gguf_tensors(path: GGUFReader | str | os.PathLike,
     Nothing is read from disk until the tensor is reached (the file is memory-mapped).
     `path` may also be an open GGUFReader (opening one parses the whole vocabulary: ~3 s for a 49k vocab).
     keep_quantized: HF names of linear weights yielded as QuantizedTensor [in, out] instead (their GGUF type must
-    be one quant_formats.gguf_to_quantized maps; see models/gguf_quant.py).
+    be one prequantized.gguf_to_quantized maps; see weights/gguf_quant.py).
     """
     reader = open_gguf(path)
     arch = gguf_architecture(reader)
@@ -261,7 +255,7 @@ def iter_gguf_tensors(path: GGUFReader | str | os.PathLike,
 def load_gguf_tokenizer(path: str | os.PathLike):
     """transformers tokenizer built from the GGUF's embedded vocabulary, merges, special tokens and chat template
     (without torch for byte-level BPE vocabularies: see gguf_tokenizer.py)."""
-    from jaxinfer.models.gguf_tokenizer import build_gguf_tokenizer
+    from jaxinfer.weights.gguf_tokenizer import build_gguf_tokenizer
 
     path = os.path.abspath(os.fspath(path))
     if not os.path.isfile(path):

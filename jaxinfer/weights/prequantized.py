@@ -57,9 +57,9 @@ from typing import Iterator
 import ml_dtypes
 import numpy as np
 
-from jaxinfer.models.gguf_reader import (gguf_architecture, gguf_field, reverse_rope_permute, rope_permuted_heads,
+from jaxinfer.weights.gguf_reader import (gguf_architecture, gguf_field, reverse_rope_permute, rope_permuted_heads,
                                          to_hf_name)
-from jaxinfer.models.quant_tensor import FP8_E4M3, QuantizedTensor
+from jaxinfer.weights.quant_tensor import FP8_E4M3, QuantizedTensor
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)      # nibble i of a packed int32 holds output column 8c + AWQ_ORDER[i]
 AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # output column k sits in nibble AWQ_REVERSE_ORDER[k]

@@ -1,6 +1,6 @@
 """The GGUF file's primitives shared by the config, tensor, quantized-tensor and tokenizer readers: open a file,
 read a metadata field, check the architecture, map a tensor name to its Hugging Face name, undo llama.cpp's RoPE
-row permutation (gguf_loader.py's docstring, point 2, says why it exists).
+row permutation (gguf.py's docstring, point 2, says why it exists).
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ _CONTROL = 3  # llama.cpp token type of special tokens like <|im_end|>
 
 def build_gguf_tokenizer(path: str):
     """PreTrainedTokenizerFast for the GGUF at `path` (byte-level BPE), or transformers' own loader otherwise."""
-    from jaxinfer.models.gguf_reader import gguf_field, open_gguf
+    from jaxinfer.weights.gguf_reader import gguf_field, open_gguf
 
     reader = open_gguf(path)
     kind = gguf_field(reader, "tokenizer.ggml.model")
