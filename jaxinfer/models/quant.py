@@ -12,7 +12,9 @@ the decoder projections (and the LM head when asked). Embeddings and norms stay 
   fp8   e4m3, per-channel:             scale = max|w| / 448; activations get a dynamic per-token scale (W8A8)
 
 Which matmul runs is fixed when the module is built (a static attribute, so the split-once-at-load graph
-carries it): the Pallas kernel on GPU for int8/int4, XLA's fp8 dot for fp8, the jnp reference on CPU.
+carries it) and, for the 'auto' / 'xla-int4' backends, per traced step size M from the table in
+models/quant_paths.py (the Pallas kernel on GPU for int8/int4 by default, XLA's fp8 dot for fp8, the jnp
+reference on CPU). The 'xla-int4' backend stores int4 weights in the XLA-native layout (jnp.int4 [in, out]).
 
 Tensor parallelism (jaxinfer/parallel.py). Every leaf of a QuantLinear declares the logical axes of the float
 weight it replaces, so the one RULES table splits q / scale / offset exactly like the float weight: column-
@@ -36,12 +38,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxinfer.models import quant_paths
 from jaxinfer.models.layers import Linear
+from jaxinfer.models.quant_paths import quantized_matmul  # noqa: F401  (re-exported: the layers' entry point)
 from jaxinfer.models.quant_spec import QuantizationError, QuantSpec
 from jaxinfer.models.quant_tensor import FP8_E4M3, QuantizedTensor, concat_out
 from pallas_kernels.quantized_matmul import kernel as qmm_kernel
 from pallas_kernels.quantized_matmul import reference as qmm_ref
-from pallas_kernels.quantized_matmul import xla as qmm_xla
 
 log = logging.getLogger("jaxinfer")
 
@@ -102,9 +105,17 @@ def quantize_rtn(w, method: str, *, group_size: int | None = None, symmetric: bo
 
 
 # ---- device form --------------------------------------------------------------------------------------------
-@functools.partial(jax.jit, static_argnames=("method", "group_size", "dtype"))
-def _device_leaves(q, scale, zero, *, method: str, group_size: int | None, dtype):
-    """(q, scale, zero) in QuantizedTensor conventions -> the QuantLinear leaves (reference.py layouts)."""
+@functools.partial(jax.jit, static_argnames=("method", "group_size", "dtype", "layout"))
+def _device_leaves(q, scale, zero, *, method: str, group_size: int | None, dtype, layout: str = "packed"):
+    """(q, scale, zero) in QuantizedTensor conventions -> the QuantLinear leaves (reference.py layouts).
+    layout (int4 only): 'packed' (uint8 [K/2, N], the Pallas kernel's) or 'native' (int4 [K, N], XLA's packed s4;
+    no offset leaf for symmetric weights: W = q * scale)."""
+    if method == "int4" and layout == "native":
+        scale = scale.astype(jnp.float32)
+        if zero is None:
+            return {"q": q.astype(jnp.int4), "scale": scale.astype(dtype)}
+        q4 = (q.astype(jnp.int32) - 8).astype(jnp.int4)                       # u - 8; W = (q4 + 8 - zero) * s
+        return {"q": q4, "scale": scale.astype(dtype), "offset": ((8.0 - zero.astype(jnp.float32)) * scale).astype(dtype)}
     if method == "int8":
         return {"q": q.astype(jnp.int8), "scale": scale.astype(jnp.float32)}
     if method == "fp8":
@@ -119,7 +130,8 @@ def _device_leaves(q, scale, zero, *, method: str, group_size: int | None, dtype
 
 
 @functools.lru_cache(maxsize=None)
-def _sharded_leaves_fn(rtn: bool, method: str, group_size: int | None, symmetric: bool, dtype, shardings: tuple):
+def _sharded_leaves_fn(rtn: bool, method: str, group_size: int | None, symmetric: bool, dtype, shardings: tuple,
+                       layout: str = "packed"):
     """A jitted (w) -> leaves (rtn) or (q, scale, zero) -> leaves whose outputs land in `shardings` (a tuple of
     (leaf name, NamedSharding)): from sharded inputs each device computes only its own block of every leaf.
     Cached per layer kind, so a model compiles one program per distinct projection shape, as without TP."""
@@ -127,27 +139,32 @@ def _sharded_leaves_fn(rtn: bool, method: str, group_size: int | None, symmetric
     def fn(*args):
         if rtn:
             args = _rtn(args[0], method=method, group_size=group_size, symmetric=symmetric)
-        return _device_leaves(*args, method=method, group_size=group_size, dtype=dtype)
+        return _device_leaves(*args, method=method, group_size=group_size, dtype=dtype, layout=layout)
 
     return jax.jit(fn, out_shardings=dict(shardings))
 
 
-def quantized_leaves(w, spec: QuantSpec, dtype, shardings: dict | None = None) -> dict[str, jax.Array]:
+def quantized_leaves(w, spec: QuantSpec, dtype, shardings: dict | None = None,
+                     layout: str | None = None) -> dict[str, jax.Array]:
     """Float weight [in, out] (numpy or device array) -> the QuantLinear leaves, quantized on the device.
     shardings (leaf name -> NamedSharding): w is a jax.Array already split like the float weight (see
     `Quantizer`) and the leaves come out split by their logical axes (a row-parallel weight's per-channel amax
-    is the only cross-device step: an all-reduce of [out])."""
+    is the only cross-device step: an all-reduce of [out]). layout: int4 'packed' | 'native' (default: the one
+    the spec's backend runs on, `weight_layout`)."""
     _check_rtn_args(np.shape(w), spec.method, spec.group_size)
+    layout = layout or weight_layout(spec)
     if shardings is not None:
         fn = _sharded_leaves_fn(True, spec.method, spec.group_size, spec.symmetric, dtype,
-                                tuple(sorted(shardings.items())))
+                                tuple(sorted(shardings.items())), layout)
         return fn(w)
     q, scale, zero = _rtn(jnp.asarray(w), method=spec.method, group_size=spec.group_size,
                           symmetric=spec.symmetric)
-    return _device_leaves(q, scale, zero, method=spec.method, group_size=spec.group_size, dtype=dtype)
+    return _device_leaves(q, scale, zero, method=spec.method, group_size=spec.group_size, dtype=dtype,
+                          layout=layout)
 
 
-def tensor_leaves(qt: QuantizedTensor, dtype, shardings: dict | None = None, in_shardings=None) -> dict[str, jax.Array]:
+def tensor_leaves(qt: QuantizedTensor, dtype, shardings: dict | None = None, in_shardings=None,
+                  layout: str = "packed") -> dict[str, jax.Array]:
     """A QuantizedTensor (RTN or a checkpoint reader) -> the QuantLinear leaves on the device.
     shardings (leaf name -> NamedSharding) with in_shardings (the NamedShardings of qt's q [in, out] and of its
     scale / zero): each device is sent only its block of q, scale and zero (host -> device), then converts it."""
@@ -162,32 +179,42 @@ def tensor_leaves(qt: QuantizedTensor, dtype, shardings: dict | None = None, in_
         put = lambda a, sh: jax.make_array_from_callback(a.shape, sh, lambda idx: a[idx])  # noqa: E731
         args = (put(qt.q, q_sharding), put(qt.scale, scale_sharding),
                 None if qt.zero is None else put(qt.zero, scale_sharding))
-        fn = _sharded_leaves_fn(False, qt.kind, qt.group_size, True, dtype, tuple(sorted(shardings.items())))
+        fn = _sharded_leaves_fn(False, qt.kind, qt.group_size, True, dtype, tuple(sorted(shardings.items())),
+                                layout)
         return fn(*args)
     zero = None if qt.zero is None else jnp.asarray(qt.zero)
     return _device_leaves(jnp.asarray(qt.q), jnp.asarray(qt.scale), zero, method=qt.kind,
-                          group_size=qt.group_size, dtype=dtype)
+                          group_size=qt.group_size, dtype=dtype, layout=layout)
 
 
 # ---- the module ---------------------------------------------------------------------------------------------
 def resolve_backend(spec: QuantSpec, platform: str | None = None) -> str:
-    """'reference' | 'xla' | 'pallas' | 'pallas-interpret' for this spec on this platform."""
+    """'reference' | 'xla' | 'pallas' | 'pallas-interpret' | 'auto' | 'w8a8' | 'xla-int4' for this spec on this
+    platform (models/quant_paths.py: what each runs, and the per-M table behind 'auto')."""
     platform = platform or jax.default_backend()
     on_cpu = platform == "cpu"
     if spec.backend == "auto":
         if on_cpu:
             return "reference"
-        return "xla" if spec.method == "fp8" else "pallas"
+        return quant_paths.GPU_DEFAULT[spec.method]
     if spec.backend == "pallas":
         return "pallas-interpret" if on_cpu else "pallas"
     return spec.backend
 
 
+def weight_layout(spec: QuantSpec, platform: str | None = None) -> str:
+    """The device layout of this spec's QuantLinear leaves: int4 'native' (jnp.int4 [K, N]) or 'packed'
+    (uint8 [K/2, N]); int8 'kn'; fp8 'nk'."""
+    return quant_paths.weight_layout_of(spec.method, resolve_backend(spec, platform))
+
+
 class QuantLinear(nnx.Module):
     """y = x @ dequantize(W) (+ b), W quantized in one of the layouts of quantized_matmul/reference.py.
 
-    Leaves: q (int8 [in, out] | packed uint8 [in/2, out] | e4m3 [out, in]), scale, offset (int4 only), b.
-    `backend` is static: 'reference' | 'xla' | 'pallas' | 'pallas-interpret'.
+    Leaves: q (int8 [in, out] | packed uint8 [in/2, out] | int4 [in, out] | e4m3 [out, in]), scale, offset
+    (int4 only; none for symmetric weights in the native int4 layout), b.
+    `backend` is static (quant.resolve_backend); with 'auto' / 'xla-int4' the path is picked per call from the
+    static token count M (models/quant_paths.py).
     axes: logical names of (in, out) of the float weight (layers.Linear); every leaf carries them on its
     matching dimensions (int4's group dimension counts as `in`), so jaxinfer.parallel shards it likewise."""
 
@@ -206,6 +233,12 @@ class QuantLinear(nnx.Module):
             self.q = nnx.Param(jnp.zeros((K, N), jnp.int8), logical_axes=(ax_in, ax_out))
             self.scale = nnx.Param(jnp.zeros((N,), jnp.float32), logical_axes=(ax_out,))
             self.offset = None
+        elif spec.method == "int4" and quant_paths.weight_layout_of("int4", backend) == "native":
+            G = K // spec.group_size
+            self.q = nnx.Param(jnp.zeros((K, N), jnp.int4), logical_axes=(ax_in, ax_out))
+            self.scale = nnx.Param(jnp.zeros((G, N), dtype), logical_axes=(ax_in, ax_out))
+            self.offset = (None if spec.symmetric
+                           else nnx.Param(jnp.zeros((G, N), dtype), logical_axes=(ax_in, ax_out)))
         elif spec.method == "int4":
             G = K // spec.group_size
             self.q = nnx.Param(jnp.zeros((K // 2, N), jnp.uint8), logical_axes=(ax_in, ax_out))
@@ -226,35 +259,6 @@ class QuantLinear(nnx.Module):
         return y
 
 
-# The Pallas kernel serves every M by default (small-M split-K and large-M tile configurations). Should the
-# H200 benchmark (benchmarks/kernels/quantized_matmul.py) show XLA's dequantize + dot winning above some M, set
-# the threshold here: steps with more tokens than this use the XLA path.
-PALLAS_MAX_M = {"int8": 1 << 30, "int4": 1 << 30}
-
-
-def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, backend="reference",
-                     out_dtype=None):
-    """One entry point over the three implementations (see QuantLinear)."""
-    if backend == "pallas" and method != "fp8" and x.size // x.shape[-1] > PALLAS_MAX_M[method]:
-        backend = "xla"
-    if method == "fp8":
-        fn = qmm_ref.fp8_matmul_reference if backend == "reference" else qmm_xla.fp8_matmul_xla
-        return fn(x, q, scale, out_dtype=out_dtype)
-    if backend == "reference":
-        if method == "int8":
-            return qmm_ref.int8_matmul_reference(x, q, scale, out_dtype=out_dtype)
-        return qmm_ref.int4_matmul_reference(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype)
-    if backend == "xla":
-        if method == "int8":
-            return qmm_xla.int8_matmul_xla(x, q, scale, out_dtype=out_dtype)
-        return qmm_xla.int4_matmul_xla(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype)
-    interpret = backend == "pallas-interpret"
-    if method == "int8":
-        return qmm_kernel.int8_matmul(x, q, scale, out_dtype=out_dtype, interpret=interpret)
-    return qmm_kernel.int4_matmul(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype,
-                                  interpret=interpret)
-
-
 def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None, tp: int = 1):
     """Replace the decoder projections (and the LM head if spec.lm_head) of a LlamaForCausalLM by QuantLinears
     of the same shapes and logical axes, in place, except those in spec.float_modules. Run inside nnx.eval_shape at
@@ -262,7 +266,7 @@ def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None, t
     tp: the tensor-parallel degree: the Pallas backends become the XLA path (module docstring), and int4 groups
     must not straddle the devices of a row-parallel layer (QuantizationError otherwise)."""
     backend = backend or resolve_backend(spec)
-    if tp > 1 and backend.startswith("pallas"):
+    if tp > 1 and (backend.startswith("pallas") or backend == "auto"):  # 'auto': its table may pick Pallas
         log.info("tensor_parallel_size=%d: quantized layers use the XLA matmul, not the Pallas kernel", tp)
         backend = "xla"
 

@@ -7,8 +7,11 @@
                 "gguf"            GGUF files only: keep the file's own Q4_0 / Q4_1 / Q4_K linear weights quantized
                                   (int4, group 32) instead of dequantizing them; see models/gguf_quant.py
   quantize_lm_head: also quantize the LM head (untied models only); embeddings always stay in the model dtype.
-  quantized_matmul: "auto" (the Pallas kernel on GPU for int8/int4, XLA's native fp8 dot for fp8, the jnp
-                reference on CPU), "reference", "xla", or "pallas" (interpret mode on CPU: slow, for tests).
+  quantized_matmul: "auto" (on GPU the per-M table of models/quant_paths.py for int8/int4 — the Pallas kernel
+                at every M until the GPU sweep fills it — and XLA's native fp8 dot for fp8; the jnp reference on
+                CPU), "reference", "xla", "pallas" (interpret mode on CPU: slow, for tests), "w8a8" (int8 only:
+                activations quantized per token to int8, XLA's int8 dot; changes numerics) or "xla-int4" (int4
+                only: XLA-native int4 weights, formulation per M from the table).
 """
 from __future__ import annotations
 
@@ -19,7 +22,8 @@ from jaxinfer.config import ConfigError
 
 METHODS = ("int8", "int4", "fp8")
 INT4_GROUP_SIZES = (32, 64, 128)
-MATMUL_BACKENDS = ("auto", "reference", "xla", "pallas")
+MATMUL_BACKENDS = ("auto", "reference", "xla", "pallas", "w8a8", "xla-int4")
+_BACKEND_METHODS = {"w8a8": "int8", "xla-int4": "int4"}   # backends for one method only
 _INT4_RE = re.compile(r"int4(?:-g(\d+))?(-asym|-sym)?")
 
 
@@ -49,6 +53,10 @@ class QuantSpec:
             raise QuantizationError(f"{self.method} is per-channel symmetric: no group size or zero points")
         if self.backend not in MATMUL_BACKENDS:
             raise QuantizationError(f"quantized_matmul must be one of {MATMUL_BACKENDS}, got {self.backend!r}")
+        only = _BACKEND_METHODS.get(self.backend)
+        if only is not None and self.method != only:
+            raise QuantizationError(
+                f"quantized_matmul={self.backend!r} is for {only} models only, not {self.name}; use 'auto'")
         if self.method == "fp8" and self.backend == "pallas":
             raise QuantizationError(
                 "fp8 (W8A8) runs through XLA's native fp8 dot, there is no Pallas fp8 kernel; use "
