@@ -115,7 +115,8 @@ def _device_leaves(q, scale, zero, *, method: str, group_size: int | None, dtype
         if zero is None:
             return {"q": q.astype(jnp.int4), "scale": scale.astype(dtype)}
         q4 = (q.astype(jnp.int32) - 8).astype(jnp.int4)                       # u - 8; W = (q4 + 8 - zero) * s
-        return {"q": q4, "scale": scale.astype(dtype), "offset": ((8.0 - zero.astype(jnp.float32)) * scale).astype(dtype)}
+        offset = (8.0 - zero.astype(jnp.float32)) * scale
+        return {"q": q4, "scale": scale.astype(dtype), "offset": offset.astype(dtype)}
     if method == "int8":
         return {"q": q.astype(jnp.int8), "scale": scale.astype(jnp.float32)}
     if method == "fp8":
