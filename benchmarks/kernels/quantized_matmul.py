@@ -371,14 +371,14 @@ def run_workers(a, gpus: int, t_start) -> list[dict]:
     """One process per GPU (CUDA_VISIBLE_DEVICES), configs round-robin; the parent initialises no GPU until they
     are done, then merges their part files (each rewritten after every variant, so a killed worker keeps its
     rows)."""
-    import datetime
+    import glob
 
     argv = list(sys.argv[1:])
-    stamp = datetime.date.today().isoformat()
-    parts = [os.path.join(RESULTS_DIR, f"{NAME}-part{i}of{gpus}-{stamp}.json") for i in range(gpus)]
-    for part in parts:  # a stale part file of an earlier run today must not be merged
-        if os.path.exists(part):
-            os.remove(part)
+    # write_result names them <NAME>-part<i>of<N>[-cpu]-<date>.json; globbing keeps the parent off jax's backend
+    parts = [os.path.join(RESULTS_DIR, f"{NAME}-part{i}of{gpus}-*.json") for i in range(gpus)]
+    for pattern in parts:  # a stale part file of an earlier run must not be merged
+        for old in glob.glob(pattern):
+            os.remove(old)
     procs = []
     for i in range(gpus):
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(i))
@@ -393,12 +393,13 @@ def run_workers(a, gpus: int, t_start) -> list[dict]:
             p.kill()
             p.wait()
     rows = []
-    for i, part in enumerate(parts):
+    for i, pattern in enumerate(parts):
         try:
+            (part,) = glob.glob(pattern)
             with open(part) as f:
                 rows += json.load(f)["rows"]
         except Exception as e:
-            print(f"worker {i}: no part file {part} ({type(e).__name__}: {e})", flush=True)
+            print(f"worker {i}: no readable part file {pattern} ({type(e).__name__}: {e})", flush=True)
     print(f"merged {len(rows)} rows from {gpus} workers in {time.perf_counter() - t_start:.0f} s", flush=True)
     return rows
 
