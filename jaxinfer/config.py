@@ -307,8 +307,9 @@ class EngineConfig:
         up to the longest context: CPU) or "auto".
     quantization: quantize the weights on load: None, "int8", "int4" ("int4-g64", "int4-g32", "-asym" variants)
         or "fp8" (W8A8), or "gguf" (keep a GGUF file's Q4_0 / Q4_1 / Q4_K projections int4: models/gguf_quant.py);
-        quantize_lm_head: the LM head too (embeddings stay unquantized); quantized_matmul:
-        "auto" | "reference" | "xla" | "pallas" (see jaxinfer/models/quant_spec.py).
+        quantize_lm_head: None (default: an int8 head for int8 / int4 models with an untied head), True (the
+        head in the model's method) or False (a float head); embeddings stay unquantized. quantized_matmul:
+        "auto" | "reference" | "xla" | "pallas" | "w8a8" | "xla-int4" (see jaxinfer/models/quant_spec.py).
     tensor_parallel_size: devices one model replica is split over (jaxinfer/parallel.py).
     data_parallel_size: model replicas on disjoint device groups; requests go to the least-loaded replica.
     kv_cache_dtype: "auto" (the model dtype), "fp8" (e4m3) or "int8": quantized KV pages with one float32
@@ -335,7 +336,7 @@ class EngineConfig:
     enforce_eager: bool = False
     compilation_cache_dir: str | None = None
     quantization: str | None = None
-    quantize_lm_head: bool = False
+    quantize_lm_head: bool | None = None
     quantized_matmul: str = "auto"
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1

@@ -59,6 +59,10 @@ def test_quantized_model_equals_transformers_with_dequantized_weights(tiny_llama
                         qt = quantize_rtn(lin.weight.numpy().T, spec.method, group_size=spec.group_size,
                                           symmetric=spec.symmetric)
                         lin.weight.copy_(torch.from_numpy(qt.dequantize().T.copy()))
+        # the default LM head of int8 / int4 models is int8 (per-channel RTN) for an untied head like this one
+        assert not model.config.tie_word_embeddings
+        head = quantize_rtn(model.lm_head.weight.numpy().T, "int8")
+        model.lm_head.weight.copy_(torch.from_numpy(head.dequantize().T.copy()))
         prompt = _prompt()
         logits = model(torch.tensor([prompt])).logits[0].double()
         ref = torch.log_softmax(logits, -1)[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].numpy()
@@ -133,7 +137,8 @@ def test_params_from_quantized_tensors(tiny_llama_dir):
             tensors[name] = arr
     loaded = params_from_quantized(resolve_model(tiny_llama_dir), tensors, "float32")
     assert loaded.quantization.name == "int4-g32-asym"
-    rtn = jaxinfer.LLM(tiny_llama_dir, quantization="int4-g32-asym", **OPTS).model
+    # a reader's float head stays float (spec_of_tensors); on-load quantization's default int8 head is off here
+    rtn = jaxinfer.LLM(tiny_llama_dir, quantization="int4-g32-asym", quantize_lm_head=False, **OPTS).model
     assert len(loaded.params) == len(rtn.params)
     for a, b in zip(loaded.params, rtn.params):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -179,6 +184,32 @@ def test_quantized_lm_head_needs_an_untied_head(tiny_llama_dir, tmp_path):
     path = _edited_copy(tiny_llama_dir, tmp_path / "tied", tie_word_embeddings=True)
     with pytest.raises(QuantizationError, match="ties its LM head to the embeddings"):
         jaxinfer.LLM(path, quantization="int8", quantize_lm_head=True, **OPTS)
+
+
+@pytest.mark.parametrize("quantization,head,want", [("int4-g32", None, "int8"), ("int8", None, "int8"),
+                                                    ("fp8", None, None), ("int4-g32", False, None),
+                                                    ("int4-g32", True, "int4")])
+def test_lm_head_quantization_default(quantization, head, want):
+    """quantize_lm_head=None (the default): int8 and int4 models get an int8 LM head (the whole decode step streams
+    quantized weights); fp8 and quantize_lm_head=False keep the float head; True: the model's own method."""
+    from jaxinfer.models.layers import Linear
+    from jaxinfer.models.quant import QuantLinear
+
+    q = jaxinfer.LLM("tiny-llama", load_format="dummy", quantization=quantization, quantize_lm_head=head, **OPTS)
+    lm = q.model.module().lm_head
+    if want is None:
+        assert isinstance(lm, Linear)
+    else:
+        assert isinstance(lm, QuantLinear) and lm.method == want
+    assert len(_greedy(q, [[5, 6, 7]], n=2)[0]) == 2
+
+
+def test_default_int8_head_skips_a_tied_head(tiny_llama_dir, tmp_path):
+    """A tied model keeps its embedding as the head under the default (no error; only True asks for a head)."""
+    path = _edited_copy(tiny_llama_dir, tmp_path / "tied_default", tie_word_embeddings=True)
+    llm = jaxinfer.LLM(path, quantization="int4-g32", **OPTS)
+    assert llm.model.module().lm_head is None
+    assert len(_greedy(llm, [[5, 6, 7]], n=2)[0]) == 2
 
 
 def test_cli_flag():

@@ -266,12 +266,15 @@ def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None, t
     load: nothing is allocated.
     tp: the tensor-parallel degree: the Pallas backends become the XLA path (module docstring), and int4 groups
     must not straddle the devices of a row-parallel layer (QuantizationError otherwise)."""
-    backend = backend or resolve_backend(spec)
-    if tp > 1 and (backend.startswith("pallas") or backend == "auto"):  # 'auto': its table may pick Pallas
-        log.info("tensor_parallel_size=%d: quantized layers use the XLA matmul, not the Pallas kernel", tp)
-        backend = "xla"
+    def tp_backend(b: str) -> str:
+        if tp > 1 and (b.startswith("pallas") or b == "auto"):  # 'auto': its table may pick Pallas
+            log.info("tensor_parallel_size=%d: quantized layers use the XLA matmul, not the Pallas kernel", tp)
+            return "xla"
+        return b
 
-    def swap(lin: Linear, name: str) -> QuantLinear:
+    layer_backend = tp_backend(backend or resolve_backend(spec))
+
+    def swap(lin: Linear, name: str, spec: QuantSpec = spec, backend: str = layer_backend) -> QuantLinear:
         K, N = lin.w.shape
         axes = tuple(lin.w.get_metadata().get("logical_axes") or (None, None))
         if spec.method == "int4" and tp > 1:
@@ -285,12 +288,14 @@ def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None, t
                 continue
             owner = getattr(layer, parent)
             setattr(owner, attr, swap(getattr(owner, attr), f"layers.{i}.{parent}.{attr}"))
-    if spec.lm_head:
+    if spec.lm_head and not (model.lm_head is None and spec.head_optional):
         if model.lm_head is None:
             raise QuantizationError(
                 "quantize_lm_head=True but this model ties its LM head to the embeddings, which stay unquantized;"
                 " drop quantize_lm_head")
-        model.lm_head = swap(model.lm_head, "lm_head")
+        head = spec.head_spec()
+        head_backend = layer_backend if head is spec else tp_backend(resolve_backend(head))
+        model.lm_head = swap(model.lm_head, "lm_head", head, head_backend)
     return model
 
 
@@ -313,7 +318,7 @@ def _check_groups_per_shard(name: str, K: int, in_axis, group_size: int, tp: int
 def quantized_module_paths(cfg, spec: QuantSpec) -> set[tuple]:
     """Paths (in the nnx pure dict) of the QuantLinear modules: ('layers', i, 'attn', 'qkv'), ..., ('lm_head',)."""
     paths = {("layers", i) + p for i in range(cfg.num_layers) for p in LAYER_LINEARS} - spec.float_modules
-    if spec.lm_head:
+    if spec.lm_head and not (spec.head_optional and cfg.tie_word_embeddings):
         paths.add(("lm_head",))
     return paths
 
@@ -334,6 +339,10 @@ class Quantizer:
         self.spec, self.dtype, self.place = spec, dtype, place
         self.modules = quantized_module_paths(cfg, spec)
 
+    def _spec(self, module: tuple) -> QuantSpec:
+        """The LM head's own spec (QuantSpec.head_spec: int8 for int4 models by default), else the model's."""
+        return self.spec.head_spec() if module == ("lm_head",) else self.spec
+
     def _leaf_shardings(self, module: tuple) -> dict:
         return {k: s for k in ("q", "scale", "offset") if (s := self.place.shardings.get(module + (k,))) is not None}
 
@@ -345,7 +354,7 @@ class Quantizer:
         module, leaf = path[:-1], path[-1]
         if module in self.modules and leaf == "w":
             q = self.place.shardings[module + ("q",)]
-            return q if self.spec.method != "fp8" else type(q)(q.mesh, type(q.spec)(*tuple(q.spec)[::-1]))
+            return q if self._spec(module).method != "fp8" else type(q)(q.mesh, type(q.spec)(*tuple(q.spec)[::-1]))
         return self.place.shardings[path]
 
     def put(self, path: tuple, value) -> dict[tuple, Any]:
@@ -353,20 +362,21 @@ class Quantizer:
         name = "/".join(map(str, path))
         place = self.place
         if module in self.modules and leaf == "w":
+            spec = self._spec(module)
             shardings = None if place is None else self._leaf_shardings(module)
             if isinstance(value, QuantizedTensor):
                 if (value.kind, value.group_size if value.kind == "int4" else None) != (
-                        self.spec.method, self.spec.group_size):
+                        spec.method, spec.group_size):
                     raise QuantizationError(
                         f"{name}: checkpoint tensor is {value.kind} (group {value.group_size}) but the model is "
-                        f"being built as {self.spec.name}")
+                        f"being built as {spec.name}")
                 in_shardings = None
                 if place is not None:
                     from jaxinfer.parallel import relayout_quantized_for_tp
 
                     value = relayout_quantized_for_tp(path, value, place.layout)
                     in_shardings = (self.input_sharding(path), shardings["scale"])  # qt.q is [in, out]
-                leaves = tensor_leaves(value, self.dtype, shardings, in_shardings)
+                leaves = tensor_leaves(value, self.dtype, shardings, in_shardings, layout=weight_layout(spec))
             else:
                 if place is not None and not isinstance(value, jax.Array):
                     from jaxinfer.parallel import relayout_for_tp
@@ -374,7 +384,7 @@ class Quantizer:
                     host = relayout_for_tp(path, np.asarray(value), place.layout)
                     value = jax.make_array_from_callback(host.shape, self.input_sharding(path),
                                                          lambda idx: host[idx])
-                leaves = quantized_leaves(value, self.spec, self.dtype, shardings)
+                leaves = quantized_leaves(value, spec, self.dtype, shardings)
             return {module + (k,): v for k, v in leaves.items()}
         if isinstance(value, QuantizedTensor):
             raise QuantizationError(

@@ -6,7 +6,10 @@
                 "fp8"             e4m3 weights with per-channel scales, activations quantized per token (W8A8)
                 "gguf"            GGUF files only: keep the file's own Q4_0 / Q4_1 / Q4_K linear weights quantized
                                   (int4, group 32) instead of dequantizing them; see models/gguf_quant.py
-  quantize_lm_head: also quantize the LM head (untied models only); embeddings always stay in the model dtype.
+  quantize_lm_head: None (default): int8 and int4 models get an int8 LM head when the model has its own (untied)
+                head, so the whole decode step streams quantized weights (a tied head stays the float embedding);
+                fp8 models keep a float head. True: the head in the model's own method (untied models only, an
+                error otherwise). False: a float head. Embeddings always stay in the model dtype.
   quantized_matmul: "auto" (on GPU the per-M table of models/quant_paths.py for int8/int4 — the Pallas kernel
                 at every M until the GPU sweep fills it — and XLA's native fp8 dot for fp8; the jnp reference on
                 CPU), "reference", "xla", "pallas" (interpret mode on CPU: slow, for tests), "w8a8" (int8 only:
@@ -37,6 +40,8 @@ class QuantSpec:
     group_size: int | None = None  # int4 only
     symmetric: bool = True      # int4 round-to-nearest: symmetric [-8, 7] or asymmetric [0, 15] with zero points
     lm_head: bool = False       # quantize the LM head too
+    head_method: str | None = None  # the LM head's method when it differs from `method` (the int8 default head)
+    head_optional: bool = False  # a tied model (no head of its own) keeps its embedding head without an error
     backend: str = "auto"       # quantized_matmul option (see the module docstring)
     # Decoder projections that stay float Linears, as module paths ('layers', i, 'attn', 'qkv'): the layers of a
     # GGUF file whose type cannot be kept quantized (models/gguf_quant.py). Empty for quantization on load.
@@ -62,6 +67,15 @@ class QuantSpec:
                 "fp8 (W8A8) runs through XLA's native fp8 dot, there is no Pallas fp8 kernel; use "
                 "quantized_matmul='auto' or 'xla'")
 
+    def head_spec(self) -> "QuantSpec":
+        """The spec the LM head is quantized with (meaningful when lm_head): int8 for the default head of an
+        int4 model, else this spec. A backend for another method only ('xla-int4') becomes 'auto' for it."""
+        method = self.head_method or self.method
+        if method == self.method:
+            return self
+        backend = self.backend if _BACKEND_METHODS.get(self.backend, method) == method else "auto"
+        return QuantSpec(method, None, lm_head=True, backend=backend)
+
     @property
     def name(self) -> str:
         if self.method != "int4":
@@ -81,10 +95,11 @@ class KeepGGUFQuantization:
             raise QuantizationError(f"quantized_matmul must be one of {MATMUL_BACKENDS}, got {self.backend!r}")
 
 
-def parse_quantization(quantization: str | None, *, quantize_lm_head: bool = False,
+def parse_quantization(quantization: str | None, *, quantize_lm_head: bool | None = None,
                        backend: str = "auto") -> QuantSpec | KeepGGUFQuantization | None:
     """'int8' | 'int4[-g32|-g64|-g128][-asym]' | 'fp8' | 'gguf' | None -> QuantSpec (None: no quantization;
-    'gguf': KeepGGUFQuantization, resolved against the file at load)."""
+    'gguf': KeepGGUFQuantization, resolved against the file at load). quantize_lm_head: see the module docstring
+    (None: the int8 head of int8 / int4 models)."""
     if quantization is None or quantization in ("none", ""):
         if quantize_lm_head:
             raise QuantizationError("quantize_lm_head=True needs quantization='int8', 'int4' or 'fp8'")
@@ -99,8 +114,9 @@ def parse_quantization(quantization: str | None, *, quantize_lm_head: bool = Fal
                 "embedding) stays float; drop quantize_lm_head, or use quantization='int8' / 'int4' / 'fp8' to "
                 "re-quantize the dequantized weights")
         return KeepGGUFQuantization(backend)
+    head = _head_fields(q.split("-")[0], quantize_lm_head)
     if q in ("int8", "fp8"):
-        return QuantSpec(q, lm_head=quantize_lm_head, backend=backend)
+        return QuantSpec(q, backend=backend, **head)
     m = _INT4_RE.fullmatch(q)
     if m is None:
         raise QuantizationError(
@@ -108,7 +124,16 @@ def parse_quantization(quantization: str | None, *, quantize_lm_head: bool = Fal
             "'int4-g64', 'int4-g32', an asymmetric variant such as 'int4-asym' / 'int4-g64-asym', or 'gguf' "
             "(a GGUF file's own quantization)")
     group = int(m.group(1)) if m.group(1) else 128
-    return QuantSpec("int4", group, symmetric=m.group(2) != "-asym", lm_head=quantize_lm_head, backend=backend)
+    return QuantSpec("int4", group, symmetric=m.group(2) != "-asym", backend=backend, **head)
+
+
+def _head_fields(method: str, quantize_lm_head: bool | None) -> dict:
+    """QuantSpec's LM-head fields for the quantize_lm_head option (module docstring)."""
+    if quantize_lm_head is None:
+        if method in ("int8", "int4"):
+            return dict(lm_head=True, head_method="int8", head_optional=True)
+        return dict(lm_head=False)
+    return dict(lm_head=bool(quantize_lm_head))
 
 
 def checkpoint_quantization(hf_config: dict) -> str | None:
