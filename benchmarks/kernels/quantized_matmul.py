@@ -175,6 +175,13 @@ def time_us(run, args, calls_per_run: int, reps: int, dispatches: int) -> tuple[
     return float(np.median(ts)), float(np.min(ts))
 
 
+def _bytes_in_use():
+    try:
+        return int(jax.devices()[0].memory_stats()["bytes_in_use"])
+    except Exception:  # CPU: no allocator stats
+        return None
+
+
 def qf_grouped_max() -> int:
     from pallas_kernels.quantized_matmul import xla_fused
 
@@ -228,11 +235,17 @@ def run_configs(a, configs, result_name, t_start) -> list[dict]:
             try:
                 if fam not in cache:
                     make, nbytes = fams[fam]
+                    used0 = _bytes_in_use()
                     w0 = jax.block_until_ready(make(w))
+                    used1 = _bytes_in_use()
                     qbytes = nbytes(w0)
                     copies = 1 if a.quick else int(min(16, max(2, math.ceil(2 * L2_BYTES / qbytes))))
-                    cache[fam] = ([w0] + [jax.tree.map(jnp.copy, w0) for _ in range(copies - 1)], qbytes)
-                ws, qbytes = cache[fam]
+                    ws = [w0] + [jax.tree.map(jnp.copy, w0) for _ in range(copies - 1)]
+                    # allocator-measured bytes of one copy (checks that int4 is stored two a byte); None off GPU
+                    dev = None if None in (used0, used1) else used1 - used0
+                    cache[fam] = (ws, qbytes, dev)
+                ws, qbytes, dev = cache[fam]
+                row["device_bytes_one_copy"] = dev
                 est_us = max(qbytes / EST_BPS, 2.0 * M * K * N / EST_FLOPS) * 1e6
                 n = len(ws) if a.quick else int(min(MAX_UNROLL, max(len(ws), math.ceil(CALL_US / est_us))))
                 t0 = time.perf_counter()
@@ -311,6 +324,8 @@ def print_suggestion(s):
                   + ", ".join(f"({m}, {p}, {x:.2f}x)" for m, p, x in v["winners"]), flush=True)
     print(f"  int4 decode (M <= 16) best geomean: {s['int4_decode_best_geomean']} -> GPU_DEFAULT['int4'] = "
           f"{s['GPU_DEFAULT[int4]']!r}", flush=True)
+    print("  ('w8a8' rounds the activations to int8 too: check benchmarks/quality.py before making it a default)",
+          flush=True)
 
 
 # ---- driver -----------------------------------------------------------------------------------------------------

@@ -26,6 +26,14 @@ int4 (weights: the XLA-native layout of reference.py, q int4 [K, N] signed, scal
                             GROUPED_MAX_BYTES it falls back to the dequant form. mixed=True hands the dot the int4
                             operand itself (mixed-type dot) instead of q.astype(bf16).
 All take x [..., K] (bf16 or f32) and return [..., N] in out_dtype (default x.dtype).
+
+Why no seventh Pallas-Triton variant (a small-M split-K kernel on weights pre-shuffled for 16-byte loads): the
+kernel's weight blocks are already contiguous along N ([g/2, bn] bytes of a row-major [K/2, N] array: 128-byte
+coalesced rows), so a Marlin-style shuffle changes the load width, not the coalescing, and Pallas-Triton exposes
+neither the vector width nor cp.async / TMA staging beyond num_stages; six block / split-K / stage variants
+(results/kernel-quantized-matmul-sweep-2026-12-01.json) stayed at 0.4-0.9 TB/s. Without a measured reason that
+the shuffle is the bottleneck, the formulations above (which reuse XLA's own tuned GEMV / GEMM emitters) are the
+better bet; a Mosaic GPU kernel with explicit TMA pipelines is the follow-up if none of them reaches the target.
 """
 from __future__ import annotations
 
