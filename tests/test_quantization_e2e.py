@@ -105,6 +105,35 @@ def test_pallas_kernel_in_engine_matches_reference(tiny_llama_dir):
     assert _greedy(ker, prompts, n=4) == _greedy(ref, prompts, n=4)
 
 
+@pytest.mark.parametrize("quantization", ["int4-g32", "int4-g32-asym"])
+def test_native_int4_backend_in_engine_matches_reference(tiny_llama_dir, quantization):
+    """quantized_matmul='xla-int4': native int4 weights (jnp.int4 [in, out]) through the loader and the engine, the
+    formulation picked per bucket by the table; the same weights as the packed reference path, so the prompt
+    log-probs agree to float32 rounding (prefill buckets use the dequant form, decode the grouped one)."""
+    import jax.numpy as jnp
+
+    ref = jaxinfer.LLM(tiny_llama_dir, quantization=quantization, quantized_matmul="reference", **OPTS)
+    nat = jaxinfer.LLM(tiny_llama_dir, quantization=quantization, quantized_matmul="xla-int4", **OPTS)
+    qkv = nat.model.module().layers[0].attn.qkv
+    assert qkv.backend == "xla-int4" and qkv.q[...].dtype == jnp.int4 and (qkv.offset is None) == (
+        not quantization.endswith("asym"))
+    prompt = _prompt()
+    np.testing.assert_allclose(_prompt_logprobs(nat, prompt), _prompt_logprobs(ref, prompt), atol=1e-3, rtol=0)
+    prompts = [_prompt(seed=s, n=10) for s in range(2)]
+    assert _greedy(nat, prompts, n=4) == _greedy(ref, prompts, n=4)
+
+
+def test_w8a8_backend_in_engine_is_close(tiny_llama_dir, float_llm):
+    """quantized_matmul='w8a8' (int8 only): activations quantized per token too, so it is NOT the weight-only int8
+    model: its prompt log-probs are bounded against the float model (the int8 row's bound of
+    test_quantized_model_close_to_float, loosened 2x for the extra activation rounding)."""
+    llm = jaxinfer.LLM(tiny_llama_dir, quantization="int8", quantized_matmul="w8a8", **OPTS)
+    assert llm.model.module().layers[0].mlp.down.backend == "w8a8"
+    prompt = _prompt(n=120)
+    want, got = _prompt_logprobs(float_llm, prompt), _prompt_logprobs(llm, prompt)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.04
+
+
 def test_dummy_preset_quantizes_the_float_random_weights():
     from jaxinfer.models.quant import quantized_leaves
 

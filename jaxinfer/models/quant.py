@@ -25,7 +25,9 @@ the same group per byte (reference.pack_int4), so a row split at a group boundar
 kernels are NOT used: the layers run the XLA path (dequantize + dot), which XLA's SPMD partitioner splits like
 the float matmul (column-parallel: local; row-parallel: partial sums all-reduced), while a pallas_call would be
 gathered whole onto every device. (A per-shard shard_map of the kernel would need each replica's mesh inside
-the module, which data-parallel replicas sharing one graphdef cannot carry.)
+the module, which data-parallel replicas sharing one graphdef cannot carry.) W8A8 ('w8a8') is plain XLA and
+runs under TP as is; the native int4 layout ('xla-int4') is refused under TP / DP for now (Quantizer: sharded
+int4 arrays come out with another sub-byte layout than the compiled step expects).
 """
 from __future__ import annotations
 
@@ -336,6 +338,12 @@ class Quantizer:
     """
 
     def __init__(self, cfg, spec: QuantSpec, dtype, place=None):
+        if place is not None and weight_layout(spec) == "native":
+            # jax (0.10, CPU) hands out sharded int4 arrays unpacked while the step compiled for their shardings
+            # wants them packed (a layout mismatch at the first call); not yet verified on the GPU either.
+            raise QuantizationError(
+                "quantized_matmul='xla-int4' (native int4 weights) does not run with tensor or data parallelism "
+                "yet; use quantized_matmul='auto' (packed int4) or 'xla', or a single device")
         self.spec, self.dtype, self.place = spec, dtype, place
         self.modules = quantized_module_paths(cfg, spec)
 
