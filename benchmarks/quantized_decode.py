@@ -36,7 +36,7 @@ def weight_breakdown(loaded) -> dict:
     out = {"quantized_linears": 0, "float_linears": 0, "embed": 0, "lm_head": 0, "other": 0}
     state = jax.tree.unflatten(loaded.treedef, loaded.params)
     for path, leaf in jax.tree_util.tree_leaves_with_path(state):
-        n = int(leaf.size) * leaf.dtype.itemsize
+        n = (int(leaf.size) * (4 if leaf.dtype.name in ("int4", "uint4") else 8 * leaf.dtype.itemsize) + 7) // 8
         keys = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
         last = next((k for k in reversed(keys) if k in ("q", "scale", "offset", "w", "b")), "")
         if keys and keys[0] == "embed":
@@ -55,8 +55,10 @@ def weight_breakdown(loaded) -> dict:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="llama3-8b")
-    ap.add_argument("--methods", nargs="+", default=["bf16", "int8", "int4", "fp8", "int4+head"],
-                    help="bf16 | int8 | int4[-g64|-asym...] | fp8, '+head' also quantizes the LM head")
+    ap.add_argument("--methods", nargs="+", default=["bf16", "int8", "int4", "fp8", "int8:w8a8", "int4:xla-int4"],
+                    help="bf16 | int8 | int4[-g64|-asym...] | fp8, then optionally ':<quantized_matmul backend>' "
+                         "(w8a8, xla-int4, pallas, xla) and '+head' (the LM head in the model's method) or "
+                         "'+floathead' (a float head; default: int8 head for int8 / int4)")
     ap.add_argument("--throughput-methods", nargs="*", default=["bf16", "fp8", "int8"])
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
@@ -79,7 +81,7 @@ def main():
         a.model, a.new_tokens, a.prompt_len = "tiny-llama", 8, 8
         a.num_requests, a.tp_prompt_len, a.output_len = 4, 16, 4
         a.max_num_seqs, a.max_num_batched_tokens, a.num_pages, a.kv_request_len = 4, 64, 64, 128
-        a.methods = [m.replace("int4", "int4-g32") if m.startswith("int4") and "-g" not in m else m
+        a.methods = [m.replace("int4", "int4-g32", 1) if m.startswith("int4") and "-g" not in m else m
                      for m in a.methods]
     t_start = time.perf_counter()
     bw = measure_hbm_bandwidth(0.05 if a.smoke else 2.0, 3 if a.smoke else 20)
@@ -91,11 +93,14 @@ def main():
             print(f"{method}: skipped (time budget)", flush=True)
             rows.append(dict(method=method, skipped="time budget"))
             continue
-        quant, head = method.split("+")[0], method.endswith("+head")
+        spec_part, _, head_part = method.partition("+")
+        quant, _, backend = spec_part.partition(":")
+        head = {"": None, "head": True, "floathead": False}[head_part]
         t0 = time.perf_counter()
         llm = LLM(a.model, load_format="dummy", max_model_len=1024 if not a.smoke else 256,
                   max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
-                  num_pages=a.num_pages, quantization=None if quant == "bf16" else quant, quantize_lm_head=head,
+                  num_pages=a.num_pages, quantization=None if quant == "bf16" else quant,
+                  quantize_lm_head=None if quant == "bf16" else head, quantized_matmul=backend or "auto",
                   progress=False)
         row = dict(method=method, startup_s=time.perf_counter() - t0, weight_GB=llm.model.num_bytes / 1e9,
                    weights=weight_breakdown(llm.model))

@@ -24,7 +24,9 @@ def add_model_args(p: argparse.ArgumentParser):
     p.add_argument("--quantization", default=None,
                    help="quantize weights on load: int8 | int4 | int4-g64 | int4-g32 | int4-asym | fp8 (W8A8); "
                         "gguf: keep a GGUF file's own Q4_0 / Q4_1 / Q4_K weights quantized")
-    p.add_argument("--quantize-lm-head", action="store_true", help="quantize the LM head too (untied models)")
+    p.add_argument("--quantize-lm-head", action=argparse.BooleanOptionalAction, default=None,
+                   help="the LM head in the model's quantization (untied models); --no-quantize-lm-head: a float "
+                        "head; default: an int8 head for int8 / int4 models")
     par = p.add_argument_group("parallelism (README: several GPUs and hosts)")
     par.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="devices one model is split over")
     par.add_argument("--data-parallel-size", "-dp", type=int, default=1,

@@ -281,13 +281,20 @@ class SpeculativeConfig:
 #                 "fp8"             e4m3 weights with per-channel scales, activations quantized per token (W8A8)
 #                 "gguf"            GGUF files only: keep the file's own Q4_0 / Q4_1 / Q4_K linear weights quantized
 #                                   (int4, group 32) instead of dequantizing them; see weights/gguf_quant.py
-#   quantize_lm_head: also quantize the LM head (untied models only); embeddings always stay in the model dtype.
-#   quantized_matmul: "auto" (the Pallas kernel on GPU for int8/int4, XLA's native fp8 dot for fp8, the jnp
-#                 reference on CPU), "reference", "xla", or "pallas" (interpret mode on CPU: slow, for tests).
+#   quantize_lm_head: None (default): int8 and int4 models get an int8 LM head when the model has its own (untied)
+#                head, so the whole decode step streams quantized weights (a tied head stays the float embedding);
+#                fp8 models keep a float head. True: the head in the model's own method (untied models only, an
+#                error otherwise). False: a float head. Embeddings always stay in the model dtype.
+#   quantized_matmul: "auto" (on GPU the per-M table of models/quant_paths.py for int8/int4 — the Pallas kernel
+#                at every M until the GPU sweep fills it — and XLA's native fp8 dot for fp8; the jnp reference on
+#                CPU), "reference", "xla", "pallas" (interpret mode on CPU: slow, for tests), "w8a8" (int8 only:
+#                activations quantized per token to int8, XLA's int8 dot; changes numerics) or "xla-int4" (int4
+#                only: XLA-native int4 weights, formulation per M from the table).
 
 QUANT_METHODS = ("int8", "int4", "fp8")
 INT4_GROUP_SIZES = (32, 64, 128)
-MATMUL_BACKENDS = ("auto", "reference", "xla", "pallas")
+MATMUL_BACKENDS = ("auto", "reference", "xla", "pallas", "w8a8", "xla-int4")
+_BACKEND_METHODS = {"w8a8": "int8", "xla-int4": "int4"}   # backends for one method only
 _INT4_RE = re.compile(r"int4(?:-g(\d+))?(-asym|-sym)?")
 
 
@@ -301,6 +308,8 @@ class QuantSpec:
     group_size: int | None = None  # int4 only
     symmetric: bool = True      # int4 round-to-nearest: symmetric [-8, 7] or asymmetric [0, 15] with zero points
     lm_head: bool = False       # quantize the LM head too
+    head_method: str | None = None  # the LM head's method when it differs from `method` (the int8 default head)
+    head_optional: bool = False  # a tied model (no head of its own) keeps its embedding head without an error
     backend: str = "auto"       # quantized_matmul option (see the module docstring)
     # Decoder projections that stay float Linears, as module paths ('layers', i, 'attn', 'qkv'): the layers of a
     # GGUF file whose type cannot be kept quantized (weights/gguf_quant.py). Empty for quantization on load.
@@ -317,10 +326,23 @@ class QuantSpec:
             raise QuantizationError(f"{self.method} is per-channel symmetric: no group size or zero points")
         if self.backend not in MATMUL_BACKENDS:
             raise QuantizationError(f"quantized_matmul must be one of {MATMUL_BACKENDS}, got {self.backend!r}")
+        only = _BACKEND_METHODS.get(self.backend)
+        if only is not None and self.method != only:
+            raise QuantizationError(
+                f"quantized_matmul={self.backend!r} is for {only} models only, not {self.name}; use 'auto'")
         if self.method == "fp8" and self.backend == "pallas":
             raise QuantizationError(
                 "fp8 (W8A8) runs through XLA's native fp8 dot, there is no Pallas fp8 kernel; use "
                 "quantized_matmul='auto' or 'xla'")
+
+    def head_spec(self) -> "QuantSpec":
+        """The spec the LM head is quantized with (meaningful when lm_head): int8 for the default head of an
+        int4 model, else this spec. A backend for another method only ('xla-int4') becomes 'auto' for it."""
+        method = self.head_method or self.method
+        if method == self.method:
+            return self
+        backend = self.backend if _BACKEND_METHODS.get(self.backend, method) == method else "auto"
+        return QuantSpec(method, None, lm_head=True, backend=backend)
 
     @property
     def name(self) -> str:
@@ -341,10 +363,11 @@ class KeepGGUFQuantization:
             raise QuantizationError(f"quantized_matmul must be one of {MATMUL_BACKENDS}, got {self.backend!r}")
 
 
-def parse_quantization(quantization: str | None, *, quantize_lm_head: bool = False,
+def parse_quantization(quantization: str | None, *, quantize_lm_head: bool | None = None,
                        backend: str = "auto") -> QuantSpec | KeepGGUFQuantization | None:
     """'int8' | 'int4[-g32|-g64|-g128][-asym]' | 'fp8' | 'gguf' | None -> QuantSpec (None: no quantization;
-    'gguf': KeepGGUFQuantization, resolved against the file at load)."""
+    'gguf': KeepGGUFQuantization, resolved against the file at load). quantize_lm_head: see the comment above
+    (None: the int8 head of int8 / int4 models)."""
     if quantization is None or quantization in ("none", ""):
         if quantize_lm_head:
             raise QuantizationError("quantize_lm_head=True needs quantization='int8', 'int4' or 'fp8'")
@@ -359,8 +382,9 @@ def parse_quantization(quantization: str | None, *, quantize_lm_head: bool = Fal
                 "embedding) stays float; drop quantize_lm_head, or use quantization='int8' / 'int4' / 'fp8' to "
                 "re-quantize the dequantized weights")
         return KeepGGUFQuantization(backend)
+    head = _head_fields(q.split("-")[0], quantize_lm_head)
     if q in ("int8", "fp8"):
-        return QuantSpec(q, lm_head=quantize_lm_head, backend=backend)
+        return QuantSpec(q, backend=backend, **head)
     m = _INT4_RE.fullmatch(q)
     if m is None:
         raise QuantizationError(
@@ -368,7 +392,16 @@ def parse_quantization(quantization: str | None, *, quantize_lm_head: bool = Fal
             "'int4-g64', 'int4-g32', an asymmetric variant such as 'int4-asym' / 'int4-g64-asym', or 'gguf' "
             "(a GGUF file's own quantization)")
     group = int(m.group(1)) if m.group(1) else 128
-    return QuantSpec("int4", group, symmetric=m.group(2) != "-asym", lm_head=quantize_lm_head, backend=backend)
+    return QuantSpec("int4", group, symmetric=m.group(2) != "-asym", backend=backend, **head)
+
+
+def _head_fields(method: str, quantize_lm_head: bool | None) -> dict:
+    """QuantSpec's LM-head fields for the quantize_lm_head option (the comment above)."""
+    if quantize_lm_head is None:
+        if method in ("int8", "int4"):
+            return dict(lm_head=True, head_method="int8", head_optional=True)
+        return dict(lm_head=False)
+    return dict(lm_head=bool(quantize_lm_head))
 
 
 def checkpoint_quantization(hf_config: dict) -> str | None:
@@ -425,8 +458,9 @@ class EngineConfig:
         up to the longest context: CPU) or "auto".
     quantization: quantize the weights on load: None, "int8", "int4" ("int4-g64", "int4-g32", "-asym" variants)
         or "fp8" (W8A8), or "gguf" (keep a GGUF file's Q4_0 / Q4_1 / Q4_K projections int4: weights/gguf_quant.py);
-        quantize_lm_head: the LM head too (embeddings stay unquantized); quantized_matmul:
-        "auto" | "reference" | "xla" | "pallas" (see QuantSpec above).
+        quantize_lm_head: None (default: an int8 head for int8 / int4 models with an untied head), True (the
+        head in the model's method) or False (a float head); embeddings stay unquantized. quantized_matmul:
+        "auto" | "reference" | "xla" | "pallas" | "w8a8" | "xla-int4" (see QuantSpec above).
     tensor_parallel_size: devices one model replica is split over (jaxinfer/parallel.py).
     data_parallel_size: model replicas on disjoint device groups; requests go to the least-loaded replica.
     kv_cache_dtype: "auto" (the model dtype), "fp8" (e4m3) or "int8": quantized KV pages with one float32
@@ -453,7 +487,7 @@ class EngineConfig:
     enforce_eager: bool = False
     compilation_cache_dir: str | None = None
     quantization: str | None = None
-    quantize_lm_head: bool = False
+    quantize_lm_head: bool | None = None
     quantized_matmul: str = "auto"
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1

@@ -59,6 +59,10 @@ def test_quantized_model_equals_transformers_with_dequantized_weights(tiny_llama
                         qt = quantize_rtn(lin.weight.numpy().T, spec.method, group_size=spec.group_size,
                                           symmetric=spec.symmetric)
                         lin.weight.copy_(torch.from_numpy(qt.dequantize().T.copy()))
+        # the default LM head of int8 / int4 models is int8 (per-channel RTN) for an untied head like this one
+        assert not model.config.tie_word_embeddings
+        head = quantize_rtn(model.lm_head.weight.numpy().T, "int8")
+        model.lm_head.weight.copy_(torch.from_numpy(head.dequantize().T.copy()))
         prompt = _prompt()
         logits = model(torch.tensor([prompt])).logits[0].double()
         ref = torch.log_softmax(logits, -1)[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].numpy()
@@ -101,6 +105,35 @@ def test_pallas_kernel_in_engine_matches_reference(tiny_llama_dir):
     assert _greedy(ker, prompts, n=4) == _greedy(ref, prompts, n=4)
 
 
+@pytest.mark.parametrize("quantization", ["int4-g32", "int4-g32-asym"])
+def test_native_int4_backend_in_engine_matches_reference(tiny_llama_dir, quantization):
+    """quantized_matmul='xla-int4': native int4 weights (jnp.int4 [in, out]) through the loader and the engine, the
+    formulation picked per bucket by the table; the same weights as the packed reference path, so the prompt
+    log-probs agree to float32 rounding (prefill buckets use the dequant form, decode the grouped one)."""
+    import jax.numpy as jnp
+
+    ref = jaxinfer.LLM(tiny_llama_dir, quantization=quantization, quantized_matmul="reference", **OPTS)
+    nat = jaxinfer.LLM(tiny_llama_dir, quantization=quantization, quantized_matmul="xla-int4", **OPTS)
+    qkv = nat.model.module().layers[0].attn.qkv
+    assert qkv.backend == "xla-int4" and qkv.q[...].dtype == jnp.int4 and (qkv.offset is None) == (
+        not quantization.endswith("asym"))
+    prompt = _prompt()
+    np.testing.assert_allclose(_prompt_logprobs(nat, prompt), _prompt_logprobs(ref, prompt), atol=1e-3, rtol=0)
+    prompts = [_prompt(seed=s, n=10) for s in range(2)]
+    assert _greedy(nat, prompts, n=4) == _greedy(ref, prompts, n=4)
+
+
+def test_w8a8_backend_in_engine_is_close(tiny_llama_dir, float_llm):
+    """quantized_matmul='w8a8' (int8 only): activations quantized per token too, so it is NOT the weight-only int8
+    model: its prompt log-probs are bounded against the float model (the int8 row's bound of
+    test_quantized_model_close_to_float, loosened 2x for the extra activation rounding)."""
+    llm = jaxinfer.LLM(tiny_llama_dir, quantization="int8", quantized_matmul="w8a8", **OPTS)
+    assert llm.model.module().layers[0].mlp.down.backend == "w8a8"
+    prompt = _prompt(n=120)
+    want, got = _prompt_logprobs(float_llm, prompt), _prompt_logprobs(llm, prompt)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.04
+
+
 def test_dummy_preset_quantizes_the_float_random_weights():
     from jaxinfer.weights.quantize import quantized_leaves
 
@@ -133,7 +166,8 @@ def test_params_from_quantized_tensors(tiny_llama_dir):
             tensors[name] = arr
     loaded = params_from_quantized(resolve_model(tiny_llama_dir), tensors, "float32")
     assert loaded.quantization.name == "int4-g32-asym"
-    rtn = jaxinfer.LLM(tiny_llama_dir, quantization="int4-g32-asym", **OPTS).model
+    # a reader's float head stays float (spec_of_tensors); on-load quantization's default int8 head is off here
+    rtn = jaxinfer.LLM(tiny_llama_dir, quantization="int4-g32-asym", quantize_lm_head=False, **OPTS).model
     assert len(loaded.params) == len(rtn.params)
     for a, b in zip(loaded.params, rtn.params):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -179,6 +213,32 @@ def test_quantized_lm_head_needs_an_untied_head(tiny_llama_dir, tmp_path):
     path = _edited_copy(tiny_llama_dir, tmp_path / "tied", tie_word_embeddings=True)
     with pytest.raises(QuantizationError, match="ties its LM head to the embeddings"):
         jaxinfer.LLM(path, quantization="int8", quantize_lm_head=True, **OPTS)
+
+
+@pytest.mark.parametrize("quantization,head,want", [("int4-g32", None, "int8"), ("int8", None, "int8"),
+                                                    ("fp8", None, None), ("int4-g32", False, None),
+                                                    ("int4-g32", True, "int4")])
+def test_lm_head_quantization_default(quantization, head, want):
+    """quantize_lm_head=None (the default): int8 and int4 models get an int8 LM head (the whole decode step streams
+    quantized weights); fp8 and quantize_lm_head=False keep the float head; True: the model's own method."""
+    from jaxinfer.models.layers import Linear
+    from jaxinfer.models.quant_linear import QuantLinear
+
+    q = jaxinfer.LLM("tiny-llama", load_format="dummy", quantization=quantization, quantize_lm_head=head, **OPTS)
+    lm = q.model.module().lm_head
+    if want is None:
+        assert isinstance(lm, Linear)
+    else:
+        assert isinstance(lm, QuantLinear) and lm.method == want
+    assert len(_greedy(q, [[5, 6, 7]], n=2)[0]) == 2
+
+
+def test_default_int8_head_skips_a_tied_head(tiny_llama_dir, tmp_path):
+    """A tied model keeps its embedding as the head under the default (no error; only True asks for a head)."""
+    path = _edited_copy(tiny_llama_dir, tmp_path / "tied_default", tie_word_embeddings=True)
+    llm = jaxinfer.LLM(path, quantization="int4-g32", **OPTS)
+    assert llm.model.module().lm_head is None
+    assert len(_greedy(llm, [[5, 6, 7]], n=2)[0]) == 2
 
 
 def test_cli_flag():

@@ -2,7 +2,8 @@
 implementations (the jnp reference, XLA's dequantize + dot or fp8 dot, the Pallas kernels).
 
 The weights are filled at load by weights/quantize.py (quantize on load) or from pre-quantized checkpoints; which
-matmul runs is fixed when the module is built (a static attribute, so the split-once-at-load graph carries it).
+matmul runs is fixed when the module is built (a static attribute, so the split-once-at-load graph carries it)
+and, for the 'auto' / 'xla-int4' backends, per traced step size M from the table in models/quant_paths.py.
 Under tensor parallelism the XLA path runs (weights/quantize.py's docstring says why).
 """
 from __future__ import annotations
@@ -14,9 +15,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxinfer.config import QuantizationError, QuantSpec
+from jaxinfer.models import quant_paths
+from jaxinfer.models.quant_paths import quantized_matmul
 from pallas_kernels.quantized_matmul import kernel as qmm_kernel
 from pallas_kernels.quantized_matmul import reference as qmm_ref
-from pallas_kernels.quantized_matmul import xla as qmm_xla
 
 log = logging.getLogger("jaxinfer")
 
@@ -38,23 +40,32 @@ def check_quantized_shape(shape, method: str, group_size: int | None, name: str 
 
 
 def resolve_backend(spec: QuantSpec, platform: str | None = None) -> str:
-    """'reference' | 'xla' | 'pallas' | 'pallas-interpret' for this spec on this platform."""
+    """'reference' | 'xla' | 'pallas' | 'pallas-interpret' | 'auto' | 'w8a8' | 'xla-int4' for this spec on this
+    platform (models/quant_paths.py: what each runs, and the per-M table behind 'auto')."""
     platform = platform or jax.default_backend()
     on_cpu = platform == "cpu"
     if spec.backend == "auto":
         if on_cpu:
             return "reference"
-        return "xla" if spec.method == "fp8" else "pallas"
+        return quant_paths.GPU_DEFAULT[spec.method]
     if spec.backend == "pallas":
         return "pallas-interpret" if on_cpu else "pallas"
     return spec.backend
 
 
+def weight_layout(spec: QuantSpec, platform: str | None = None) -> str:
+    """The device layout of this spec's QuantLinear leaves: int4 'native' (jnp.int4 [K, N]) or 'packed'
+    (uint8 [K/2, N]); int8 'kn'; fp8 'nk'."""
+    return quant_paths.weight_layout_of(spec.method, resolve_backend(spec, platform))
+
+
 class QuantLinear(nnx.Module):
     """y = x @ dequantize(W) (+ b), W quantized in one of the layouts of quantized_matmul/reference.py.
 
-    Leaves: q (int8 [in, out] | packed uint8 [in/2, out] | e4m3 [out, in]), scale, offset (int4 only), b.
-    `backend` is static: 'reference' | 'xla' | 'pallas' | 'pallas-interpret'.
+    Leaves: q (int8 [in, out] | packed uint8 [in/2, out] | int4 [in, out] | e4m3 [out, in]), scale, offset
+    (int4 only; none for symmetric weights in the native int4 layout), b.
+    `backend` is static (resolve_backend); with 'auto' / 'xla-int4' the path is picked per call from the
+    static token count M (models/quant_paths.py).
     axes: logical names of (in, out) of the float weight (layers.Linear); every leaf carries them on its
     matching dimensions (int4's group dimension counts as `in`), so jaxinfer.parallel shards it likewise."""
 
@@ -73,6 +84,12 @@ class QuantLinear(nnx.Module):
             self.q = nnx.Param(jnp.zeros((K, N), jnp.int8), logical_axes=(ax_in, ax_out))
             self.scale = nnx.Param(jnp.zeros((N,), jnp.float32), logical_axes=(ax_out,))
             self.offset = None
+        elif spec.method == "int4" and quant_paths.weight_layout_of("int4", backend) == "native":
+            G = K // spec.group_size
+            self.q = nnx.Param(jnp.zeros((K, N), jnp.int4), logical_axes=(ax_in, ax_out))
+            self.scale = nnx.Param(jnp.zeros((G, N), dtype), logical_axes=(ax_in, ax_out))
+            self.offset = (None if spec.symmetric
+                           else nnx.Param(jnp.zeros((G, N), dtype), logical_axes=(ax_in, ax_out)))
         elif spec.method == "int4":
             G = K // spec.group_size
             self.q = nnx.Param(jnp.zeros((K // 2, N), jnp.uint8), logical_axes=(ax_in, ax_out))
@@ -91,32 +108,3 @@ class QuantLinear(nnx.Module):
         if self.b is not None:
             y = y + self.b[...]
         return y
-
-
-# The Pallas kernel serves every M by default (small-M split-K and large-M tile configurations). Should the
-# H200 benchmark (benchmarks/kernels/quantized_matmul.py) show XLA's dequantize + dot winning above some M, set
-# the threshold here: steps with more tokens than this use the XLA path.
-PALLAS_MAX_M = {"int8": 1 << 30, "int4": 1 << 30}
-
-
-def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, backend="reference",
-                     out_dtype=None):
-    """One entry point over the three implementations (see QuantLinear)."""
-    if backend == "pallas" and method != "fp8" and x.size // x.shape[-1] > PALLAS_MAX_M[method]:
-        backend = "xla"
-    if method == "fp8":
-        fn = qmm_ref.fp8_matmul_reference if backend == "reference" else qmm_xla.fp8_matmul_xla
-        return fn(x, q, scale, out_dtype=out_dtype)
-    if backend == "reference":
-        if method == "int8":
-            return qmm_ref.int8_matmul_reference(x, q, scale, out_dtype=out_dtype)
-        return qmm_ref.int4_matmul_reference(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype)
-    if backend == "xla":
-        if method == "int8":
-            return qmm_xla.int8_matmul_xla(x, q, scale, out_dtype=out_dtype)
-        return qmm_xla.int4_matmul_xla(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype)
-    interpret = backend == "pallas-interpret"
-    if method == "int8":
-        return qmm_kernel.int8_matmul(x, q, scale, out_dtype=out_dtype, interpret=interpret)
-    return qmm_kernel.int4_matmul(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype,
-                                  interpret=interpret)

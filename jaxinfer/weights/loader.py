@@ -63,7 +63,10 @@ class LoadedModel:
 
     @property
     def num_bytes(self) -> int:
-        return sum(int(p.size) * p.dtype.itemsize for p in self.params)
+        """Device bytes of the weights; 4-bit arrays (the native int4 layout) count two values a byte, as XLA
+        stores them on the GPU."""
+        return sum((int(p.size) * (4 if p.dtype.name in ("int4", "uint4") else 8 * p.dtype.itemsize) + 7) // 8
+                   for p in self.params)
 
 
 class ModelNotFoundError(FileNotFoundError):

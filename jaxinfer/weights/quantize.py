@@ -12,8 +12,10 @@ asked). Embeddings and norms stay in the model dtype.
                                        zero = round(-min / scale), q in [0, 15]
   fp8   e4m3, per-channel:             scale = max|w| / 448; activations get a dynamic per-token scale (W8A8)
 
-Which matmul the QuantLinears run is fixed when they are built (models/quant_linear.resolve_backend): the Pallas
-kernel on GPU for int8/int4, XLA's fp8 dot for fp8, the jnp reference on CPU.
+Which matmul runs is fixed when the module is built (a static attribute, so the split-once-at-load graph
+carries it) and, for the 'auto' / 'xla-int4' backends, per traced step size M from the table in
+models/quant_paths.py (the Pallas kernel on GPU for int8/int4 by default, XLA's fp8 dot for fp8, the jnp
+reference on CPU). The 'xla-int4' backend stores int4 weights in the XLA-native layout (jnp.int4 [in, out]).
 
 Tensor parallelism (jaxinfer/parallel.py). Every leaf of a QuantLinear declares the logical axes of the float
 weight it replaces, so the one RULES table splits q / scale / offset exactly like the float weight: column-
@@ -24,7 +26,9 @@ the same group per byte (reference.pack_int4), so a row split at a group boundar
 kernels are NOT used: the layers run the XLA path (dequantize + dot), which XLA's SPMD partitioner splits like
 the float matmul (column-parallel: local; row-parallel: partial sums all-reduced), while a pallas_call would be
 gathered whole onto every device. (A per-shard shard_map of the kernel would need each replica's mesh inside
-the module, which data-parallel replicas sharing one graphdef cannot carry.)
+the module, which data-parallel replicas sharing one graphdef cannot carry.) W8A8 ('w8a8') is plain XLA and
+runs under TP as is; the native int4 layout ('xla-int4') is refused under TP / DP for now (Quantizer: sharded
+int4 arrays come out with another sub-byte layout than the compiled step expects).
 """
 from __future__ import annotations
 
@@ -38,7 +42,9 @@ import numpy as np
 
 from jaxinfer.config import QuantizationError, QuantSpec
 from jaxinfer.models.layers import Linear
-from jaxinfer.models.quant_linear import QuantLinear, check_quantized_shape, resolve_backend
+from jaxinfer.models.quant_linear import (QuantLinear, check_quantized_shape, resolve_backend,  # noqa: F401
+                                          weight_layout)
+from jaxinfer.models.quant_paths import quantized_matmul  # noqa: F401  (re-exported: the layers' entry point)
 from jaxinfer.weights.quant_tensor import QuantizedTensor, concat_out
 from pallas_kernels.quantized_matmul import reference as qmm_ref
 
@@ -87,9 +93,18 @@ def quantize_rtn(w, method: str, *, group_size: int | None = None, symmetric: bo
 
 
 # ---- device form --------------------------------------------------------------------------------------------
-@functools.partial(jax.jit, static_argnames=("method", "group_size", "dtype"))
-def _device_leaves(q, scale, zero, *, method: str, group_size: int | None, dtype):
-    """(q, scale, zero) in QuantizedTensor conventions -> the QuantLinear leaves (reference.py layouts)."""
+@functools.partial(jax.jit, static_argnames=("method", "group_size", "dtype", "layout"))
+def _device_leaves(q, scale, zero, *, method: str, group_size: int | None, dtype, layout: str = "packed"):
+    """(q, scale, zero) in QuantizedTensor conventions -> the QuantLinear leaves (reference.py layouts).
+    layout (int4 only): 'packed' (uint8 [K/2, N], the Pallas kernel's) or 'native' (int4 [K, N], XLA's packed s4;
+    no offset leaf for symmetric weights: W = q * scale)."""
+    if method == "int4" and layout == "native":
+        scale = scale.astype(jnp.float32)
+        if zero is None:
+            return {"q": q.astype(jnp.int4), "scale": scale.astype(dtype)}
+        q4 = (q.astype(jnp.int32) - 8).astype(jnp.int4)                       # u - 8; W = (q4 + 8 - zero) * s
+        offset = (8.0 - zero.astype(jnp.float32)) * scale
+        return {"q": q4, "scale": scale.astype(dtype), "offset": offset.astype(dtype)}
     if method == "int8":
         return {"q": q.astype(jnp.int8), "scale": scale.astype(jnp.float32)}
     if method == "fp8":
@@ -104,7 +119,8 @@ def _device_leaves(q, scale, zero, *, method: str, group_size: int | None, dtype
 
 
 @functools.lru_cache(maxsize=None)
-def _sharded_leaves_fn(rtn: bool, method: str, group_size: int | None, symmetric: bool, dtype, shardings: tuple):
+def _sharded_leaves_fn(rtn: bool, method: str, group_size: int | None, symmetric: bool, dtype, shardings: tuple,
+                       layout: str = "packed"):
     """A jitted (w) -> leaves (rtn) or (q, scale, zero) -> leaves whose outputs land in `shardings` (a tuple of
     (leaf name, NamedSharding)): from sharded inputs each device computes only its own block of every leaf.
     Cached per layer kind, so a model compiles one program per distinct projection shape, as without TP."""
@@ -112,27 +128,32 @@ def _sharded_leaves_fn(rtn: bool, method: str, group_size: int | None, symmetric
     def fn(*args):
         if rtn:
             args = _rtn(args[0], method=method, group_size=group_size, symmetric=symmetric)
-        return _device_leaves(*args, method=method, group_size=group_size, dtype=dtype)
+        return _device_leaves(*args, method=method, group_size=group_size, dtype=dtype, layout=layout)
 
     return jax.jit(fn, out_shardings=dict(shardings))
 
 
-def quantized_leaves(w, spec: QuantSpec, dtype, shardings: dict | None = None) -> dict[str, jax.Array]:
+def quantized_leaves(w, spec: QuantSpec, dtype, shardings: dict | None = None,
+                     layout: str | None = None) -> dict[str, jax.Array]:
     """Float weight [in, out] (numpy or device array) -> the QuantLinear leaves, quantized on the device.
     shardings (leaf name -> NamedSharding): w is a jax.Array already split like the float weight (see
     `Quantizer`) and the leaves come out split by their logical axes (a row-parallel weight's per-channel amax
-    is the only cross-device step: an all-reduce of [out])."""
+    is the only cross-device step: an all-reduce of [out]). layout: int4 'packed' | 'native' (default: the one
+    the spec's backend runs on, `weight_layout`)."""
     check_quantized_shape(np.shape(w), spec.method, spec.group_size)
+    layout = layout or weight_layout(spec)
     if shardings is not None:
         fn = _sharded_leaves_fn(True, spec.method, spec.group_size, spec.symmetric, dtype,
-                                tuple(sorted(shardings.items())))
+                                tuple(sorted(shardings.items())), layout)
         return fn(w)
     q, scale, zero = _rtn(jnp.asarray(w), method=spec.method, group_size=spec.group_size,
                           symmetric=spec.symmetric)
-    return _device_leaves(q, scale, zero, method=spec.method, group_size=spec.group_size, dtype=dtype)
+    return _device_leaves(q, scale, zero, method=spec.method, group_size=spec.group_size, dtype=dtype,
+                          layout=layout)
 
 
-def tensor_leaves(qt: QuantizedTensor, dtype, shardings: dict | None = None, in_shardings=None) -> dict[str, jax.Array]:
+def tensor_leaves(qt: QuantizedTensor, dtype, shardings: dict | None = None, in_shardings=None,
+                  layout: str = "packed") -> dict[str, jax.Array]:
     """A QuantizedTensor (RTN or a checkpoint reader) -> the QuantLinear leaves on the device.
     shardings (leaf name -> NamedSharding) with in_shardings (the NamedShardings of qt's q [in, out] and of its
     scale / zero): each device is sent only its block of q, scale and zero (host -> device), then converts it."""
@@ -147,11 +168,12 @@ def tensor_leaves(qt: QuantizedTensor, dtype, shardings: dict | None = None, in_
         put = lambda a, sh: jax.make_array_from_callback(a.shape, sh, lambda idx: a[idx])  # noqa: E731
         args = (put(qt.q, q_sharding), put(qt.scale, scale_sharding),
                 None if qt.zero is None else put(qt.zero, scale_sharding))
-        fn = _sharded_leaves_fn(False, qt.kind, qt.group_size, True, dtype, tuple(sorted(shardings.items())))
+        fn = _sharded_leaves_fn(False, qt.kind, qt.group_size, True, dtype, tuple(sorted(shardings.items())),
+                                layout)
         return fn(*args)
     zero = None if qt.zero is None else jnp.asarray(qt.zero)
     return _device_leaves(jnp.asarray(qt.q), jnp.asarray(qt.scale), zero, method=qt.kind,
-                          group_size=qt.group_size, dtype=dtype)
+                          group_size=qt.group_size, dtype=dtype, layout=layout)
 
 
 def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None, tp: int = 1):
@@ -160,12 +182,15 @@ def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None, t
     load: nothing is allocated.
     tp: the tensor-parallel degree: the Pallas backends become the XLA path (module docstring), and int4 groups
     must not straddle the devices of a row-parallel layer (QuantizationError otherwise)."""
-    backend = backend or resolve_backend(spec)
-    if tp > 1 and backend.startswith("pallas"):
-        log.info("tensor_parallel_size=%d: quantized layers use the XLA matmul, not the Pallas kernel", tp)
-        backend = "xla"
+    def tp_backend(b: str) -> str:
+        if tp > 1 and (b.startswith("pallas") or b == "auto"):  # 'auto': its table may pick Pallas
+            log.info("tensor_parallel_size=%d: quantized layers use the XLA matmul, not the Pallas kernel", tp)
+            return "xla"
+        return b
 
-    def swap(lin: Linear, name: str) -> QuantLinear:
+    layer_backend = tp_backend(backend or resolve_backend(spec))
+
+    def swap(lin: Linear, name: str, spec: QuantSpec = spec, backend: str = layer_backend) -> QuantLinear:
         K, N = lin.w.shape
         axes = tuple(lin.w.get_metadata().get("logical_axes") or (None, None))
         if spec.method == "int4" and tp > 1:
@@ -179,12 +204,14 @@ def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None, t
                 continue
             owner = getattr(layer, parent)
             setattr(owner, attr, swap(getattr(owner, attr), f"layers.{i}.{parent}.{attr}"))
-    if spec.lm_head:
+    if spec.lm_head and not (model.lm_head is None and spec.head_optional):
         if model.lm_head is None:
             raise QuantizationError(
                 "quantize_lm_head=True but this model ties its LM head to the embeddings, which stay unquantized;"
                 " drop quantize_lm_head")
-        model.lm_head = swap(model.lm_head, "lm_head")
+        head = spec.head_spec()
+        head_backend = layer_backend if head is spec else tp_backend(resolve_backend(head))
+        model.lm_head = swap(model.lm_head, "lm_head", head, head_backend)
     return model
 
 
@@ -207,7 +234,7 @@ def _check_groups_per_shard(name: str, K: int, in_axis, group_size: int, tp: int
 def quantized_module_paths(cfg, spec: QuantSpec) -> set[tuple]:
     """Paths (in the nnx pure dict) of the QuantLinear modules: ('layers', i, 'attn', 'qkv'), ..., ('lm_head',)."""
     paths = {("layers", i) + p for i in range(cfg.num_layers) for p in LAYER_LINEARS} - spec.float_modules
-    if spec.lm_head:
+    if spec.lm_head and not (spec.head_optional and cfg.tie_word_embeddings):
         paths.add(("lm_head",))
     return paths
 
@@ -225,8 +252,18 @@ class Quantizer:
     """
 
     def __init__(self, cfg, spec: QuantSpec, dtype, place=None):
+        if place is not None and weight_layout(spec) == "native":
+            # jax (0.10, CPU) hands out sharded int4 arrays unpacked while the step compiled for their shardings
+            # wants them packed (a layout mismatch at the first call); not yet verified on the GPU either.
+            raise QuantizationError(
+                "quantized_matmul='xla-int4' (native int4 weights) does not run with tensor or data parallelism "
+                "yet; use quantized_matmul='auto' (packed int4) or 'xla', or a single device")
         self.spec, self.dtype, self.place = spec, dtype, place
         self.modules = quantized_module_paths(cfg, spec)
+
+    def _spec(self, module: tuple) -> QuantSpec:
+        """The LM head's own spec (QuantSpec.head_spec: int8 for int4 models by default), else the model's."""
+        return self.spec.head_spec() if module == ("lm_head",) else self.spec
 
     def _leaf_shardings(self, module: tuple) -> dict:
         return {k: s for k in ("q", "scale", "offset") if (s := self.place.shardings.get(module + (k,))) is not None}
@@ -239,7 +276,7 @@ class Quantizer:
         module, leaf = path[:-1], path[-1]
         if module in self.modules and leaf == "w":
             q = self.place.shardings[module + ("q",)]
-            return q if self.spec.method != "fp8" else type(q)(q.mesh, type(q.spec)(*tuple(q.spec)[::-1]))
+            return q if self._spec(module).method != "fp8" else type(q)(q.mesh, type(q.spec)(*tuple(q.spec)[::-1]))
         return self.place.shardings[path]
 
     def put(self, path: tuple, value) -> dict[tuple, Any]:
@@ -247,20 +284,21 @@ class Quantizer:
         name = "/".join(map(str, path))
         place = self.place
         if module in self.modules and leaf == "w":
+            spec = self._spec(module)
             shardings = None if place is None else self._leaf_shardings(module)
             if isinstance(value, QuantizedTensor):
                 if (value.kind, value.group_size if value.kind == "int4" else None) != (
-                        self.spec.method, self.spec.group_size):
+                        spec.method, spec.group_size):
                     raise QuantizationError(
                         f"{name}: checkpoint tensor is {value.kind} (group {value.group_size}) but the model is "
-                        f"being built as {self.spec.name}")
+                        f"being built as {spec.name}")
                 in_shardings = None
                 if place is not None:
                     from jaxinfer.parallel import relayout_quantized_for_tp
 
                     value = relayout_quantized_for_tp(path, value, place.layout)
                     in_shardings = (self.input_sharding(path), shardings["scale"])  # qt.q is [in, out]
-                leaves = tensor_leaves(value, self.dtype, shardings, in_shardings)
+                leaves = tensor_leaves(value, self.dtype, shardings, in_shardings, layout=weight_layout(spec))
             else:
                 if place is not None and not isinstance(value, jax.Array):
                     from jaxinfer.parallel import relayout_for_tp
@@ -268,7 +306,7 @@ class Quantizer:
                     host = relayout_for_tp(path, np.asarray(value), place.layout)
                     value = jax.make_array_from_callback(host.shape, self.input_sharding(path),
                                                          lambda idx: host[idx])
-                leaves = quantized_leaves(value, self.spec, self.dtype, shardings)
+                leaves = quantized_leaves(value, spec, self.dtype, shardings)
             return {module + (k,): v for k, v in leaves.items()}
         if isinstance(value, QuantizedTensor):
             raise QuantizationError(

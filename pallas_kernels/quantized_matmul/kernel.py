@@ -88,7 +88,7 @@ class Config:
 
 
 def _config(kind: str, M: int, K: int, N: int, group_size: int | None, num_sms: int) -> Config:
-    """Default tiles by M (tuned with benchmarks/kernels/quantized_matmul.py --sweep):
+    """Default tiles by M (tuned with the --sweep of benchmarks/kernels/quantized_matmul.py at commit 14c54ce):
       M <= 16      bm 16, bn 64 (128 when N alone gives every SM a program; always 128 for int4), int8 bk 256,
                    4 stages
       16 < M <= 64 bm 32 / 64, bn 64-128, int8 bk 128

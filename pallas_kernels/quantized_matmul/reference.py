@@ -101,3 +101,60 @@ def fp8_matmul_reference(x, q_t, scale, *, out_dtype=None):
     y = jnp.dot(xq.astype(jnp.float32), q_t.astype(jnp.float32).T, precision=_HIGHEST)
     y = y * xs[:, None] * scale.astype(jnp.float32)[None, :]
     return y.astype(out_dtype or x.dtype).reshape(*lead, q_t.shape[0])
+
+
+# ---- int8 activations (W8A8 int8) ---------------------------------------------------------------------------
+INT8_MAX = 127.0
+
+
+def quantize_activations_int8(x):
+    """Dynamic per-token symmetric int8: x [M, K] -> (xq int8 [M, K], x_scale f32 [M]), x ~ xq * x_scale[:, None],
+    x_scale = max|x[m]| / 127 (round to nearest even). Shared by the reference and the XLA path (xla_fused.py), so
+    both see the same integers; all-zero (padding) rows get scale 1e-12 / 127 and stay zero."""
+    x32 = x.astype(jnp.float32)
+    amax = jnp.max(jnp.abs(x32), axis=-1)
+    x_scale = jnp.maximum(amax, 1e-12) / INT8_MAX                      # [M]
+    xq = jnp.clip(jnp.round(x32 / x_scale[:, None]), -INT8_MAX, INT8_MAX).astype(jnp.int8)
+    return xq, x_scale
+
+
+def int8_w8a8_matmul_reference(x, q, scale, *, out_dtype=None):
+    """W8A8 int8: quantize x per token to int8 (quantize_activations_int8), then (xq * x_scale) @ (q * scale) in
+    float32. q: int8 [K, N] (the int8 layout above); scale f32 [N]. NOTE: this is NOT the value of
+    int8_matmul_reference: the activations are rounded too (relative error ~ 1/127 of each row's max)."""
+    x2, lead = _as_2d(x)
+    xq, xs = quantize_activations_int8(x2)
+    y = jnp.dot(xq.astype(jnp.float32), q.astype(jnp.float32), precision=_HIGHEST)
+    y = y * xs[:, None] * scale.astype(jnp.float32)[None, :]
+    return y.astype(out_dtype or x.dtype).reshape(*lead, q.shape[1])
+
+
+# ---- int4, XLA-native layout --------------------------------------------------------------------------------
+# int4n  q      int4  [K, N]      signed 4-bit values (XLA packs two a byte on the device), group-wise:
+#        scale  dt    [K/g, N]    W = q * scale (+ offset), per group of g rows; offset dt [K/g, N] only for
+#        offset dt    [K/g, N]    asymmetric weights (None when symmetric: W = q * scale, no offset bytes).
+# From the packed layout's unsigned nibble u = q + 8:  W = u * s + o = q * s + (o + 8 s), so offset_n = o + 8 s,
+# which is exactly 0 for symmetric weights (o = -8 s).
+def int4_native_from_u(u, scale, offset=None):
+    """Unsigned nibbles u [K, N] (0..15, the packed layout's values before packing), scale and offset [K/g, N]
+    (packed-layout conventions; offset None = symmetric, o = -8 s) -> (q int4 [K, N], scale, offset_n or None)."""
+    q = (u.astype(jnp.int32) - 8).astype(jnp.int4)
+    if offset is None:
+        return q, scale, None
+    return q, scale, (offset.astype(jnp.float32) + 8.0 * scale.astype(jnp.float32)).astype(scale.dtype)
+
+
+def dequantize_int4_native(q, scale, offset, group_size: int):
+    """float32 [K, N] = q * scale (+ offset), scale / offset repeated over the g rows of their group."""
+    w = q.astype(jnp.float32) * jnp.repeat(scale.astype(jnp.float32), group_size, axis=0)
+    if offset is not None:
+        w = w + jnp.repeat(offset.astype(jnp.float32), group_size, axis=0)
+    return w
+
+
+def int4_native_matmul_reference(x, q, scale, offset, *, group_size: int, out_dtype=None):
+    """x [..., K] @ dequantize_int4_native(q int4 [K, N], scale, offset [K/g, N] or None) -> [..., N]."""
+    x2, lead = _as_2d(x)
+    w = dequantize_int4_native(q, scale, offset, group_size)
+    y = jnp.dot(x2.astype(jnp.float32), w, precision=_HIGHEST)
+    return y.astype(out_dtype or x.dtype).reshape(*lead, q.shape[1])

@@ -11,6 +11,7 @@ from jaxinfer.config import parse_quantization
 from pallas_kernels.quantized_matmul import kernel as qk
 from pallas_kernels.quantized_matmul import reference as qr
 from pallas_kernels.quantized_matmul import xla as qx
+from pallas_kernels.quantized_matmul import xla_fused as qf
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")]
 
@@ -74,9 +75,45 @@ def test_quantized_engine_on_gpu_matches_reference_path(quantization):
     sp = SamplingParams(temperature=0, max_tokens=8, prompt_logprobs=0, ignore_eos=True)
     auto = jaxinfer.LLM("tiny-llama", **opts)
     ref = jaxinfer.LLM("tiny-llama", quantized_matmul="reference", **opts)
-    assert auto.model.module().layers[0].mlp.down.backend == ("xla" if quantization == "fp8" else "pallas")
+    # int8 / int4 on GPU: 'auto', the per-M table of models/quant_paths.py (the Pallas kernel until measured)
+    assert auto.model.module().layers[0].mlp.down.backend == ("xla" if quantization == "fp8" else "auto")
     a, r = auto.generate(prompts, sp, use_tqdm=False), ref.generate(prompts, sp, use_tqdm=False)
     for oa, orf, p in zip(a, r, prompts):
         lp_a = np.array([d[t].logprob for d, t in zip(oa.prompt_logprobs[1:], p[1:])])
         lp_r = np.array([d[t].logprob for d, t in zip(orf.prompt_logprobs[1:], p[1:])])
         np.testing.assert_allclose(lp_a, lp_r, atol=2e-3)
+
+
+@pytest.mark.parametrize("K,N", SHAPES)
+@pytest.mark.parametrize("M", [1, 16, 64, 2048])
+def test_xla_fused_int8_paths_on_gpu(M, K, N):
+    """W8A8 int8 (XLA's int8 dot: exact int32, so tight vs its reference) and the mixed-type weight-only dot."""
+    x, w, L = _problem(M, K, N, parse_quantization("int8"))
+    ref = qr.int8_w8a8_matmul_reference(x, L["q"], L["scale"], out_dtype=jnp.float32)
+    for layout, q in (("kn", L["q"]), ("nk", L["q"].T)):
+        got = qf.int8_w8a8_xla(x, q, L["scale"], layout=layout, out_dtype=jnp.float32)
+        assert _rel(got, ref) < 1e-5
+        assert _rel(got, x.astype(jnp.float32) @ w) < 2e-2     # activations rounded to int8 too
+    ref_w = qr.int8_matmul_reference(x, L["q"], L["scale"], out_dtype=jnp.float32)
+    assert _rel(qf.int8_mixed_xla(x, L["q"], L["scale"], out_dtype=jnp.float32), ref_w) < 1e-3
+
+
+@pytest.mark.parametrize("K,N", SHAPES)
+@pytest.mark.parametrize("M", [1, 16, 64, 2048])
+@pytest.mark.parametrize("quantization", ["int4", "int4-g64-asym"])
+def test_native_int4_paths_on_gpu(quantization, M, K, N):
+    spec = parse_quantization(quantization)
+    k1, k2 = jax.random.split(jax.random.key(0))
+    w = 0.02 * jax.random.normal(k1, (K, N), jnp.float32)
+    x = jax.random.normal(k2, (M, K), jnp.float32).astype(jnp.bfloat16)
+    L = quantized_leaves(w, spec, jnp.bfloat16, layout="native")
+    g, off = spec.group_size, L.get("offset")
+    ref = qr.int4_native_matmul_reference(x, L["q"], L["scale"], off, group_size=g, out_dtype=jnp.float32)
+    for mixed in (False, True):
+        got = qf.int4_native_grouped_xla(x, L["q"], L["scale"], off, group_size=g, out_dtype=jnp.float32,
+                                         mixed=mixed)
+        fallback = M * (K // g) * N * 4 > qf.GROUPED_MAX_BYTES            # ran the dequant form (bf16 weights)
+        assert _rel(got, ref) < (5e-3 if fallback else 1e-3)
+    got = qf.int4_native_dequant_xla(x, L["q"], L["scale"], off, group_size=g, out_dtype=jnp.float32)
+    assert _rel(got, ref) < 5e-3
+    assert _rel(got, x.astype(jnp.float32) @ w) < 0.13

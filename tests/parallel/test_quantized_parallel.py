@@ -192,3 +192,26 @@ def test_orbax_float_checkpoint_quantized_at_tp4_equals_safetensors_path(few_kv1
     for a, b in zip(got.params, want.params):
         assert a.sharding.is_equivalent_to(b.sharding, a.ndim)
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_w8a8_under_tp(few_kv16_dir):
+    """W8A8 int8 is plain XLA: it keeps its backend under TP and gives the single-device model's results (the
+    per-token activation scales are computed on the whole row: column-parallel layers see all of K, row-parallel
+    ones take the max over the devices' slices, which XLA's partitioner all-reduces)."""
+    from jaxinfer import LLM
+
+    one = LLM(few_kv16_dir, quantization="int8", quantized_matmul="w8a8", **ENGINE_OPTIONS)
+    par = LLM(few_kv16_dir, quantization="int8", quantized_matmul="w8a8", tensor_parallel_size=2, **ENGINE_OPTIONS)
+    assert par.model.module().layers[0].mlp.down.backend == "w8a8"
+    _assert_same(_results(par), _results(one))
+    _check_sharded_like_single_device(one, par)
+
+
+@pytest.mark.parametrize("tp,dp", [(2, 1), (1, 2)])
+def test_native_int4_under_parallelism_is_a_clear_error(few_kv16_dir, tp, dp):
+    from jaxinfer import LLM
+    from jaxinfer.config import QuantizationError
+
+    with pytest.raises(QuantizationError, match="'xla-int4' .* does not run with tensor or data parallelism"):
+        LLM(few_kv16_dir, quantization="int4-g32", quantized_matmul="xla-int4", tensor_parallel_size=tp,
+            data_parallel_size=dp, **ENGINE_OPTIONS)

@@ -1,0 +1,134 @@
+"""Which quantized matmul runs: per model backend, and per step size M at trace time.
+
+Each engine bucket is traced with a static token count M (the x passed to a QuantLinear is [M, K]), so picking
+the implementation by M here is a compile-time choice per bucket, with no runtime branching.
+
+Model backends (the `quantized_matmul` option after quant.resolve_backend) and their weight layouts
+(pallas_kernels/quantized_matmul/reference.py):
+  'reference'                jnp float32 reference (the CPU default)                    int8 [K, N] / int4 packed
+  'pallas' | 'pallas-interpret'  the Pallas-Triton kernel at every M                    int8 [K, N] / int4 packed
+  'xla'                      XLA dequantize + dot at every M                            int8 [K, N] / int4 packed
+  'w8a8'                     int8 only: W8A8 through XLA's int8 dot at every M (activations quantized per token:
+                             different numerics from weight-only int8)                  int8 [K, N]
+  'xla-int4'                 int4 only: XLA-native int4 [K, N] (packed s4) weights; the formulation per M from
+                             PATHS[('int4', 'xla-int4')]                                int4 native
+  'auto'                     the GPU default for int8 / int4: PATHS[(method, 'auto')] picks per M among the
+                             paths of the int8 [K, N] / int4 packed layout
+PATHS[(method, backend)] = ((max_m, path), ...): the first row with M <= max_m is used. The defaults reproduce the
+behaviour before the table (the Pallas kernel at every M); fill the table from the "suggested table" lines that
+benchmarks/kernels/quantized_matmul.py prints on the GPU. GPU_DEFAULT[method] is the backend `auto` resolves to
+on GPU (set 'int4' to 'xla-int4' to move int4 models to the native layout).
+"""
+from __future__ import annotations
+
+from pallas_kernels.quantized_matmul import kernel as qmm_kernel
+from pallas_kernels.quantized_matmul import reference as qmm_ref
+from pallas_kernels.quantized_matmul import xla as qmm_xla
+from pallas_kernels.quantized_matmul import xla_fused as qmm_fused
+
+ANY_M = 1 << 30
+PATHS = {
+    ("int8", "auto"): ((ANY_M, "pallas"),),
+    ("int4", "auto"): ((ANY_M, "pallas"),),
+    ("int4", "xla-int4"): ((16, "int4-grouped"), (ANY_M, "int4-dequant")),
+}
+GPU_DEFAULT = {"int8": "auto", "int4": "auto", "fp8": "xla"}
+
+# Paths each weight layout can run (a table row naming another layout's path is an error, check_tables).
+LAYOUT_PATHS = {
+    ("int8", "kn"): ("reference", "pallas", "pallas-interpret", "xla", "xla-mixed", "w8a8"),
+    ("int4", "packed"): ("reference", "pallas", "pallas-interpret", "xla"),
+    ("int4", "native"): ("reference-native", "int4-dequant", "int4-grouped", "int4-grouped-mixed"),
+}
+
+
+def weight_layout_of(method: str, backend: str) -> str:
+    """The device layout a resolved model backend runs on: int4 'native' for 'xla-int4', else int4 'packed';
+    int8 'kn'; fp8 'nk' (e4m3 [N, K])."""
+    if method == "int4":
+        return "native" if backend == "xla-int4" else "packed"
+    return "kn" if method == "int8" else "nk"
+
+
+def path_for(method: str, backend: str, M: int, K: int | None = None, N: int | None = None,
+             group_size: int | None = None) -> str:
+    """The implementation for one call: `backend` is the model's resolved backend, M the static token count.
+    A 'pallas' pick for a shape the kernel does not take (K, N given) becomes 'xla'."""
+    if method == "fp8":
+        return "reference" if backend == "reference" else "xla"
+    if backend == "xla-int4":
+        path = _lookup(PATHS[("int4", "xla-int4")], M)
+    elif backend == "auto":
+        path = _lookup(PATHS[(method, "auto")], M)
+    elif backend == "reference" and method == "int4":
+        path = "reference"
+    else:
+        path = backend
+    if path == "pallas" and K is not None and not qmm_kernel.supports(method, K, N, group_size):
+        path = "xla"
+    return path
+
+
+def _lookup(rows, M: int) -> str:
+    for max_m, path in rows:
+        if M <= max_m:
+            return path
+    raise ValueError(f"quantized matmul path table {rows} has no row for M={M}; end it with ANY_M")
+
+
+def check_tables():
+    """Every table row names a path of its backend's layout, and ends with an ANY_M row (ValueError if not)."""
+    for (method, backend), rows in PATHS.items():
+        allowed = LAYOUT_PATHS[(method, weight_layout_of(method, backend))]
+        bad = [p for _, p in rows if p not in allowed]
+        if bad:
+            raise ValueError(f"PATHS[{(method, backend)}] names {bad}, not paths of the {method} "
+                             f"{weight_layout_of(method, backend)} layout {allowed}")
+        if rows[-1][0] < ANY_M or list(rows) != sorted(rows):
+            raise ValueError(f"PATHS[{(method, backend)}] must be sorted by max_m and end with ANY_M, got {rows}")
+
+
+def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, backend="reference",
+                     out_dtype=None):
+    """One entry point over every implementation (see the module docstring); x [..., K] -> [..., N]."""
+    M = x.size // x.shape[-1]
+    K = x.shape[-1]
+    N = q.shape[0] if method == "fp8" else q.shape[-1]
+    path = path_for(method, backend, M, K, N, group_size)
+    if method == "fp8":
+        fn = qmm_ref.fp8_matmul_reference if path == "reference" else qmm_xla.fp8_matmul_xla
+        return fn(x, q, scale, out_dtype=out_dtype)
+    if method == "int8":
+        if path == "reference":
+            return qmm_ref.int8_matmul_reference(x, q, scale, out_dtype=out_dtype)
+        if path == "xla":
+            return qmm_xla.int8_matmul_xla(x, q, scale, out_dtype=out_dtype)
+        if path == "xla-mixed":
+            return qmm_fused.int8_mixed_xla(x, q, scale, out_dtype=out_dtype)
+        if path == "w8a8":
+            return qmm_fused.int8_w8a8_xla(x, q, scale, out_dtype=out_dtype)
+        if path in ("pallas", "pallas-interpret"):
+            return qmm_kernel.int8_matmul(x, q, scale, out_dtype=out_dtype, interpret=path == "pallas-interpret")
+    elif method == "int4" and weight_layout_of("int4", backend) == "native":
+        if path == "reference-native":
+            return qmm_ref.int4_native_matmul_reference(x, q, scale, offset, group_size=group_size,
+                                                        out_dtype=out_dtype)
+        if path == "int4-dequant":
+            return qmm_fused.int4_native_dequant_xla(x, q, scale, offset, group_size=group_size,
+                                                     out_dtype=out_dtype)
+        if path in ("int4-grouped", "int4-grouped-mixed"):
+            return qmm_fused.int4_native_grouped_xla(x, q, scale, offset, group_size=group_size,
+                                                     out_dtype=out_dtype, mixed=path == "int4-grouped-mixed")
+    elif method == "int4":
+        if path == "reference":
+            return qmm_ref.int4_matmul_reference(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype)
+        if path == "xla":
+            return qmm_xla.int4_matmul_xla(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype)
+        if path in ("pallas", "pallas-interpret"):
+            return qmm_kernel.int4_matmul(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype,
+                                          interpret=path == "pallas-interpret")
+    raise ValueError(f"no {method} quantized matmul path {path!r} for backend {backend!r}; the paths of each "
+                     f"layout are {LAYOUT_PATHS}")
+
+
+check_tables()

@@ -1,0 +1,216 @@
+"""The XLA formulations of xla_fused.py (int8 W8A8 through the int8 dot, mixed-type and convert int8 dots, native
+int4 dequant / grouped forms) on CPU: tight bounds against the float32 / float64 reference on the same quantized
+weights (and, for W8A8, the same quantized activations), relative-norm bounds against the float weights, on
+ragged shapes (K, N not multiples of any tile; M in 1..16 and 64..2048); the native int4 layout against the
+packed one; the per-M path table of models/quant_paths.py."""
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxinfer.models import quant_paths
+from jaxinfer.models.quant_linear import QuantLinear
+from jaxinfer.weights.quantize import quantize_rtn, tensor_leaves
+from jaxinfer.config import QuantizationError, parse_quantization
+from pallas_kernels.quantized_matmul import reference as qr
+from pallas_kernels.quantized_matmul import xla_fused as qf
+
+M_RAGGED = [1, 3, 16, 64, 130, 2048]
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def _weights(K, N, seed=0):
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=(K, N)) * 0.05 * np.where(rng.random(N) < 0.1, 8.0, 1.0)[None, :]
+    return w.astype(np.float32)
+
+
+def _x(M, K, dtype=jnp.bfloat16, seed=1):
+    return jnp.asarray(np.random.default_rng(seed).normal(size=(M, K)), dtype)
+
+
+# ---- int8 activations ---------------------------------------------------------------------------------------
+def test_int8_activation_quantization_matches_numpy():
+    x = _x(9, 77, jnp.float32).at[4].set(0.0)                                 # one all-zero (padding) row
+    xq, xs = qr.quantize_activations_int8(x)
+    xn = np.asarray(x, np.float32)
+    s = np.maximum(np.abs(xn).max(axis=1), np.float32(1e-12)) / np.float32(127)
+    want = np.clip(np.round(xn / s[:, None]), -127, 127).astype(np.int8)
+    np.testing.assert_array_equal(np.asarray(xq), want)
+    np.testing.assert_allclose(np.asarray(xs), s, rtol=1e-7)
+    assert np.abs(np.asarray(xq)).max() == 127 and not np.asarray(xq)[4].any()
+    # round-to-nearest: each activation is within half a step of its value
+    assert np.all(np.abs(want * s[:, None] - xn) <= s[:, None] / 2 * (1 + 1e-6))
+
+
+# ---- int8 paths ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("M", M_RAGGED)
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_int8_w8a8_matches_reference(M, layout):
+    """W8A8: exact integer dot (int32) vs an independent float64 dot of the same integers; vs float weights and
+    activations the error is that of rounding both to 8 bits (bounded, and larger than weight-only int8)."""
+    K, N = 200, 77                                                            # no tile divides these
+    w = _weights(K, N, seed=M)
+    L = tensor_leaves(quantize_rtn(w, "int8"), jnp.float32)
+    q = L["q"] if layout == "kn" else L["q"].T
+    x = _x(M, K)
+    got = qf.int8_w8a8_xla(x, q, L["scale"], layout=layout, out_dtype=jnp.float32)
+    assert got.shape == (M, N)
+    xq, xs = qr.quantize_activations_int8(x)
+    exact = (np.asarray(xq, np.float64) @ np.asarray(L["q"], np.float64)) * np.asarray(xs, np.float64)[:, None] \
+        * np.asarray(L["scale"], np.float64)[None, :]
+    assert _rel(got, exact) < 1e-6            # int32 accumulation is exact; only the f32 scaling rounds
+    ref = qr.int8_w8a8_matmul_reference(x, L["q"], L["scale"], out_dtype=jnp.float32)
+    assert _rel(ref, exact) < 1e-5
+    xf = np.asarray(x, np.float64)
+    err_f = _rel(got, xf @ w)
+    assert err_f < 2e-2                       # both operands rounded to 8 bits (measured ~1%)
+    weight_only = qr.int8_matmul_reference(x, L["q"], L["scale"], out_dtype=jnp.float32)
+    assert _rel(weight_only, xf @ w) < err_f  # the activation rounding is what W8A8 adds
+    bf = qf.int8_w8a8_xla(x, q, L["scale"], layout=layout)
+    assert bf.dtype == jnp.bfloat16 and _rel(bf, exact) < 1e-2
+
+
+@pytest.mark.parametrize("M", [1, 16, 64, 2048])
+@pytest.mark.parametrize("fn", [qf.int8_mixed_xla, qf.int8_convert_xla])
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_int8_weight_only_xla_matches_reference(M, fn, layout):
+    K, N = 200, 77
+    w = _weights(K, N, seed=3)
+    L = tensor_leaves(quantize_rtn(w, "int8"), jnp.float32)
+    q = L["q"] if layout == "kn" else L["q"].T
+    for dtype in (jnp.float32, jnp.bfloat16):
+        x = _x(M, K, dtype)
+        ref = qr.int8_matmul_reference(x, L["q"], L["scale"], out_dtype=jnp.float32)
+        got = fn(x, q, L["scale"], layout=layout, out_dtype=jnp.float32)
+        assert got.shape == (M, N) and _rel(got, ref) < 1e-5      # same integers, f32 accumulation
+        assert _rel(got, np.asarray(x, np.float64) @ w) < 1e-2
+
+
+def test_int8_xla_bad_inputs():
+    L = tensor_leaves(quantize_rtn(_weights(64, 32), "int8"), jnp.float32)
+    with pytest.raises(ValueError, match="layout must be one of"):
+        qf.int8_w8a8_xla(_x(2, 64), L["q"], L["scale"], layout="nn")
+    with pytest.raises(ValueError, match=r"x must be \[\.\.\., 64\]"):
+        qf.int8_mixed_xla(_x(2, 32), L["q"], L["scale"])
+
+
+# ---- native int4 --------------------------------------------------------------------------------------------
+def _int4_native(w, group, symmetric, dtype=jnp.float32):
+    qt = quantize_rtn(w, "int4", group_size=group, symmetric=symmetric)
+    return qt, tensor_leaves(qt, dtype, layout="native")
+
+
+@pytest.mark.parametrize("group,symmetric", [(32, True), (64, False), (128, True), (32, False)])
+def test_native_int4_layout_is_the_tensor_and_the_packed_layout(group, symmetric):
+    K, N = 384, 50
+    qt, L = _int4_native(_weights(K, N, seed=group), group, symmetric)
+    assert L["q"].dtype == jnp.int4 and L["q"].shape == (K, N)
+    assert ("offset" in L) == (not symmetric)                                  # symmetric: no offset bytes
+    deq = np.asarray(qr.dequantize_int4_native(L["q"], L["scale"], L.get("offset"), group))
+    np.testing.assert_allclose(deq, qt.dequantize(), rtol=1e-6, atol=1e-7)
+    P = tensor_leaves(qt, jnp.float32)                                         # packed layout, same tensor
+    u = qr.unpack_int4(P["q"], group)
+    q4, s4, o4 = qr.int4_native_from_u(u, P["scale"], P["offset"])
+    np.testing.assert_array_equal(np.asarray(q4, np.int8), np.asarray(L["q"], np.int8))
+    np.testing.assert_allclose(np.asarray(qr.dequantize_int4_native(q4, s4, o4, group)),
+                               np.asarray(qr.dequantize_int4(P["q"], P["scale"], P["offset"], group)),
+                               rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("M", M_RAGGED)
+@pytest.mark.parametrize("group,symmetric", [(32, True), (64, False), (128, False)])
+def test_native_int4_paths_match_reference(M, group, symmetric):
+    K, N = 3 * 128, 77                                                         # N ragged; K whole groups
+    w = _weights(K, N, seed=M + group)
+    _, L = _int4_native(w, group, symmetric, jnp.bfloat16)
+    off = L.get("offset")
+    x = _x(M, K)
+    ref = qr.int4_native_matmul_reference(x, L["q"], L["scale"], off, group_size=group, out_dtype=jnp.float32)
+    xf = np.asarray(x, np.float64)
+    exact = xf @ np.asarray(qr.dequantize_int4_native(L["q"], L["scale"], off, group), np.float64)
+    assert _rel(ref, exact) < 1e-5
+    for mixed in (False, True):
+        g = qf.int4_native_grouped_xla(x, L["q"], L["scale"], off, group_size=group, out_dtype=jnp.float32,
+                                       mixed=mixed)
+        assert g.shape == (M, N) and _rel(g, exact) < 1e-5   # raw integers exact in bf16, f32 group sums
+    d = qf.int4_native_dequant_xla(x, L["q"], L["scale"], off, group_size=group, out_dtype=jnp.float32)
+    assert _rel(d, exact) < 5e-3                             # dequantized weights rounded once to bf16
+    assert _rel(d, xf @ w) < 0.13 and _rel(ref, xf @ w) < 0.13
+
+
+def test_native_int4_grouped_falls_back_past_its_memory_bound(monkeypatch):
+    K, N, M = 256, 64, 40
+    _, L = _int4_native(_weights(K, N), 32, True, jnp.bfloat16)
+    x = _x(M, K)
+    monkeypatch.setattr(qf, "GROUPED_MAX_BYTES", 1024)                         # force the dequant form
+    got = qf.int4_native_grouped_xla(x, L["q"], L["scale"], None, group_size=32, out_dtype=jnp.float32)
+    want = qf.int4_native_dequant_xla(x, L["q"], L["scale"], None, group_size=32, out_dtype=jnp.float32)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_native_int4_bad_inputs():
+    _, L = _int4_native(_weights(64, 32), 32, False)
+    with pytest.raises(TypeError, match="native int4 weights must be int4"):
+        qf.int4_native_dequant_xla(_x(2, 64), L["q"].astype(jnp.int8), L["scale"], L["offset"], group_size=32)
+    with pytest.raises(ValueError, match="scale \\(and offset\\) must be"):
+        qf.int4_native_grouped_xla(_x(2, 64), L["q"], L["scale"][:1], L["offset"], group_size=32)
+    with pytest.raises(ValueError, match="group_size 48 must divide K=64"):
+        qf.int4_native_dequant_xla(_x(2, 64), L["q"], L["scale"], L["offset"], group_size=48)
+
+
+# ---- the path table and the model backends ------------------------------------------------------------------
+def test_path_table_picks_by_m(monkeypatch):
+    monkeypatch.setitem(quant_paths.PATHS, ("int8", "auto"), ((16, "w8a8"), (256, "xla-mixed"),
+                                                             (quant_paths.ANY_M, "pallas")))
+    quant_paths.check_tables()
+    assert [quant_paths.path_for("int8", "auto", m) for m in (1, 16, 17, 256, 2048)] == \
+        ["w8a8", "w8a8", "xla-mixed", "xla-mixed", "pallas"]
+    assert quant_paths.path_for("int8", "auto", 4096, K=4096, N=4096) == "pallas"
+    assert quant_paths.path_for("int8", "auto", 4096, K=4096, N=4104) == "xla"   # N % 16: no kernel
+    assert quant_paths.path_for("int8", "w8a8", 1) == "w8a8"
+    assert quant_paths.path_for("fp8", "auto", 1) == "xla"
+    monkeypatch.setitem(quant_paths.PATHS, ("int4", "auto"), ((16, "int4-dequant"), (quant_paths.ANY_M, "xla")))
+    with pytest.raises(ValueError, match="not paths of the int4 packed layout"):
+        quant_paths.check_tables()
+    monkeypatch.setitem(quant_paths.PATHS, ("int4", "auto"), ((16, "xla"),))
+    with pytest.raises(ValueError, match="end with ANY_M"):
+        quant_paths.check_tables()
+
+
+@pytest.mark.parametrize("quantization,backend", [("int8", "w8a8"), ("int4-g32", "xla-int4"),
+                                                  ("int4-g64-asym", "xla-int4")])
+def test_quant_linear_backends(quantization, backend):
+    """QuantLinear with the new backends: leaves in the backend's layout, output = the path's own reference,
+    for M on both sides of the xla-int4 table's switch."""
+    K, N = 256, 48
+    spec = parse_quantization(quantization, backend=backend)
+    lin = QuantLinear(K, N, bias=False, dtype=jnp.float32, spec=spec, backend=backend)
+    w = _weights(K, N, seed=7)
+    qt = quantize_rtn(w, spec.method, group_size=spec.group_size, symmetric=spec.symmetric)
+    layout = "native" if backend == "xla-int4" else "packed"
+    leaves = tensor_leaves(qt, jnp.float32, layout=layout)
+    assert leaves["q"].shape == lin.q.shape and leaves["q"].dtype == lin.q.dtype
+    assert (lin.offset is None) == ("offset" not in leaves)
+    for k, v in leaves.items():
+        getattr(lin, k)[...] = v
+    for M in (2, 40):
+        x = _x(M, K, jnp.float32)
+        got = lin(x)
+        if backend == "w8a8":
+            ref = qr.int8_w8a8_matmul_reference(x, leaves["q"], leaves["scale"])
+        else:
+            ref = qr.int4_native_matmul_reference(x, leaves["q"], leaves["scale"], leaves.get("offset"),
+                                                  group_size=spec.group_size)
+        assert _rel(got, ref) < 1e-5
+        assert _rel(got, np.asarray(x, np.float64) @ w) < 0.13
+
+
+def test_backend_method_mismatch_is_a_clear_error():
+    with pytest.raises(QuantizationError, match="'w8a8' is for int8 models only"):
+        parse_quantization("int4", backend="w8a8")
+    with pytest.raises(QuantizationError, match="'xla-int4' is for int4 models only"):
+        parse_quantization("fp8", backend="xla-int4")
