@@ -35,11 +35,15 @@ log = logging.getLogger("jaxinfer")
 _CPU_KV_BUDGET_BYTES = 1 << 30  # without device memory statistics (CPU) size the cache at 1 GiB
 # per-sequence fields read with map(attrgetter): no Python-level loop over every sequence of a step
 _PENALTY_INIT = operator.attrgetter("penalty_init")
-# XLA's command buffers (CUDA graphs) pay for small steps and cost at large ones. Device-only step of the 8B shape
-# on the H200 (benchmarks/probes/command_buffers.py --sweep, results/command-buffer-sweep-2026-12-01.json), with /
-# without: 16 tokens 5.50 / 6.62 ms, 64 tokens 7.81 / 8.00 ms, 256 tokens 18.39 / 15.13 ms. So buckets of more
-# tokens than this compile without them (the crossover lies between 64 and 256 tokens).
-COMMAND_BUFFER_MAX_TOKENS = 128
+# XLA's command buffers (CUDA graphs): with them the step's call is one graph launch (plus an update of the graph's
+# buffer addresses); without them it is ~1,000 kernel launches of host work (8.2 ms at 64 tokens, and at 256 tokens
+# the call fills the launch queue and waits for the device). Measured on the H200 (benchmarks/probes/step_dispatch.py,
+# results/step-dispatch-2026-12-02.json, 8B decode at context 512), with / without: 64 tokens call 3.5 / 8.2 ms,
+# device step 8.7 / 8.6 ms; 256 tokens call 2.1 / 16.7 ms, device 16.7 / 16.9 ms. (Before the sampler's conditionals
+# became selects they split the graphs and command buffers cost device time at 256 tokens: 18.4 vs 15.1 ms, which
+# is why buckets above 128 tokens compiled without them.) Larger (prefill) buckets are not measured: they keep the
+# launches, whose cost is small beside their compute.
+COMMAND_BUFFER_MAX_TOKENS = 256
 
 
 def step_compiler_options(bucket) -> dict | None:
