@@ -8,7 +8,8 @@
 from jaxinfer.api import LLM, generate
 from jaxinfer.config import EngineConfig
 from jaxinfer.outputs import CompletionOutput, Logprob, RequestOutput
-from jaxinfer.sampling_params import SamplingParams
+from jaxinfer.sampling_params import RequestOutputKind, SamplingParams
 
-__all__ = ["LLM", "generate", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "EngineConfig"]
+__all__ = ["LLM", "generate", "SamplingParams", "RequestOutputKind", "RequestOutput", "CompletionOutput", "Logprob",
+           "EngineConfig"]
 __version__ = "0.1.0"

@@ -1,8 +1,11 @@
 """What `generate()` / `LLM.generate()` return: plain dataclasses shaped like vLLM's outputs (no jax, no numpy).
 
-One RequestOutput per prompt; it holds `n` CompletionOutputs. While streaming, a RequestOutput is a snapshot
-of the request so far (`finished=False`); the last one has `finished=True` and every completion's
-`finish_reason` set.
+One RequestOutput per prompt; it holds `n` CompletionOutputs. What a step reports depends on the request's
+`SamplingParams.output_kind` (sampling_params.RequestOutputKind): CUMULATIVE (default) a snapshot of the request
+so far (`finished=False`) every step it progressed; DELTA only what this step added; FINAL_ONLY one output at the
+end. The last output has `finished=True` and every completion's `finish_reason` set (in DELTA mode: every
+completion's finish_reason was set in exactly one output). In every kind, `delta_text` / `delta_token_ids` are
+what this step added (the same as `text` / `token_ids` in DELTA mode).
 """
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ class CompletionOutput:
     logprobs: list[dict[int, Logprob]] | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort"; None while still running
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it; None for eos/length
+    delta_text: str = ""            # the text this step added (== text in DELTA mode)
+    delta_token_ids: list[int] = dataclasses.field(default_factory=list)  # the token ids this step added
 
     def finished(self) -> bool:
         return self.finish_reason is not None

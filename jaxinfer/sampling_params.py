@@ -11,6 +11,7 @@ modified copy with `clone(**changes)`, which validates again.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import numbers
 from typing import Any
@@ -18,6 +19,31 @@ from typing import Any
 # Top-N logprobs the device returns per token (the sampler's lax.top_k width); `logprobs` and
 # `prompt_logprobs` may ask for at most this many.
 MAX_LOGPROBS = 20
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What `LLMEngine.step()` reports for a request (vLLM's RequestOutputKind).
+
+    CUMULATIVE: every step that produced something, the whole output so far (text, token_ids, logprobs).
+    DELTA:      every step that produced something, only the new part: text / token_ids / logprobs are what this
+                step added (concatenating a request's outputs gives the CUMULATIVE final); a completion appears only
+                in the steps where it produced tokens or text or finished; prompt_logprobs only in the first one.
+    FINAL_ONLY: one output per request, once every completion has finished (the CUMULATIVE final).
+    """
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
+def _as_output_kind(value: Any) -> RequestOutputKind:
+    if isinstance(value, RequestOutputKind):
+        return value
+    if isinstance(value, str) and value.upper() in RequestOutputKind.__members__:
+        return RequestOutputKind[value.upper()]
+    names = ", ".join(k.name for k in RequestOutputKind)
+    if isinstance(value, str):
+        raise ValueError(f"output_kind must be one of {names} (a RequestOutputKind or its name), got {value!r}")
+    raise TypeError(f"output_kind must be a RequestOutputKind ({names}), got {value!r} ({_type_name(value)})")
 
 
 def _type_name(value: Any) -> str:
@@ -71,6 +97,7 @@ class SamplingParams:
     skip_special_tokens: bool = True         # drop special tokens from the output text
     include_stop_str_in_output: bool = False  # keep the matched stop string at the end of the text
     min_tokens: int = 0                      # EOS / stop tokens / stop strings are ignored before this many tokens
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE  # what step() reports (RequestOutputKind)
 
     def __post_init__(self) -> None:
         self.n = _as_int("n", self.n)
@@ -130,6 +157,8 @@ class SamplingParams:
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be <= max_tokens, got min_tokens={self.min_tokens} "
                              f"> max_tokens={self.max_tokens}")
+
+        self.output_kind = _as_output_kind(self.output_kind)
 
     @property
     def uses_penalties(self) -> bool:

@@ -60,7 +60,7 @@ class _Sink:
 
 
 class RequestStream:
-    """Async iterator of one request's cumulative RequestOutputs; `abort()` stops it."""
+    """Async iterator of one request's RequestOutputs (as its SamplingParams.output_kind asks); `abort()` stops it."""
 
     def __init__(self, engine: "AsyncEngine", request_id: str, sink: _Sink):
         self.engine, self.request_id, self._sink = engine, request_id, sink

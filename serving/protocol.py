@@ -14,7 +14,7 @@ import numbers
 import re
 from typing import Any
 
-from jaxinfer.sampling_params import SamplingParams
+from jaxinfer.sampling_params import RequestOutputKind, SamplingParams
 
 
 class ProtocolError(Exception):
@@ -79,7 +79,9 @@ class _Common:
                   presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                   repetition_penalty=self.repetition_penalty, ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,
                   skip_special_tokens=self.skip_special_tokens,
-                  include_stop_str_in_output=self.include_stop_str_in_output)
+                  include_stop_str_in_output=self.include_stop_str_in_output,
+                  # streams write what each step added; a plain answer needs only the end
+                  output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
         try:
             return SamplingParams(**kw)
         except (ValueError, TypeError) as e:

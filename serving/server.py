@@ -7,7 +7,8 @@ hooks, then exit 0). Validation is small enough that pydantic would add more cod
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (both with `stream: true` as SSE
 `data: {...}\\n\\n` chunks ending with `data: [DONE]\\n\\n`), GET /v1/models, GET /health, GET /metrics.
-The engine gives cumulative text; streams send the new suffix (the detokenizer never retracts text).
+Streams ask the engine for DELTA outputs and write each as a chunk; non-streaming requests ask for FINAL_ONLY
+(one output per prompt, when it has finished).
 """
 from __future__ import annotations
 
@@ -217,14 +218,15 @@ class _Server:
         timings = [_Timing() for _ in streams]
 
         async def one(s, t):
-            last = None
+            last = None  # FINAL_ONLY: the one output, when the prompt has finished
             try:
                 async for out in s:
-                    if any(c.token_ids for c in out.outputs):
-                        t.token()
                     last = out
             finally:
                 s.abort()
+            m = last.metrics or {}
+            if m.get("first_token_time") is not None:  # the engine's clock: time to first token since admission
+                t.first = t.t0 + (m["first_token_time"] - m["arrival_time"])
             t.observe(self.metrics, sum(len(c.token_ids) for c in last.outputs), len(last.prompt_token_ids))
             return last
 
@@ -262,15 +264,14 @@ class _Server:
         return {"content": content}
 
     async def _stream(self, request, streams, req, rid, chat: bool):
+        """SSE: the engine sends DELTA outputs (only what a step added, only for completions that produced
+        something); each completion of each output becomes one chunk, written as it comes."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
         n = req.n
-        sent_text = {}   # choice index -> chars sent
-        sent_tok = {}    # choice index -> tokens whose logprobs were sent
-        sent_ids = {}    # choice index -> token ids seen (one chunk per step that produced tokens)
-        fin_sent = set()  # choice indices whose finish_reason was sent
-        finals = [None] * len(streams)
+        num_tokens = [0] * len(streams)      # completion tokens per prompt (all its n completions)
+        prompt_lens = [None] * len(streams)  # set by the prompt's first output
         timings = [_Timing() for _ in streams]
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -304,43 +305,31 @@ class _Server:
                     continue
                 if isinstance(out, Exception):
                     raise out
-                finals[i] = out
-                choices = []
-                for c in out.outputs:
-                    idx = i * n + c.index
+                prompt_lens[i] = len(out.prompt_token_ids)
+                # One chunk per completion per engine step that produced tokens, even when the detokenizer holds
+                # the text back (or there is no tokenizer): clients time tokens by chunks, as with vLLM.
+                for c in out.outputs:  # one choice per chunk, like OpenAI (clients read choices[0])
                     if c.token_ids:
                         timings[i].token()
-                    new_text = c.text[sent_text.get(idx, 0):]
-                    k0 = sent_tok.get(idx, 0)
-                    new_lps = c.logprobs[k0:] if c.logprobs is not None else None
-                    new_ids = len(c.token_ids) > sent_ids.get(idx, 0)
-                    # A chunk per engine step that produced tokens, even when the detokenizer holds the text back
-                    # (or there is no tokenizer): clients time tokens by chunks, as with vLLM.
-                    if idx in fin_sent or (not new_text and not c.finish_reason and not new_lps and not new_ids):
-                        continue
-                    sent_ids[idx] = len(c.token_ids)
-                    if c.finish_reason:
-                        fin_sent.add(idx)
-                    sent_text[idx] = len(c.text)
-                    sent_tok[idx] = len(c.logprobs) if c.logprobs is not None else 0
+                        num_tokens[i] += len(c.token_ids)
+                    idx = i * n + c.index
                     if chat:
-                        ch = {"index": idx, "delta": {"content": new_text} if new_text else {},
-                              "logprobs": self._chat_logprobs(c, k0, req.top_logprobs)
+                        ch = {"index": idx, "delta": {"content": c.text} if c.text else {},
+                              "logprobs": self._chat_logprobs(c, 0, req.top_logprobs)
                               if req.want_logprobs else None, "finish_reason": c.finish_reason}
                     else:
-                        ch = {"index": idx, "text": new_text,
-                              "logprobs": self._cmpl_logprobs(c, k0) if req.logprobs is not None else None,
+                        ch = {"index": idx, "text": c.text,
+                              "logprobs": self._cmpl_logprobs(c, 0) if req.logprobs is not None else None,
                               "finish_reason": c.finish_reason}
                     if c.finish_reason:
                         ch["stop_reason"] = c.stop_reason
-                    choices.append(ch)
-                for ch in choices:  # one choice per chunk, like OpenAI (clients read choices[0])
                     await resp.write(chunk([ch]))
-            for t, f in zip(timings, finals):
-                if f is not None:
-                    t.observe(self.metrics, sum(len(c.token_ids) for c in f.outputs), len(f.prompt_token_ids))
+            for t, k, p in zip(timings, num_tokens, prompt_lens):
+                if p is not None:
+                    t.observe(self.metrics, k, p)
             if req.include_usage:
-                await resp.write(chunk([], self._usage([f for f in finals if f is not None])))
+                p, c = sum(x for x in prompt_lens if x is not None), sum(num_tokens)
+                await resp.write(chunk([], {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}))
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except (ConnectionResetError, asyncio.CancelledError, OSError):

@@ -4,7 +4,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from jaxinfer.sampling_params import MAX_LOGPROBS, SamplingParams
+from jaxinfer.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams
 
 
 def test_defaults_match_the_spec():
@@ -15,6 +15,7 @@ def test_defaults_match_the_spec():
     assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.0, 0.0, 1.0)
     assert p.skip_special_tokens is True and p.include_stop_str_in_output is False
     assert p.min_tokens == 0
+    assert p.output_kind is RequestOutputKind.CUMULATIVE
     assert MAX_LOGPROBS == 20
     assert not p.greedy
 
@@ -32,6 +33,10 @@ def test_normalisation():
     assert SamplingParams(max_tokens=None).max_tokens is None
     assert SamplingParams(ignore_eos=np.bool_(True)).ignore_eos is True
     assert SamplingParams(temperature=0).greedy and SamplingParams(temperature=0.0).greedy
+    # output_kind: the enum, or its name in any case
+    assert SamplingParams(output_kind="delta").output_kind is RequestOutputKind.DELTA
+    assert SamplingParams(output_kind="FINAL_ONLY").output_kind is RequestOutputKind.FINAL_ONLY
+    assert SamplingParams(output_kind=RequestOutputKind.DELTA).output_kind is RequestOutputKind.DELTA
 
 
 def test_stop_list_is_copied():
@@ -79,6 +84,7 @@ BAD_VALUES = [
     ("repetition_penalty", 0.0, "repetition_penalty must be in (0, 2], got 0.0"),
     ("repetition_penalty", 2.5, "repetition_penalty must be in (0, 2]"),
     ("min_tokens", -1, "min_tokens must be >= 0, got -1"),
+    ("output_kind", "deltas", "output_kind must be one of CUMULATIVE, DELTA, FINAL_ONLY"),
 ]
 
 
@@ -113,6 +119,7 @@ WRONG_TYPES = [
     ("skip_special_tokens", 0), ("skip_special_tokens", "yes"),
     ("include_stop_str_in_output", 1),
     ("min_tokens", 1.0), ("min_tokens", None),
+    ("output_kind", 1), ("output_kind", None), ("output_kind", True),
 ]
 
 
