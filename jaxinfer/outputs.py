@@ -50,3 +50,6 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: dict[str, Any] | None = None  # timings (e.g. arrival/first-token/finish times), when recorded
+    # Set (with finished=True, finish_reason "abort") when the engine ended this request because a step failed on
+    # it; the other requests of that step went on.
+    error: str | None = None

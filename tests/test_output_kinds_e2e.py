@@ -17,30 +17,11 @@ from jaxinfer.sampling_params import RequestOutputKind
 
 KW = dict(max_model_len=256, max_num_batched_tokens=48, max_num_seqs=8, progress=False,
           enable_prefix_caching=False)
-CORPUS = ["The quick brown fox jumps over the lazy dog.", "Pack my box with five dozen liquor jugs!",
-          "Hello, world: 1234 5678 90.", "def f(x):\n    return x * 2  # double", "naïve café — 中文 ✓ 😀"]
 
 
 @pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory):
-    """A byte-level BPE tokenizer with the tiny model's vocabulary size (512) and eos id 2 (as the model)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    rng = np.random.default_rng(0)  # plus random words, enough for 512 - 259 merges
-    letters = list("abcdefghijklmnopqrstuvwxyzéü中文")
-    words = ["".join(rng.choice(letters, size=int(rng.integers(2, 8)))) for _ in range(3000)]
-    tok.train_from_iterator(CORPUS * 50 + [" ".join(words[i:i + 10]) for i in range(0, 3000, 10)], trainer)
-    assert tok.get_vocab_size() == 512 and tok.token_to_id("</s>") == 2
-    path = tmp_path_factory.mktemp("tiny_tok")
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                            unk_token="<unk>").save_pretrained(path)
-    return str(path)
+def tok_dir(tiny_tokenizer_dir):
+    return tiny_tokenizer_dir
 
 
 @pytest.fixture(scope="module")

@@ -21,14 +21,17 @@ tokens per such request. Steps that speculate are not pipelined (see spec_contro
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
+import logging
 import operator
 import random
 import time
 from typing import Any, Protocol, Sequence
 
 from .detokenizer import IncrementalDetokenizer
+from .isolation import failing_rows
 from .kv_cache import KVCacheManager
 from .penalty_slots import PenaltySlots
 from .request import Request
@@ -41,6 +44,7 @@ _CUMULATIVE, _DELTA, _FINAL_ONLY = RequestOutputKind.CUMULATIVE, RequestOutputKi
 
 
 _NUM_SPEC_TOKENS = operator.attrgetter("num_spec_tokens")
+log = logging.getLogger("jaxinfer")
 
 
 class Runner(Protocol):
@@ -126,6 +130,7 @@ class LLMEngine:
         self._in_flight: _Step | None = None
         self._penalty_slots = PenaltySlots(int(getattr(runner, "num_penalty_slots", 0)))
         self.spec = spec  # SpecControl or None
+        self._failed_outputs: list[RequestOutput] = []  # requests ended with an error by _launch (isolation)
 
     # ---- requests -----------------------------------------------------------------------------------------
     def add_request(self, request_id: str | None, prompt: str | Sequence[int],
@@ -228,6 +233,9 @@ class LLMEngine:
             for rid in sched.preempted_ids + sched.finished_ids:
                 self.spec.free(rid)
         launched = self._launch(sched)
+        if self._failed_outputs:
+            outputs += self._failed_outputs
+            self._failed_outputs = []
         if self._in_flight is not None:
             outputs += self._finish_step(self._in_flight)
         self._in_flight = launched
@@ -266,8 +274,63 @@ class LLMEngine:
                 if tgt is not None:
                     lp_targets[i] = tgt
         prev = self._in_flight.flight if self._in_flight is not None else None
+        try:
+            flight = self.runner.dispatch(inputs, prev, lp_targets or None)
+        except Exception as e:  # noqa: BLE001 - one request's row can fail the batch: end it alone (isolation.py)
+            sched, inputs, lp_targets, rows = self._drop_failing_rows(sched, inputs, lp_targets, prev, e)
+            if not sched.scheduled:
+                return None
+            flight = self.runner.dispatch(inputs, prev, lp_targets or None)  # still failing: the caller's problem
         speculative = any(map(_NUM_SPEC_TOKENS, sched.scheduled))  # (C-level scan: every step)
-        return _Step(sched, self.runner.dispatch(inputs, prev, lp_targets or None), rows, speculative)
+        return _Step(sched, flight, rows, speculative)
+
+    def _drop_failing_rows(self, sched, inputs: list[SeqInput], lp_targets: dict, prev, err: Exception):
+        """The step's dispatch raised `err`: find the rows that fail alone (probe dispatches, isolation.py), end
+        their requests (every sequence of the group) with an error output, and return the step without them:
+        (sched, inputs, prompt-logprob targets, sample rows), re-indexed. Re-raises `err` if no row fails alone."""
+        def ok(idx) -> bool:
+            sub = []
+            for i in idx:
+                inp = inputs[i]
+                if inp.penalty_slot >= 0:  # a probe must not count its discarded sample
+                    inp = copy.copy(inp)
+                    inp.penalty_slot = -1
+                sub.append(inp)
+            tg = {k: lp_targets[i] for k, i in enumerate(idx) if i in lp_targets}
+            try:
+                self.runner.fetch(self.runner.dispatch(sub, prev, tg or None))
+                return True
+            except Exception:  # noqa: BLE001
+                return False
+
+        bad = failing_rows(len(inputs), ok)
+        if not bad:
+            raise err
+        msg = f"the engine step failed on this request: {type(err).__name__}: {err}"
+        groups = {self._seqs[sched.scheduled[i].request_id].group_id for i in bad}
+        log.error("engine step failed (%s: %s); ending request(s) %s alone, the rest continue", type(err).__name__,
+                  err, sorted(groups))
+        for gid in sorted(groups):
+            self._fail_group(gid, msg)
+        keep = [i for i, s in enumerate(sched.scheduled) if s.request_id in self._seqs]
+        new_sched = dataclasses.replace(sched, scheduled=[sched.scheduled[i] for i in keep],
+                                        num_batched_tokens=sum(len(sched.scheduled[i].token_ids) for i in keep))
+        rows = {s.request_id: k for k, s in enumerate(new_sched.scheduled) if s.sample}
+        targets = {k: lp_targets[i] for k, i in enumerate(keep) if i in lp_targets}
+        return new_sched, [inputs[i] for i in keep], targets, rows
+
+    def _fail_group(self, gid: str, message: str) -> None:
+        """End every sequence of request `gid` now (finish_reason 'abort') and queue its final output, carrying
+        `message` as its error, for this step()."""
+        g = self._groups.get(gid)
+        if g is None:
+            return
+        for sid in g.seq_ids:
+            self.scheduler.abort(sid)
+        outs = self._outputs(set(g.seq_ids), set(g.seq_ids))
+        for o in outs:
+            o.error = message
+        self._failed_outputs += outs
 
     def _penalty_feed(self, inp: SeqInput, st: _SeqState, s: ScheduledSeq) -> None:
         """Penalty fields of a penalised sequence's row; on its first schedule since admission, take a slot of the

@@ -56,10 +56,10 @@ def test_boundaries_accepted():
 
 
 BAD_VALUES = [
-    ("n", 0, "n must be >= 1, got 0"),
+    ("n", 0, "n must be >= 1 (and <= 2147483647), got 0"),
     ("n", -3, "n must be >= 1"),
-    ("max_tokens", 0, "max_tokens must be >= 1 or None, got 0"),
-    ("max_tokens", -1, "max_tokens must be >= 1 or None"),
+    ("max_tokens", 0, "max_tokens must be >= 1 (and <= 2147483647) or None, got 0"),
+    ("max_tokens", -1, "max_tokens must be >= 1"),
     ("temperature", -0.5, "temperature must be >= 0 (0 means greedy), got -0.5"),
     ("temperature", float("inf"), "temperature must be >= 0"),
     ("temperature", float("nan"), "temperature"),
@@ -67,13 +67,13 @@ BAD_VALUES = [
     ("top_p", 0.0, "top_p must be in (0, 1], got 0.0"),
     ("top_p", -0.1, "top_p must be in (0, 1]"),
     ("top_p", float("nan"), "top_p"),
-    ("top_k", -2, "top_k must be -1 (off) or >= 1, got -2"),
+    ("top_k", -2, "top_k must be -1 (off) or in [1, 2147483647] (it is int32 on the device), got -2"),
     ("min_p", -0.01, "min_p must be in [0, 1], got -0.01"),
     ("min_p", 1.01, "min_p must be in [0, 1]"),
     ("stop", [""], "stop[0] is an empty string"),
     ("stop", "", "stop[0] is an empty string"),
     ("stop", ["ok", ""], "stop[1] is an empty string"),
-    ("stop_token_ids", [-1], "stop_token_ids[0] must be a token id >= 0, got -1"),
+    ("stop_token_ids", [-1], "stop_token_ids[0] must be a token id >= 0 (and <= 2147483647), got -1"),
     ("logprobs", -1, "logprobs must be in [0, 20] or None, got -1"),
     ("logprobs", MAX_LOGPROBS + 1, "logprobs must be in [0, 20] or None, got 21"),
     ("prompt_logprobs", 21, "prompt_logprobs must be in [0, 20]"),
@@ -83,7 +83,16 @@ BAD_VALUES = [
     ("frequency_penalty", -3, "frequency_penalty must be in [-2, 2], got -3.0"),
     ("repetition_penalty", 0.0, "repetition_penalty must be in (0, 2], got 0.0"),
     ("repetition_penalty", 2.5, "repetition_penalty must be in (0, 2]"),
-    ("min_tokens", -1, "min_tokens must be >= 0, got -1"),
+    ("min_tokens", -1, "min_tokens must be >= 0"),
+    # integers past int32 would fail the whole batch's step when packed (issue 18): refused here
+    ("top_k", 2**31, "top_k must be -1 (off) or in [1, 2147483647]"),
+    ("top_k", -2**63, "top_k must be -1 (off) or in [1, 2147483647]"),
+    ("n", 2**31, "n must be >= 1 (and <= 2147483647)"),
+    ("max_tokens", 2**31, "max_tokens must be >= 1 (and <= 2147483647)"),
+    ("min_tokens", 2**40, "min_tokens must be >= 0 (and <= 2147483647)"),
+    ("stop_token_ids", [5, 2**31], "stop_token_ids[1] must be a token id >= 0 (and <= 2147483647)"),
+    ("temperature", 1e39, "temperature must be >= 0"),
+    ("top_p", 1e-40, "top_p must be in (0, 1]"),
     ("output_kind", "deltas", "output_kind must be one of CUMULATIVE, DELTA, FINAL_ONLY"),
 ]
 
