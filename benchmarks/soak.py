@@ -13,8 +13,9 @@ seconds a burst of --burst-size requests at once, past --max-waiting (503 + Retr
 Outcomes: ok (answered in full: plain with its max_tokens, streams with a finish_reason and [DONE]), disconnected
 (closed by the client on purpose), refused (4xx for malformed requests), busy (503 with Retry-After), bad (a 4xx
 for a well-formed request, or a wrong answer), 5xx, lost (no answer: an exception or a timeout). The run passes
-with 0 lost, 0 5xx, 0 bad and, once the traffic stops, 0 KV pages used and 0 requests running. RSS (and device
-memory on a GPU) is sampled every 5 s; the growth after warm-up (the first 20% of the run) is printed.
+with 0 lost, 0 5xx, 0 bad and, once the traffic stops, 0 KV pages used and 0 requests running. RSS (of the whole
+process: server, engine and the load generator; and device memory on a GPU) is sampled every 5 s; the growth after
+warm-up (the first 20% of the run) is printed.
 Results: benchmarks/results/soak[-cpu]-<date>.json.
 """
 from __future__ import annotations
@@ -187,6 +188,8 @@ async def run(a) -> dict:
             records.append(rec)
 
         def launch(kind):
+            if len(tasks) > 256:  # keep only the running ones (finished tasks would count as RSS growth)
+                tasks[:] = [t for t in tasks if not t.done()]
             if kind == "malformed":
                 args = (MALFORMED[int(rng.integers(len(MALFORMED)))],)
             else:

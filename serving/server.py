@@ -80,6 +80,7 @@ def _client_gone(request: web.Request) -> bool:
 
 
 _JSON_TYPES = ("application/json",)
+_GONE = "jaxinfer_client_gone"  # request key: a stream's client went away (counted as 499)
 _ROUTES = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics"
 
 
@@ -159,7 +160,10 @@ class _Server:
             if param is None and ("max_model_len" in msg or "prompt" in msg or "vocabulary" in msg):
                 param = "messages" if endpoint == "chat" else "prompt"
             resp = _err(400, msg, param)
-        except (ConnectionResetError, asyncio.CancelledError):
+        except ConnectionResetError:  # a plain request whose client went away (aborted): nobody reads this
+            m.requests.labels(endpoint, "499").inc()
+            return web.Response(status=499)
+        except asyncio.CancelledError:
             m.requests.labels(endpoint, "499").inc()
             raise
         except Exception as e:  # noqa: BLE001
@@ -167,7 +171,7 @@ class _Server:
             resp = _err(500, f"internal error: {e}", None, "internal_error")
         if reason is not None:
             m.rejected.labels(reason).inc()
-        m.requests.labels(endpoint, str(resp.status)).inc()
+        m.requests.labels(endpoint, "499" if request.get(_GONE) else str(resp.status)).inc()
         return resp
 
     # ---- endpoints ------------------------------------------------------------------------------------------
@@ -406,7 +410,10 @@ class _Server:
                 await resp.write(chunk([], {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}))
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
-        except (ConnectionResetError, asyncio.CancelledError, OSError):
+        except (ConnectionResetError, OSError):  # the client went away: aborted (finally), nothing to write
+            log.info("client went away: aborting %s", rid)
+            request[_GONE] = True
+        except asyncio.CancelledError:
             log.info("client went away: aborting %s", rid)
             raise
         except Exception as e:  # noqa: BLE001 - the stream is open: report the error in-band
