@@ -80,7 +80,7 @@ def _client_gone(request: web.Request) -> bool:
 
 
 _JSON_TYPES = ("application/json",)
-_GONE = "jaxinfer_client_gone"  # request key: a stream's client went away (counted as 499)
+_GONE = web.RequestKey("jaxinfer_client_gone", bool)  # a stream's client went away (counted as 499)
 _ROUTES = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics"
 
 
