@@ -178,7 +178,8 @@ class LLM:
         return [results[rid] for rid in ids]
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
-        """Yield cumulative RequestOutputs of one prompt as tokens arrive."""
+        """Yield the RequestOutputs of one prompt as tokens arrive (cumulative unless sampling_params.output_kind
+        asks for DELTA or FINAL_ONLY)."""
         rid = self.engine.add_request(None, prompt, sampling_params)
         try:
             while True:

@@ -1,8 +1,11 @@
 """The plain types that cross the engine's two walls (no jax; numpy only in annotations).
 
-The user wall: what `generate()` / `LLM.generate()` return, dataclasses shaped like vLLM's outputs. One
-RequestOutput per prompt; it holds `n` CompletionOutputs. While streaming, a RequestOutput is a snapshot of the
-request so far (`finished=False`); the last one has `finished=True` and every completion's `finish_reason` set.
+The user wall: what `generate()` / `LLM.generate()` return, dataclasses shaped like vLLM's outputs. One RequestOutput per prompt; it holds `n` CompletionOutputs. What a step reports depends on the request's
+`SamplingParams.output_kind` (sampling_params.RequestOutputKind): CUMULATIVE (default) a snapshot of the request
+so far (`finished=False`) every step it progressed; DELTA only what this step added; FINAL_ONLY one output at the
+end. The last output has `finished=True` and every completion's `finish_reason` set (in DELTA mode: every
+completion's finish_reason was set in exactly one output). In every kind, `delta_text` / `delta_token_ids` are
+what this step added (the same as `text` / `token_ids` in DELTA mode).
 
 The host/device wall: the engine (jaxinfer/engine/, host only) hands the runner (jaxinfer/runner/, device) a
 list of `SeqInput` per step and gets a `RunnerOutput` back; `Runner` is the protocol the engine calls. Neither
@@ -36,6 +39,8 @@ class CompletionOutput:
     logprobs: list[dict[int, Logprob]] | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort"; None while still running
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it; None for eos/length
+    delta_text: str = ""            # the text this step added (== text in DELTA mode)
+    delta_token_ids: list[int] = dataclasses.field(default_factory=list)  # the token ids this step added
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -52,6 +57,9 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: dict[str, Any] | None = None  # timings (e.g. arrival/first-token/finish times), when recorded
+    # Set (with finished=True, finish_reason "abort") when the engine ended this request because a step failed on
+    # it; the other requests of that step went on.
+    error: str | None = None
 
 
 # ---- the host/device wall --------------------------------------------------------------------------------------

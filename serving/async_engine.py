@@ -2,12 +2,16 @@
 
 The engine is not thread-safe, so only the engine thread touches it. Everything else talks to that thread
 through two lists guarded by a condition variable:
-  * adds:   (request_id, prompt, params, concurrent Future, sink). The engine thread calls
-            `engine.add_request` between steps and resolves the future with the id or the ValueError, so the
-            HTTP handler can still answer 400 before streaming anything.
+  * adds:   (request ids, prompts, params, concurrent Future, sinks): all prompts of one HTTP request. The
+            engine thread adds them all between two steps (so they share the first steps, as the same prompts from
+            separate clients would; all or none: a bad one aborts the others) and resolves the future with the ids
+            or the ValueError, so the HTTP handler can still answer 400 before streaming anything.
   * aborts: request ids; applied between steps (pages are freed at once by engine.abort).
 The thread loops `engine.step()` while there is work and sleeps on the condition variable when idle. Each
 RequestOutput goes to its request's asyncio.Queue through `loop.call_soon_threadsafe`.
+
+Failures: a request the engine ended because a step failed on it (RequestOutput.error; the others of that step went
+on) raises RequestFailedError from its stream. If a step raises anyway, every request fails (the last resort).
 
 Back-pressure: with `max_waiting` set, a request is refused with `QueueFullError` (-> HTTP 503 + Retry-After)
 when the requests not yet finished would exceed `max_num_seqs + max_waiting`, i.e. when more than
@@ -37,6 +41,10 @@ class EngineStoppedError(Exception):
     """The engine is shutting down (HTTP 503) or the request was aborted by the shutdown."""
 
 
+class RequestFailedError(Exception):
+    """The engine ended this request because a step failed on it (the other requests went on)."""
+
+
 @dataclasses.dataclass
 class EngineStats:
     num_running: int = 0
@@ -45,6 +53,7 @@ class EngineStats:
     kv_pages_total: int = 0
     prefix_cache: dict = dataclasses.field(default_factory=dict)  # LLMEngine.prefix_cache_stats()
     spec: dict | None = None  # speculative decoding counters (LLMEngine.spec_stats()), None when off
+    num_steps: int = 0  # engine steps since start
 
 
 class _Sink:
@@ -60,7 +69,7 @@ class _Sink:
 
 
 class RequestStream:
-    """Async iterator of one request's cumulative RequestOutputs; `abort()` stops it."""
+    """Async iterator of one request's RequestOutputs (as its SamplingParams.output_kind asks); `abort()` stops it."""
 
     def __init__(self, engine: "AsyncEngine", request_id: str, sink: _Sink):
         self.engine, self.request_id, self._sink = engine, request_id, sink
@@ -99,6 +108,7 @@ class AsyncEngine:
         self._accepting = True
         self._stop = False
         self._ids = 0
+        self._num_steps = 0                     # engine thread only (published in stats)
         self.stats = EngineStats(kv_pages_total=int(engine.kv.num_usable_pages),
                                  prefix_cache=engine.prefix_cache_stats())
         self._thread = threading.Thread(target=self._loop, name="jaxinfer-engine", daemon=True)
@@ -108,23 +118,31 @@ class AsyncEngine:
     async def add_request(self, prompt: str | Sequence[int], params: SamplingParams,
                           request_id: str | None = None) -> RequestStream:
         """Queue a request; returns its stream. Raises ValueError (bad request), QueueFullError, EngineStoppedError."""
+        (stream,) = await self.add_requests([prompt], params, None if request_id is None else [request_id])
+        return stream
+
+    async def add_requests(self, prompts: Sequence[str | Sequence[int]], params: SamplingParams,
+                           request_ids: Sequence[str] | None = None) -> list[RequestStream]:
+        """Queue several prompts as one admission (the engine adds them between the same two steps); all or none.
+        Returns their streams. Raises ValueError (a bad prompt: none is queued), QueueFullError, EngineStoppedError."""
         loop = asyncio.get_running_loop()
-        sink = _Sink(loop)
+        k = len(prompts)
+        sinks = [_Sink(loop) for _ in range(k)]
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._cv:
             if not self._accepting:
                 raise EngineStoppedError("the server is shutting down")
-            if self.max_waiting is not None and self._num_unfinished >= self.max_num_seqs + self.max_waiting:
-                raise QueueFullError(f"too many requests: {self._num_unfinished} in flight "
+            if self.max_waiting is not None and self._num_unfinished + k > self.max_num_seqs + self.max_waiting:
+                raise QueueFullError(f"too many requests: {self._num_unfinished} in flight + {k} new "
                                      f"(max_num_seqs={self.max_num_seqs} + max_waiting={self.max_waiting})")
-            if request_id is None:
-                self._ids += 1
-                request_id = f"req-{self._ids}"
-            self._num_unfinished += 1
-            self._adds.append((request_id, prompt, params, fut, sink))
+            if request_ids is None:
+                request_ids = [f"req-{self._ids + 1 + j}" for j in range(k)]
+                self._ids += k
+            self._num_unfinished += k
+            self._adds.append((list(request_ids), list(prompts), params, fut, sinks))
             self._cv.notify()
-        rid = await asyncio.wrap_future(fut)  # raises the engine's ValueError
-        return RequestStream(self, rid, sink)
+        rids = await asyncio.wrap_future(fut)  # raises the engine's ValueError
+        return [RequestStream(self, rid, sink) for rid, sink in zip(rids, sinks)]
 
     def abort(self, request_id: str):
         """Thread-safe; applied by the engine thread before its next step."""
@@ -164,19 +182,23 @@ class AsyncEngine:
                     eng.abort(rid)
                     self._sinks.pop(rid)
                     self._finished(1)
-            for rid, prompt, params, fut, sink in adds:
+            for rids, prompts, params, fut, sinks in adds:
                 if stop:
-                    self._finished(1)
+                    self._finished(len(rids))
                     fut.set_exception(EngineStoppedError("the server is shutting down"))
                     continue
+                added = []
                 try:
-                    rid = eng.add_request(rid, prompt, params)
-                except Exception as e:  # noqa: BLE001 - handed to the caller
-                    self._finished(1)
+                    for rid, prompt in zip(rids, prompts):
+                        added.append(eng.add_request(rid, prompt, params))
+                except Exception as e:  # noqa: BLE001 - handed to the caller; all or none
+                    for rid in added:
+                        eng.abort(rid)
+                    self._finished(len(rids))
                     fut.set_exception(e)
                     continue
-                self._sinks[rid] = sink
-                fut.set_result(rid)
+                self._sinks.update(zip(added, sinks))
+                fut.set_result(added)
             if stop:
                 for rid, sink in list(self._sinks.items()):
                     eng.abort(rid)
@@ -188,6 +210,7 @@ class AsyncEngine:
             if eng.has_unfinished():
                 try:
                     outs = eng.step()
+                    self._num_steps += 1
                 except Exception as e:  # noqa: BLE001 - fail every request, keep serving
                     log.exception("engine step failed")
                     for rid, sink in list(self._sinks.items()):
@@ -199,6 +222,11 @@ class AsyncEngine:
                 for out in outs:
                     sink = self._sinks.get(out.request_id)
                     if sink is None:
+                        continue
+                    if out.error is not None:  # ended alone: a step failed on it
+                        sink.put(RequestFailedError(out.error))
+                        del self._sinks[out.request_id]
+                        self._finished(1)
                         continue
                     sink.put(out)
                     if out.finished:
@@ -216,7 +244,8 @@ class AsyncEngine:
         self.stats = EngineStats(num_running=sched.num_running, num_waiting=sched.num_waiting,
                                  kv_pages_used=int(self.engine.kv.num_used_pages),
                                  kv_pages_total=self.stats.kv_pages_total,
-                                 prefix_cache=self.engine.prefix_cache_stats(), spec=self.engine.spec_stats())
+                                 prefix_cache=self.engine.prefix_cache_stats(), spec=self.engine.spec_stats(),
+                                 num_steps=self._num_steps)
 
 
 async def collect(stream: AsyncIterator[RequestOutput]) -> RequestOutput:

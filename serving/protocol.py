@@ -14,14 +14,52 @@ import numbers
 import re
 from typing import Any
 
-from jaxinfer.sampling_params import SamplingParams
+from jaxinfer.sampling_params import RequestOutputKind, SamplingParams
 
 
 class ProtocolError(Exception):
+    """A request the server refuses: HTTP `status` with an OpenAI-style body; `reason` labels the refusal in
+    /metrics (jaxinfer_rejected_requests_total)."""
+
     def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 type: str = "invalid_request_error"):
+                 type: str = "invalid_request_error", reason: str = "invalid_request"):
         super().__init__(message)
-        self.message, self.param, self.status, self.type = message, param, status, type
+        self.message, self.param, self.status, self.type, self.reason = message, param, status, type, reason
+
+
+# Fields that change what the answer means but are not implemented: refused (naming them) rather than ignored,
+# unless they hold their no-op value.
+_UNSUPPORTED = {
+    "response_format": lambda v: isinstance(v, dict) and v.get("type") == "text" and len(v) == 1,
+    "tools": lambda v: v == [],
+    "tool_choice": lambda v: v == "none",
+    "functions": lambda v: v == [],
+    "function_call": lambda v: v == "none",
+    "logit_bias": lambda v: v == {},
+    "suffix": lambda v: v == "",
+}
+
+
+def _refuse_unsupported(body: dict) -> None:
+    for name, no_op in _UNSUPPORTED.items():
+        v = body.get(name)
+        if v is not None and not no_op(v):
+            raise ProtocolError(f"'{name}' is not supported by this server (it would change the answer); leave it "
+                                f"out", name, reason="unsupported_field")
+    best_of, n = body.get("best_of"), body.get("n", 1)
+    if best_of is not None and best_of != (n if n is not None else 1):
+        raise ProtocolError("'best_of' is not supported by this server (only best_of == n); leave it out",
+                            "best_of", reason="unsupported_field")
+
+
+def _check_text(s: str, param: str) -> str:
+    """Text must be valid Unicode (JSON escapes can smuggle in lone surrogates the tokenizer cannot encode)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ProtocolError(f"'{param}' is not valid Unicode text ({e.reason} at character {e.start}); send UTF-8 "
+                            f"text", param) from None
+    return s
 
 
 def error_body(message: str, param: str | None = None, type: str = "invalid_request_error") -> dict:
@@ -47,6 +85,12 @@ def _get(body: dict, name: str, kind: str, default=None):
     if not ok:
         want = {"int": "an integer", "num": "a number", "bool": "a boolean", "str": "a string"}[kind]
         raise ProtocolError(f"'{name}' must be {want}, got {type(v).__name__} {v!r}", name)
+    if kind == "num":
+        try:
+            return float(v)
+        except OverflowError:  # a 400-digit integer
+            raise ProtocolError(f"'{name}' is out of range for a number, got an integer of {len(str(v))} digits",
+                                name) from None
     return v
 
 
@@ -72,6 +116,7 @@ class _Common:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     repetition_penalty: float = 1.0  # vLLM extension (not in OpenAI's API)
+    stop_token_ids: list | None = None  # vLLM extension
 
     def to_sampling_params(self) -> SamplingParams:
         kw = dict(n=self.n, max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
@@ -79,7 +124,9 @@ class _Common:
                   presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                   repetition_penalty=self.repetition_penalty, ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,
                   skip_special_tokens=self.skip_special_tokens,
-                  include_stop_str_in_output=self.include_stop_str_in_output)
+                  include_stop_str_in_output=self.include_stop_str_in_output, stop_token_ids=self.stop_token_ids,
+                  # streams write what each step added; a plain answer needs only the end
+                  output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
         try:
             return SamplingParams(**kw)
         except (ValueError, TypeError) as e:
@@ -109,14 +156,14 @@ def _common(body: dict, max_tokens: int | None, logprobs: int | None) -> dict:
     elif isinstance(stop, str):
         stop = [stop]
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        stop = list(stop)
+        stop = [_check_text(s, "stop") for s in stop]
     else:
         raise ProtocolError("'stop' must be a string or a list of strings", "stop")
     if any(not s for s in stop):
         raise ProtocolError("'stop' strings must be non-empty", "stop")
     n = _get(body, "n", "int", 1)
-    if n < 1 or n > 128:
-        raise ProtocolError(f"'n' must be in [1, 128], got {n}", "n")
+    if n < 1:
+        raise ProtocolError(f"'n' must be >= 1, got {n}", "n")
     if max_tokens is not None and max_tokens < 1:
         raise ProtocolError(f"'max_tokens' must be >= 1, got {max_tokens}", "max_tokens")
     so = body.get("stream_options")
@@ -128,6 +175,9 @@ def _common(body: dict, max_tokens: int | None, logprobs: int | None) -> dict:
     stream = _get(body, "stream", "bool", False)
     model = _get(body, "model", "str", None)
     top_k = _get(body, "top_k", "int", -1)
+    stop_ids = body.get("stop_token_ids")
+    if stop_ids is not None and not (isinstance(stop_ids, list) and all(_is_int(t) for t in stop_ids)):
+        raise ProtocolError("'stop_token_ids' must be a list of token ids (integers)", "stop_token_ids")
     return dict(
         model=model, max_tokens=max_tokens, temperature=float(_get(body, "temperature", "num", 1.0)),
         top_p=float(_get(body, "top_p", "num", 1.0)), top_k=top_k,
@@ -138,24 +188,25 @@ def _common(body: dict, max_tokens: int | None, logprobs: int | None) -> dict:
         ignore_eos=_get(body, "ignore_eos", "bool", False), min_tokens=_get(body, "min_tokens", "int", 0),
         skip_special_tokens=_get(body, "skip_special_tokens", "bool", True),
         include_stop_str_in_output=_get(body, "include_stop_str_in_output", "bool", False),
-        repetition_penalty=float(_get(body, "repetition_penalty", "num", 1.0)))
+        repetition_penalty=float(_get(body, "repetition_penalty", "num", 1.0)), stop_token_ids=stop_ids)
 
 
 def _check_body(body: Any) -> dict:
     if not isinstance(body, dict):
         raise ProtocolError("the request body must be a JSON object", None)
+    _refuse_unsupported(body)
     return body
 
 
 def _parse_prompt(p) -> list:
     """OpenAI prompt forms: str, [str, ...], [int, ...], [[int, ...], ...] -> list of prompts."""
     if isinstance(p, str):
-        return [p]
+        return [_check_text(p, "prompt")]
     if isinstance(p, list) and p:
         if all(_is_int(t) for t in p):
             return [[int(t) for t in p]]
         if all(isinstance(s, str) for s in p):
-            return list(p)
+            return [_check_text(s, "prompt") for s in p]
         if all(isinstance(s, list) and s and all(_is_int(t) for t in s) for s in p):
             return [[int(t) for t in s] for s in p]
     raise ProtocolError("'prompt' must be a non-empty string, a list of strings, a list of token ids or a list "
@@ -189,6 +240,9 @@ def parse_chat_request(body: Any) -> ChatRequest:
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ProtocolError(f"'messages[{i}]' must be an object with a string 'role'", f"messages[{i}].role")
+        for k, v in m.items():  # the chat template may render any of them
+            if isinstance(v, str):
+                _check_text(v, f"messages[{i}].{k}")
         content = m.get("content")
         if isinstance(content, list):  # content parts: keep the text ones
             texts = []
@@ -198,7 +252,9 @@ def parse_chat_request(body: Any) -> ChatRequest:
                                         f"messages[{i}].content")
                 texts.append(part["text"])
             content = "".join(texts)
-        elif content is not None and not isinstance(content, str):
+        if isinstance(content, str):
+            _check_text(content, f"messages[{i}].content")
+        elif content is not None:
             raise ProtocolError(f"'messages[{i}].content' must be a string or a list of text parts",
                                 f"messages[{i}].content")
         out.append({**m, "content": content if content is not None else ""})

@@ -6,8 +6,17 @@ background thread, and `web.run_app` that already turns SIGTERM/SIGINT into a gr
 hooks, then exit 0). Validation is small enough that pydantic would add more code than it saves.
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (both with `stream: true` as SSE
-`data: {...}\\n\\n` chunks ending with `data: [DONE]\\n\\n`), GET /v1/models, GET /health, GET /metrics.
-The engine gives cumulative text; streams send the new suffix (the detokenizer never retracts text).
+`data: {...}\\n\\n` chunks ending with `data: [DONE]\\n\\n`), GET /v1/models, GET /v1/models/{id}, GET /health,
+GET /metrics. Streams ask the engine for DELTA outputs and write each as a chunk; non-streaming requests ask for
+FINAL_ONLY (one output per prompt, when it has finished; DELTA when a --request-timeout may cut them short).
+
+Nothing a client sends gets a 5xx: every refusal is a 4xx with an OpenAI-style body (the error middleware also
+turns aiohttp's own 404 / 405 / 413 into that body); a body over --max-body-bytes is refused from its
+Content-Length before it is read; operator limits (serving/limits.py) refuse with 400s naming their flag;
+/metrics counts refusals by reason. All prompts of a request are admitted together. A request whose client went
+away is aborted (streams when a write fails, plain requests by polling the connection). On shutdown, streams still
+running after the grace period end with a final chunk (finish_reason "length") and [DONE]; plain requests get a
+503 before their first byte.
 """
 from __future__ import annotations
 
@@ -20,11 +29,12 @@ import time
 import uuid
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from serving.async_engine import AsyncEngine, EngineStoppedError, QueueFullError
-from serving.metrics_prefix_cache import PrefixCacheCollector
+from jaxinfer.outputs import CompletionOutput
+from serving.async_engine import AsyncEngine, EngineStoppedError, QueueFullError, RequestFailedError
+from serving.limits import ServerLimits, add_limit_args, limits_from_args
+from serving.metrics import Metrics as _Metrics, Timing as _Timing
 from serving.protocol import ProtocolError, error_body, parse_chat_request, parse_completion_request
 
 log = logging.getLogger("serving")
@@ -32,82 +42,85 @@ log = logging.getLogger("serving")
 ENGINE_KEY = web.AppKey("engine", AsyncEngine)
 STATE_KEY = web.AppKey("state", dict)
 
-_LAT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
-
-
-class _Metrics:
-    def __init__(self, aeng: AsyncEngine):
-        r = self.registry = CollectorRegistry()
-        self.requests = Counter("jaxinfer_requests", "HTTP requests by endpoint and status", ["endpoint", "status"],
-                                registry=r)
-        self.ttft = Histogram("jaxinfer_time_to_first_token_seconds", "time to first token", buckets=_LAT_BUCKETS,
-                              registry=r)
-        self.tpot = Histogram("jaxinfer_time_per_output_token_seconds", "time per output token after the first",
-                              buckets=_LAT_BUCKETS, registry=r)
-        self.e2e = Histogram("jaxinfer_e2e_request_latency_seconds", "request latency", buckets=_LAT_BUCKETS,
-                             registry=r)
-        self.prompt_tokens = Counter("jaxinfer_prompt_tokens", "prompt tokens processed", registry=r)
-        self.generation_tokens = Counter("jaxinfer_generation_tokens", "tokens generated", registry=r)
-        g = Gauge("jaxinfer_num_requests_running", "requests running in the engine", registry=r)
-        g.set_function(lambda: aeng.stats.num_running)
-        g = Gauge("jaxinfer_num_requests_waiting", "requests waiting in the engine", registry=r)
-        g.set_function(lambda: aeng.stats.num_waiting)
-        g = Gauge("jaxinfer_kv_pages_used", "KV-cache pages in use", registry=r)
-        g.set_function(lambda: aeng.stats.kv_pages_used)
-        g = Gauge("jaxinfer_kv_pages_total", "usable KV-cache pages", registry=r)
-        g.set_function(lambda: aeng.stats.kv_pages_total)
-        r.register(PrefixCacheCollector(aeng))
-        # speculative decoding (0 when off): counters since start, as gauges of the engine's running totals
-        for key, doc in (("num_draft_tokens", "draft tokens verified"), ("num_accepted_tokens", "draft tokens accepted"),
-                         ("num_verify_steps", "speculative verifications (one per request and step)"),
-                         ("acceptance_rate", "accepted / drafted tokens"),
-                         ("mean_accepted_length", "tokens produced per verification (accepted + 1)")):
-            g = Gauge(f"jaxinfer_spec_{key}", doc, registry=r)
-            g.set_function(lambda key=key: (aeng.stats.spec or {}).get(key, 0))
-
-
 def _err(status: int, message: str, param: str | None = None, type: str = "invalid_request_error",
          headers=None) -> web.Response:
     return web.json_response(error_body(message, param, type), status=status, headers=headers)
 
 
-class _Timing:
-    """Per-request latency bookkeeping for the histograms."""
+class _Collected:
+    """One prompt's answer, put together from its outputs (DELTA pieces, or one FINAL_ONLY output: the same
+    concatenation); `cut()` ends the completions still running (deadline) with finish_reason 'length'."""
 
-    def __init__(self):
-        self.t0 = time.perf_counter()
-        self.first = None
+    def __init__(self, n: int):
+        self.outputs = [CompletionOutput(i, "", []) for i in range(n)]
+        self.prompt_token_ids: list[int] = []
+        self.metrics: dict = {}
 
-    def token(self):
-        if self.first is None:
-            self.first = time.perf_counter()
+    def add(self, out) -> None:
+        self.prompt_token_ids, self.metrics = out.prompt_token_ids, out.metrics or {}
+        for c in out.outputs:
+            a = self.outputs[c.index]
+            a.text += c.text
+            a.token_ids += c.token_ids
+            if c.logprobs is not None:
+                a.logprobs = (a.logprobs or []) + c.logprobs
+            a.cumulative_logprob = c.cumulative_logprob
+            if c.finish_reason is not None:
+                a.finish_reason, a.stop_reason = c.finish_reason, c.stop_reason
 
-    def observe(self, m: _Metrics, n_tokens: int, prompt_tokens: int):
-        end = time.perf_counter()
-        m.e2e.observe(end - self.t0)
-        if self.first is not None:
-            m.ttft.observe(self.first - self.t0)
-            if n_tokens > 1:
-                m.tpot.observe((end - self.first) / (n_tokens - 1))
-        m.prompt_tokens.inc(prompt_tokens)
-        m.generation_tokens.inc(n_tokens)
+    def cut(self) -> None:
+        for a in self.outputs:
+            if a.finish_reason is None:
+                a.finish_reason = "length"
+
+
+def _client_gone(request: web.Request) -> bool:
+    t = request.transport
+    return t is None or t.is_closing()
+
+
+_JSON_TYPES = ("application/json",)
+_GONE = web.RequestKey("jaxinfer_client_gone", bool)  # a stream's client went away (counted as 499)
+_ROUTES = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics"
 
 
 class _Server:
-    def __init__(self, llm, served_model_name: str, aeng: AsyncEngine):
+    def __init__(self, llm, served_model_name: str, aeng: AsyncEngine, limits: ServerLimits):
         self.llm = llm
         self.tokenizer = llm.tokenizer
         self.model_name = served_model_name
         self.aeng = aeng
+        self.limits = limits
         self.metrics = _Metrics(aeng)
         self.created = int(time.time())
 
     # ---- helpers --------------------------------------------------------------------------------------------
     async def _json(self, request: web.Request):
+        ct = request.headers.get("Content-Type")
+        if ct is not None and request.content_type not in _JSON_TYPES and not request.content_type.endswith("+json"):
+            raise ProtocolError(f"Content-Type must be application/json, got {ct!r}; send the body as JSON with "
+                                f"'Content-Type: application/json'", None, status=415,
+                                reason="unsupported_media_type")
         try:
-            return json.loads(await request.read())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ProtocolError(f"invalid JSON body: {e}", None)
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:  # a body without Content-Length that grew past the limit
+            raise ProtocolError(f"the request body is larger than {self.limits.max_body_bytes} bytes, this "
+                                f"server's limit (--max-body-bytes)", None, status=413, reason="body_too_large")
+        try:
+            return json.loads(raw)
+        except RecursionError:
+            raise ProtocolError("the JSON body is nested too deeply", None, reason="invalid_json") from None
+        except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, bad UTF-8, a 5000-digit integer
+            raise ProtocolError(f"invalid JSON body: {e}", None, reason="invalid_json") from None
+
+    async def _encode(self, prompts: list) -> list[list[int]]:
+        """Token ids of every prompt (text prompts tokenized off the event loop, as the engine would)."""
+        texts = [p for p in prompts if isinstance(p, str)]
+        if not texts:
+            return prompts
+        enc = await asyncio.get_running_loop().run_in_executor(None, lambda: [self.tokenizer.encode(t) for t in texts])
+        it = iter(enc)
+        return [next(it) if isinstance(p, str) else p for p in prompts]
 
     def _check_model(self, model):
         if model is not None and model != self.model_name:
@@ -120,28 +133,25 @@ class _Server:
         return self.tokenizer.decode([tid], skip_special_tokens=False)
 
     async def _start(self, prompts, params):
-        """Add every prompt; all-or-nothing. Returns the streams."""
-        streams = []
-        try:
-            for p in prompts:
-                streams.append(await self.aeng.add_request(p, params))
-        except BaseException:
-            for s in streams:
-                s.abort()
-            raise
-        return streams
+        """Add every prompt in one admission (they share the first steps); all-or-nothing. Returns the streams."""
+        return await self.aeng.add_requests(prompts, params)
 
     async def _handle(self, endpoint: str, request: web.Request, fn):
         m = self.metrics
+        reason = None
         try:
             resp = await fn(request)
         except ProtocolError as e:
-            resp = _err(e.status, e.message, e.param, e.type)
+            resp, reason = _err(e.status, e.message, e.param, e.type), e.reason
         except QueueFullError as e:
-            resp = _err(503, str(e), None, "server_busy", headers={"Retry-After": "1"})
+            resp, reason = _err(503, str(e), None, "server_busy", headers={"Retry-After": "1"}), "queue_full"
         except EngineStoppedError as e:
             resp = _err(503, str(e), None, "server_shutting_down", headers={"Retry-After": "5"})
+            reason = "shutting_down"
+        except RequestFailedError as e:  # a step failed on this request alone (the others went on)
+            resp, reason = _err(400, str(e), None), "engine_error"
         except (ValueError, TypeError) as e:  # the engine's message (prompt too long, bad token ids, penalties)
+            reason = "invalid_request"
             msg = str(e)
             param = None
             for f in ("presence_penalty", "frequency_penalty", "repetition_penalty", "max_tokens", "prompt"):
@@ -150,13 +160,18 @@ class _Server:
             if param is None and ("max_model_len" in msg or "prompt" in msg or "vocabulary" in msg):
                 param = "messages" if endpoint == "chat" else "prompt"
             resp = _err(400, msg, param)
-        except (ConnectionResetError, asyncio.CancelledError):
+        except ConnectionResetError:  # a plain request whose client went away (aborted): nobody reads this
+            m.requests.labels(endpoint, "499").inc()
+            return web.Response(status=499)
+        except asyncio.CancelledError:
             m.requests.labels(endpoint, "499").inc()
             raise
         except Exception as e:  # noqa: BLE001
             log.exception("internal error")
             resp = _err(500, f"internal error: {e}", None, "internal_error")
-        m.requests.labels(endpoint, str(resp.status)).inc()
+        if reason is not None:
+            m.rejected.labels(reason).inc()
+        m.requests.labels(endpoint, "499" if request.get(_GONE) else str(resp.status)).inc()
         return resp
 
     # ---- endpoints ------------------------------------------------------------------------------------------
@@ -169,14 +184,18 @@ class _Server:
     async def _completions(self, request):
         req = parse_completion_request(await self._json(request))
         self._check_model(req.model)
-        params = req.to_sampling_params()
+        lim = self.limits
+        lim.check(len(req.prompts), req.n, None, req.max_tokens, "prompt")  # before tokenizing anything
+        params = self._params(req)
         if self.tokenizer is None and any(isinstance(p, str) for p in req.prompts):
             raise ProtocolError("this model has no tokenizer: pass the prompt as token ids", "prompt")
-        streams = await self._start(req.prompts, params)
+        prompts = await self._encode(req.prompts)
+        lim.check(len(prompts), req.n, [len(p) for p in prompts], req.max_tokens, "prompt")
+        streams = await self._start(prompts, params)
         rid = f"cmpl-{uuid.uuid4().hex}"
         if req.stream:
             return await self._stream(request, streams, req, rid, chat=False)
-        finals = await self._gather(streams, req.n)
+        finals = await self._gather(request, streams, req.n)
         choices, usage = [], self._usage(finals)
         for i, out in enumerate(finals):
             for c in out.outputs:
@@ -189,7 +208,7 @@ class _Server:
     async def _chat(self, request):
         req = parse_chat_request(await self._json(request))
         self._check_model(req.model)
-        params = req.to_sampling_params()
+        self.limits.check(1, req.n, None, req.max_tokens or 1, "messages")
         if self.tokenizer is None:
             raise ProtocolError("this model has no tokenizer, so no chat template; use /v1/completions with "
                                 "token ids", "messages")
@@ -199,11 +218,15 @@ class _Server:
             raise ProtocolError(str(e), "messages")
         except Exception as e:  # noqa: BLE001 - template errors (jinja) are the caller's messages
             raise ProtocolError(f"could not apply the chat template: {e}", "messages")
-        streams = await self._start([prompt], params)
+        (ids,) = await self._encode([prompt])
+        if req.max_tokens is None:  # the server's cap, within the context window
+            req.max_tokens = max(1, min(self.limits.default_max_tokens, self.llm.max_model_len - len(ids)))
+        self.limits.check(1, req.n, [len(ids)], req.max_tokens, "messages")
+        streams = await self._start([ids], self._params(req))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         if req.stream:
             return await self._stream(request, streams, req, rid, chat=True)
-        (out,) = await self._gather(streams, req.n)
+        (out,) = await self._gather(request, streams, req.n)
         choices = []
         for c in out.outputs:
             choices.append({"index": c.index, "message": {"role": "assistant", "content": c.text},
@@ -213,22 +236,55 @@ class _Server:
         return web.json_response({"id": rid, "object": "chat.completion", "created": int(time.time()),
                                   "model": self.model_name, "choices": choices, "usage": self._usage([out])})
 
-    async def _gather(self, streams, n):
+    def _params(self, req):
+        """SamplingParams of a parsed request: DELTA for streams; FINAL_ONLY for plain answers, or DELTA when a
+        deadline may cut them short (the part so far is then the answer)."""
+        from jaxinfer.sampling_params import RequestOutputKind
+
+        params = req.to_sampling_params()
+        if not req.stream and self.limits.request_timeout_s is not None:
+            params = params.clone(output_kind=RequestOutputKind.DELTA)
+        return params
+
+    async def _gather(self, request, streams, n):
+        """Every prompt's answer (_Collected). Aborts them all (and raises ConnectionResetError) when the client
+        goes away; ends them with finish_reason 'length' at the deadline (--request-timeout)."""
         timings = [_Timing() for _ in streams]
+        cols = [_Collected(n) for _ in streams]
 
-        async def one(s, t):
-            last = None
-            try:
-                async for out in s:
-                    if any(c.token_ids for c in out.outputs):
-                        t.token()
-                    last = out
-            finally:
+        async def one(s, col):
+            async for out in s:
+                col.add(out)
+
+        task = asyncio.ensure_future(asyncio.gather(*(one(s, c) for s, c in zip(streams, cols))))
+        timeout = self.limits.request_timeout_s
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                wait = 0.25 if deadline is None else max(0.0, min(0.25, deadline - time.monotonic()))
+                done, _ = await asyncio.wait({task}, timeout=wait)
+                if done:
+                    task.result()  # the streams' errors (shutdown, a failed request)
+                    break
+                if _client_gone(request):
+                    log.info("client went away: aborting a plain request")
+                    raise ConnectionResetError("the client went away")
+                if deadline is not None and time.monotonic() >= deadline:
+                    for c in cols:
+                        c.cut()
+                    self.metrics.timeouts.inc()
+                    break
+        finally:
+            if not task.done():
+                task.cancel()
+            for s in streams:
                 s.abort()
-            t.observe(self.metrics, sum(len(c.token_ids) for c in last.outputs), len(last.prompt_token_ids))
-            return last
-
-        return await asyncio.gather(*(one(s, t) for s, t in zip(streams, timings)))
+        for t, col in zip(timings, cols):
+            m = col.metrics
+            if m.get("first_token_time") is not None:  # the engine's clock: time to first token since admission
+                t.first = t.t0 + (m["first_token_time"] - m["arrival_time"])
+            t.observe(self.metrics, sum(len(c.token_ids) for c in col.outputs), len(col.prompt_token_ids))
+        return cols
 
     def _usage(self, finals):
         p = sum(len(o.prompt_token_ids) for o in finals)
@@ -262,17 +318,21 @@ class _Server:
         return {"content": content}
 
     async def _stream(self, request, streams, req, rid, chat: bool):
+        """SSE: the engine sends DELTA outputs (only what a step added, only for completions that produced
+        something); each completion of each output becomes one chunk, written as it comes. The stream always ends
+        the way OpenAI clients expect: every choice gets a finish_reason (a deadline or the shutdown cuts the
+        running ones with 'length'), then [DONE]; a request the engine failed on gets an error event first."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
         n = req.n
-        sent_text = {}   # choice index -> chars sent
-        sent_tok = {}    # choice index -> tokens whose logprobs were sent
-        sent_ids = {}    # choice index -> token ids seen (one chunk per step that produced tokens)
-        fin_sent = set()  # choice indices whose finish_reason was sent
-        finals = [None] * len(streams)
+        num_tokens = [0] * len(streams)      # completion tokens per prompt (all its n completions)
+        prompt_lens = [None] * len(streams)  # set by the prompt's first output
+        unfinished = set(range(len(streams) * n))  # choice indices without a finish_reason yet
         timings = [_Timing() for _ in streams]
         queue: asyncio.Queue = asyncio.Queue()
+        timeout = self.limits.request_timeout_s
+        deadline = None if timeout is None else time.monotonic() + timeout
 
         async def pump(i, s):
             try:
@@ -289,8 +349,22 @@ class _Server:
                 d["usage"] = usage
             return b"data: " + json.dumps(d).encode() + b"\n\n"
 
+        def choice(idx, text, c=None, finish_reason=None):
+            if chat:
+                ch = {"index": idx, "delta": {"content": text} if text else {},
+                      "logprobs": self._chat_logprobs(c, 0, req.top_logprobs)
+                      if c is not None and req.want_logprobs else None, "finish_reason": finish_reason}
+            else:
+                ch = {"index": idx, "text": text,
+                      "logprobs": self._cmpl_logprobs(c, 0) if c is not None and req.logprobs is not None else None,
+                      "finish_reason": finish_reason}
+            if finish_reason:
+                ch["stop_reason"] = c.stop_reason if c is not None else None
+            return ch
+
         await resp.prepare(request)
         tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+        failure = None
         try:
             if chat:
                 for j in range(n):
@@ -298,52 +372,48 @@ class _Server:
                                              "logprobs": None, "finish_reason": None}]))
             done = 0
             while done < len(streams):
-                i, out = await queue.get()
+                try:
+                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    i, out = await asyncio.wait_for(queue.get(), left)
+                except asyncio.TimeoutError:
+                    self.metrics.timeouts.inc()
+                    break  # the deadline: the running choices are cut below
                 if out is None:
                     done += 1
                     continue
-                if isinstance(out, Exception):
-                    raise out
-                finals[i] = out
-                choices = []
-                for c in out.outputs:
-                    idx = i * n + c.index
+                if isinstance(out, EngineStoppedError):  # shutdown past the grace period: cut, end cleanly
+                    break
+                if isinstance(out, Exception):  # a step failed on this request: an error event, then the end
+                    failure = out
+                    break
+                prompt_lens[i] = len(out.prompt_token_ids)
+                # One chunk per completion per engine step that produced tokens, even when the detokenizer holds
+                # the text back (or there is no tokenizer): clients time tokens by chunks, as with vLLM.
+                for c in out.outputs:  # one choice per chunk, like OpenAI (clients read choices[0])
                     if c.token_ids:
                         timings[i].token()
-                    new_text = c.text[sent_text.get(idx, 0):]
-                    k0 = sent_tok.get(idx, 0)
-                    new_lps = c.logprobs[k0:] if c.logprobs is not None else None
-                    new_ids = len(c.token_ids) > sent_ids.get(idx, 0)
-                    # A chunk per engine step that produced tokens, even when the detokenizer holds the text back
-                    # (or there is no tokenizer): clients time tokens by chunks, as with vLLM.
-                    if idx in fin_sent or (not new_text and not c.finish_reason and not new_lps and not new_ids):
-                        continue
-                    sent_ids[idx] = len(c.token_ids)
+                        num_tokens[i] += len(c.token_ids)
+                    idx = i * n + c.index
                     if c.finish_reason:
-                        fin_sent.add(idx)
-                    sent_text[idx] = len(c.text)
-                    sent_tok[idx] = len(c.logprobs) if c.logprobs is not None else 0
-                    if chat:
-                        ch = {"index": idx, "delta": {"content": new_text} if new_text else {},
-                              "logprobs": self._chat_logprobs(c, k0, req.top_logprobs)
-                              if req.want_logprobs else None, "finish_reason": c.finish_reason}
-                    else:
-                        ch = {"index": idx, "text": new_text,
-                              "logprobs": self._cmpl_logprobs(c, k0) if req.logprobs is not None else None,
-                              "finish_reason": c.finish_reason}
-                    if c.finish_reason:
-                        ch["stop_reason"] = c.stop_reason
-                    choices.append(ch)
-                for ch in choices:  # one choice per chunk, like OpenAI (clients read choices[0])
-                    await resp.write(chunk([ch]))
-            for t, f in zip(timings, finals):
-                if f is not None:
-                    t.observe(self.metrics, sum(len(c.token_ids) for c in f.outputs), len(f.prompt_token_ids))
-            if req.include_usage:
-                await resp.write(chunk([], self._usage([f for f in finals if f is not None])))
+                        unfinished.discard(idx)
+                    await resp.write(chunk([choice(idx, c.text, c, c.finish_reason)]))
+            if failure is not None:
+                await resp.write(b"data: " + json.dumps(error_body(str(failure), None)).encode() + b"\n\n")
+            else:
+                for idx in sorted(unfinished):  # cut by the deadline or the shutdown
+                    await resp.write(chunk([choice(idx, "", None, "length")]))
+            for t, k, p in zip(timings, num_tokens, prompt_lens):
+                if p is not None:
+                    t.observe(self.metrics, k, p)
+            if req.include_usage and failure is None:
+                p, c = sum(x for x in prompt_lens if x is not None), sum(num_tokens)
+                await resp.write(chunk([], {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}))
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
-        except (ConnectionResetError, asyncio.CancelledError, OSError):
+        except (ConnectionResetError, OSError):  # the client went away: aborted (finally), nothing to write
+            log.info("client went away: aborting %s", rid)
+            request[_GONE] = True
+        except asyncio.CancelledError:
             log.info("client went away: aborting %s", rid)
             raise
         except Exception as e:  # noqa: BLE001 - the stream is open: report the error in-band
@@ -360,10 +430,22 @@ class _Server:
                 t.cancel()
         return resp
 
+    def _model_card(self) -> dict:
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "jaxinfer",
+                "max_model_len": self.llm.max_model_len}
+
     async def models(self, request):
-        return web.json_response({"object": "list", "data": [
-            {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "jaxinfer",
-             "max_model_len": self.llm.max_model_len}]})
+        return web.json_response({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request):
+        """GET /v1/models/{id}: the model object, or OpenAI's 404."""
+        mid = request.match_info["model"]
+        if mid != self.model_name:
+            self.metrics.rejected.labels("not_found").inc()
+            return web.json_response({"error": {"message": f"The model '{mid}' does not exist", "type":
+                                                "invalid_request_error", "param": "model", "code": "model_not_found"}},
+                                     status=404)
+        return web.json_response(self._model_card())
 
     async def health(self, request):
         return web.Response(text="ok")
@@ -373,18 +455,57 @@ class _Server:
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+def _error_middleware(srv: _Server):
+    """Every answer an OpenAI-style body: aiohttp's own 404 / 405 / 413 too; a body over the limit refused from its
+    Content-Length before it is read; anything unexpected a logged 500 with that body."""
+    limit = srv.limits.max_body_bytes
+
+    @web.middleware
+    async def errors(request: web.Request, handler):
+        cl = request.content_length
+        if cl is not None and cl > limit:
+            srv.metrics.rejected.labels("body_too_large").inc()
+            return _err(413, f"the request body is {cl} bytes; this server takes at most {limit} (--max-body-bytes)")
+        try:
+            return await handler(request)
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            if e.status == 404:
+                reason, msg = "not_found", f"unknown path {request.path!r}; this server serves {_ROUTES}"
+            elif e.status == 405:
+                allowed = ", ".join(sorted(getattr(e, "allowed_methods", ()) or ()))
+                reason, msg = "method_not_allowed", f"method {request.method} is not allowed on {request.path!r}" + (
+                    f"; use {allowed}" if allowed else "")
+            elif e.status == 413:
+                reason, msg = "body_too_large", f"the request body is larger than {limit} bytes (--max-body-bytes)"
+            else:
+                reason, msg = "http_error", e.reason or str(e)
+            srv.metrics.rejected.labels(reason).inc()
+            return _err(e.status, msg)
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception as e:  # noqa: BLE001 - a bug: logged, still a JSON body
+            log.exception("internal error")
+            return _err(500, f"internal error: {e}", None, "internal_error")
+
+    return errors
+
+
 def create_app(llm, served_model_name: str | None = None, max_waiting: int | None = None,
-               shutdown_grace_s: float = 10.0) -> web.Application:
+               shutdown_grace_s: float = 10.0, limits: ServerLimits | None = None) -> web.Application:
     """An aiohttp app serving `llm` (a jaxinfer.LLM). Its AsyncEngine thread starts now, stops on app shutdown."""
     name = served_model_name or getattr(getattr(llm, "source", None), "name", None) or "jaxinfer"
+    limits = limits or ServerLimits()
     aeng = AsyncEngine(llm.engine, max_waiting=max_waiting)
-    srv = _Server(llm, name, aeng)
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    srv = _Server(llm, name, aeng, limits)
+    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[_error_middleware(srv)])
     app[ENGINE_KEY] = aeng
     app[STATE_KEY] = {"server": srv}
     app.router.add_post("/v1/completions", srv.completions)
     app.router.add_post("/v1/chat/completions", srv.chat)
     app.router.add_get("/v1/models", srv.models)
+    app.router.add_get("/v1/models/{model}", srv.model)
     app.router.add_get("/health", srv.health)
     app.router.add_get("/metrics", srv.metrics_ep)
 
@@ -406,7 +527,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-waiting", type=int, default=None,
                    help="refuse (503) requests beyond max_num_seqs + this many; default: no limit")
     p.add_argument("--no-warmup", action="store_true", help="compile buckets on first use instead of at start")
-    p.add_argument("--shutdown-grace", type=float, default=10.0)
+    p.add_argument("--shutdown-grace", type=float, default=10.0,
+                   help="seconds running requests may finish after SIGTERM; streams still running then end with "
+                        "finish_reason 'length' and [DONE]")
+    add_limit_args(p)
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="write a jax.profiler trace of the serving run (start to shutdown) to DIR")
     return p
@@ -428,7 +552,12 @@ def main(argv=None) -> int:
     except (ValueError, TypeError, FileNotFoundError, MemoryError) as e:  # same contract as `jaxinfer generate`
         print(f"jaxinfer serve: error: {e}", file=sys.stderr)
         return 2
-    app = create_app(llm, a.served_model_name, a.max_waiting, a.shutdown_grace)
+    try:
+        limits = limits_from_args(a)
+    except ValueError as e:
+        print(f"jaxinfer serve: error: {e}", file=sys.stderr)
+        return 2
+    app = create_app(llm, a.served_model_name, a.max_waiting, a.shutdown_grace, limits)
     # The server lives until exit and so do the objects of start-up: take them out of the cyclic GC for good, so
     # its full collections stop walking ~270k objects in the middle of engine steps (engine/gc_freeze.py).
     import gc

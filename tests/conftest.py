@@ -38,3 +38,33 @@ def smollm2_gguf():
     from jaxinfer.weights.default_model import default_model_path
 
     return default_model_path()
+
+
+TINY_CORPUS = ["The quick brown fox jumps over the lazy dog.", "Pack my box with five dozen liquor jugs!",
+               "Hello, world: 1234 5678 90.", "def f(x):\n    return x * 2  # double", "naïve café — 中文 ✓ 😀"]
+TINY_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                      "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tmp_path_factory):
+    """A byte-level BPE tokenizer for the tiny models: vocabulary 512 (their size), eos id 2 (theirs), a chat
+    template; trained here on a small corpus plus random words (enough for 512 - 259 merges)."""
+    import numpy as np
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    rng = np.random.default_rng(0)
+    letters = list("abcdefghijklmnopqrstuvwxyzéü中文")
+    words = ["".join(rng.choice(letters, size=int(rng.integers(2, 8)))) for _ in range(3000)]
+    tok.train_from_iterator(TINY_CORPUS * 50 + [" ".join(words[i:i + 10]) for i in range(0, 3000, 10)], trainer)
+    assert tok.get_vocab_size() == 512 and tok.token_to_id("</s>") == 2
+    path = tmp_path_factory.mktemp("tiny_tok")
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                            chat_template=TINY_CHAT_TEMPLATE).save_pretrained(path)
+    return str(path)

@@ -207,8 +207,9 @@ def test_prompt_token_out_of_vocabulary(llm):
     (dict(temperature=-0.5), r"temperature must be >= 0 .*got -0\.5"),
     (dict(top_p=0), r"top_p must be in \(0, 1\], got 0"),
     (dict(top_p=1.5), r"top_p must be in \(0, 1\], got 1\.5"),
-    (dict(max_tokens=0), r"max_tokens must be >= 1 or None, got 0"),
-    (dict(top_k=-5), r"top_k must be -1 \(off\) or >= 1, got -5"),
+    (dict(max_tokens=0), r"max_tokens must be >= 1 \(and <= 2147483647\) or None, got 0"),
+    (dict(top_k=-5), r"top_k must be -1 \(off\) or in \[1, 2147483647\] .*got -5"),
+    (dict(top_k=2**31), r"top_k must be -1 \(off\) or in \[1, 2147483647\] \(it is int32 on the device\)"),
 ])
 def test_invalid_sampling_values(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):

@@ -4,9 +4,11 @@ step():
   1 Scheduler.schedule()             -> which tokens of which requests run now (chunked prefill + decodes)
   2 runner.dispatch(seq inputs)      -> launch the step on the device; returns at once
   3 finish the PREVIOUS step: runner.fetch (waits for it), Scheduler.update (append tokens; eos / stop
-    tokens / max_tokens; free pages), incremental detokenization (stop strings end the request and never
-    leak into the text)
-  4 RequestOutput for every request that progressed (cumulative text and token ids, like vLLM)
+    tokens / max_tokens; free pages), incremental detokenization (its text deltas are kept for the outputs; a
+    stop string ends the request with one Scheduler.finish_by_stop_string call and never leaks into the text)
+  4 RequestOutputs, as each request's SamplingParams.output_kind asks (like vLLM's RequestOutputKind):
+    CUMULATIVE for every request that progressed, the output so far; DELTA only the new part (the text delta
+    and the new token ids of this step); FINAL_ONLY once, when the request has finished
 
 Pipelining: step n+1 is scheduled, packed and dispatched while step n runs on the device. Decode tokens that
 step n is still sampling are placeholders that the device fills from step n's output. A request that stops
@@ -19,23 +21,29 @@ tokens per such request. Steps that speculate are not pipelined (see spec_contro
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
+import logging
 import operator
 import random
 import time
 from typing import Any, Sequence
 
 from .detokenizer import IncrementalDetokenizer
+from .isolation import failing_rows
 from .kv_cache import KVCacheManager
 from .penalty_slots import PenaltySlots
 from .request import Request
 from .scheduler import Scheduler, ScheduledSeq
 from ..outputs import CompletionOutput, Logprob, RequestOutput, Runner, SeqInput
-from ..sampling_params import SamplingParams
+from ..sampling_params import RequestOutputKind, SamplingParams
+
+_CUMULATIVE, _DELTA, _FINAL_ONLY = RequestOutputKind.CUMULATIVE, RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY
 
 
 _NUM_SPEC_TOKENS = operator.attrgetter("num_spec_tokens")
+log = logging.getLogger("jaxinfer")
 
 
 @dataclasses.dataclass
@@ -64,6 +72,12 @@ class _SeqState:
     # Read once at admission, used every step (_launch): SeqInput's temperature, top_k, top_p, min_p, seed.
     sampling_row: tuple = ()
     penalised: bool = False  # params.uses_penalties
+    # Reporting: output tokens (and logprobs: one per token) already reported, the text the detokenizer returned
+    # since the last report, and whether the finish was reported (DELTA reports a completion's finish once).
+    num_reported: int = 0
+    text_delta: str = ""
+    finish_reported: bool = False
+    keep_deltas: bool = True  # False for FINAL_ONLY: reported once, with the whole text (no deltas accumulated)
 
     def __post_init__(self):
         p = self.params
@@ -79,7 +93,8 @@ class _Group:
     seq_ids: list[str]
     arrival_time: float
     first_token_time: float | None = None
-    stream: bool = True  # False: step() returns this request's output only once, when it has finished
+    kind: RequestOutputKind = _CUMULATIVE  # what step() reports for it (SamplingParams.output_kind)
+    reported: bool = False  # some output was reported (DELTA sends prompt_logprobs in the first one only)
 
 
 class LLMEngine:
@@ -104,14 +119,16 @@ class LLMEngine:
         self._in_flight: _Step | None = None
         self._penalty_slots = PenaltySlots(int(getattr(runner, "num_penalty_slots", 0)))
         self.spec = spec  # SpecControl or None
+        self._failed_outputs: list[RequestOutput] = []  # requests ended with an error by _launch (isolation)
 
     # ---- requests -----------------------------------------------------------------------------------------
     def add_request(self, request_id: str | None, prompt: str | Sequence[int],
                     params: SamplingParams | None = None, *, stream: bool = True) -> str:
         """Queue a request. Raises ValueError (and queues nothing) if it is invalid or can never fit.
 
-        stream=False: step() reports the request only when it has finished (offline batches: building a
-        cumulative RequestOutput for every running request at every step was the largest host cost at batch 256).
+        What step() reports for it is params.output_kind (RequestOutputKind). stream=False is FINAL_ONLY whatever
+        the params say (offline batches: building a cumulative RequestOutput for every running request at every
+        step was the largest host cost at batch 256).
         """
         params = params or SamplingParams()
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
@@ -156,10 +173,12 @@ class LLMEngine:
                 for prev in new_states[:k]:
                     self.scheduler.abort(prev.request.request_id)
                 raise
+        kind = params.output_kind if stream else _FINAL_ONLY
         for st in new_states:
+            st.keep_deltas = kind is not _FINAL_ONLY
             self._seqs[st.request.request_id] = st
         self._groups[request_id] = _Group(request_id, prompt_text, list(ids), seq_ids, time.monotonic(),
-                                          stream=stream)
+                                          kind=kind)
         return request_id
 
     def abort(self, request_id: str) -> bool:
@@ -203,6 +222,9 @@ class LLMEngine:
             for rid in sched.preempted_ids + sched.finished_ids:
                 self.spec.free(rid)
         launched = self._launch(sched)
+        if self._failed_outputs:
+            outputs += self._failed_outputs
+            self._failed_outputs = []
         if self._in_flight is not None:
             outputs += self._finish_step(self._in_flight)
         self._in_flight = launched
@@ -241,8 +263,63 @@ class LLMEngine:
                 if tgt is not None:
                     lp_targets[i] = tgt
         prev = self._in_flight.flight if self._in_flight is not None else None
+        try:
+            flight = self.runner.dispatch(inputs, prev, lp_targets or None)
+        except Exception as e:  # noqa: BLE001 - one request's row can fail the batch: end it alone (isolation.py)
+            sched, inputs, lp_targets, rows = self._drop_failing_rows(sched, inputs, lp_targets, prev, e)
+            if not sched.scheduled:
+                return None
+            flight = self.runner.dispatch(inputs, prev, lp_targets or None)  # still failing: the caller's problem
         speculative = any(map(_NUM_SPEC_TOKENS, sched.scheduled))  # (C-level scan: every step)
-        return _Step(sched, self.runner.dispatch(inputs, prev, lp_targets or None), rows, speculative)
+        return _Step(sched, flight, rows, speculative)
+
+    def _drop_failing_rows(self, sched, inputs: list[SeqInput], lp_targets: dict, prev, err: Exception):
+        """The step's dispatch raised `err`: find the rows that fail alone (probe dispatches, isolation.py), end
+        their requests (every sequence of the group) with an error output, and return the step without them:
+        (sched, inputs, prompt-logprob targets, sample rows), re-indexed. Re-raises `err` if no row fails alone."""
+        def ok(idx) -> bool:
+            sub = []
+            for i in idx:
+                inp = inputs[i]
+                if inp.penalty_slot >= 0:  # a probe must not count its discarded sample
+                    inp = copy.copy(inp)
+                    inp.penalty_slot = -1
+                sub.append(inp)
+            tg = {k: lp_targets[i] for k, i in enumerate(idx) if i in lp_targets}
+            try:
+                self.runner.fetch(self.runner.dispatch(sub, prev, tg or None))
+                return True
+            except Exception:  # noqa: BLE001
+                return False
+
+        bad = failing_rows(len(inputs), ok)
+        if not bad:
+            raise err
+        msg = f"the engine step failed on this request: {type(err).__name__}: {err}"
+        groups = {self._seqs[sched.scheduled[i].request_id].group_id for i in bad}
+        log.error("engine step failed (%s: %s); ending request(s) %s alone, the rest continue", type(err).__name__,
+                  err, sorted(groups))
+        for gid in sorted(groups):
+            self._fail_group(gid, msg)
+        keep = [i for i, s in enumerate(sched.scheduled) if s.request_id in self._seqs]
+        new_sched = dataclasses.replace(sched, scheduled=[sched.scheduled[i] for i in keep],
+                                        num_batched_tokens=sum(len(sched.scheduled[i].token_ids) for i in keep))
+        rows = {s.request_id: k for k, s in enumerate(new_sched.scheduled) if s.sample}
+        targets = {k: lp_targets[i] for k, i in enumerate(keep) if i in lp_targets}
+        return new_sched, [inputs[i] for i in keep], targets, rows
+
+    def _fail_group(self, gid: str, message: str) -> None:
+        """End every sequence of request `gid` now (finish_reason 'abort') and queue its final output, carrying
+        `message` as its error, for this step()."""
+        g = self._groups.get(gid)
+        if g is None:
+            return
+        for sid in g.seq_ids:
+            self.scheduler.abort(sid)
+        outs = self._outputs(set(g.seq_ids), set(g.seq_ids))
+        for o in outs:
+            o.error = message
+        self._failed_outputs += outs
 
     def _penalty_feed(self, inp: SeqInput, st: _SeqState, s: ScheduledSeq) -> None:
         """Penalty fields of a penalised sequence's row; on its first schedule since admission, take a slot of the
@@ -309,31 +386,38 @@ class LLMEngine:
                 last = j == len(new) - 1
                 # eos / a stop token id ended it: its text is not part of the output (vLLM semantics)
                 by_token = last and sid in finished and st.request.finish_reason == "stop"
-                _, stop = st.detok.append([tok], stop_terminated=by_token)
+                delta, stop = st.detok.append([tok], stop_terminated=by_token)
+                if delta and st.keep_deltas:
+                    st.text_delta += delta
                 if stop is not None:
-                    if sid in finished:  # finished for another reason too: the stop string wins
-                        st.request.status = type(st.request.status).FINISHED_STOPPED
-                        st.request.stop_reason = stop
-                    else:
-                        self.scheduler.finish(sid, "stop", stop)
-                        finished.add(sid)
-                    # verified tokens after the stop string are not part of the output
-                    del st.request.output_token_ids[s.output_index + j + 1:]
+                    # ends it (or re-labels it, if this update finished it too: the stop string came first) and
+                    # drops the verified tokens after the match
+                    self.scheduler.finish_by_stop_string(sid, stop, s.output_index + j + 1)
+                    finished.add(sid)
                     break
             if new:
                 touched.add(sid)
         for sid in finished:
             st = self._seqs[sid]
             if st.detok is not None:
-                st.detok.flush()
+                delta = st.detok.flush()
+                if st.keep_deltas:
+                    st.text_delta += delta
         return self._outputs(touched | finished, finished)
 
     # ---- outputs ------------------------------------------------------------------------------------------
     def _outputs(self, seq_ids: set[str], finished: set[str]) -> list[RequestOutput]:
         """RequestOutputs of the groups of seq_ids (sequences that progressed), in sorted order of their first
-        sequence id there. A stream=False group is reported only once all its sequences have finished, which can
-        first be true in the step one of them finished: the others are only stamped with first_token_time (the
-        per-step cost of a batch of non-streaming decodes is then a dict lookup each, not a group scan)."""
+        sequence id there, each as its group's kind asks (RequestOutputKind). A FINAL_ONLY group is reported only
+        once all its sequences have finished, which can first be true in the step one of them finished: the
+        others are only stamped with first_token_time (the per-step cost of a batch of non-streaming decodes is
+        then a dict lookup each, not a group scan).
+
+        Invariant (DELTA): a sequence's reported token_ids / logprobs / text, concatenated over the outputs, are
+        its CUMULATIVE final ones: st.num_reported counts the output tokens (and logprobs, one per token) already
+        reported, st.text_delta holds the detokenizer's deltas since the last report. Output tokens are only ever
+        appended (preemption keeps them; a stop string truncates them in the step it matched, before this runs),
+        so output_token_ids[num_reported:] is exactly what is new."""
         now = time.monotonic()
         all_seqs, all_groups = self._seqs, self._groups
         gids = set()
@@ -344,14 +428,15 @@ class LLMEngine:
                 continue
             if g.first_token_time is None:
                 g.first_token_time = now
-            if g.stream or sid in finished:
+            if g.kind is not _FINAL_ONLY or sid in finished:
                 gids.add(g.request_id)
         # sort key: the group's smallest sequence id in seq_ids
         key = {gid: min(sid for sid in all_groups[gid].seq_ids if sid in seq_ids) for gid in gids}
         outs = []
         for gid in sorted(gids, key=key.__getitem__):
             g = all_groups[gid]
-            if not g.stream and not all(all_seqs[sid].request.status.is_finished for sid in g.seq_ids):
+            kind = g.kind
+            if kind is _FINAL_ONLY and not all(all_seqs[sid].request.status.is_finished for sid in g.seq_ids):
                 continue
             comps = []
             done = True  # every sequence finished (a finished request always has a finish_reason)
@@ -360,22 +445,41 @@ class LLMEngine:
                 r = st.request
                 fin = r.status.is_finished
                 done = done and fin
+                ids, k = r.output_token_ids, st.num_reported
+                new_ids = ids[k:]
+                if kind is _FINAL_ONLY:  # nothing reported before: everything is new (no delta was kept)
+                    text = st.detok.text if st.detok is not None else ""
+                    delta_text = text
+                else:
+                    delta_text, st.text_delta = st.text_delta, ""
+                    if kind is _DELTA:
+                        if not new_ids and not delta_text and (not fin or st.finish_reported):
+                            continue  # nothing new for this completion
+                        text = delta_text
+                    else:
+                        text = st.detok.text if st.detok is not None else ""
+                st.num_reported = len(ids)
+                lps = st.logprobs
+                if lps is not None:
+                    lps = lps[k:] if kind is _DELTA else list(lps)
+                st.finish_reported = fin
                 comps.append(CompletionOutput(
-                    index=idx, text=st.detok.text if st.detok is not None else "",
-                    token_ids=list(r.output_token_ids),
-                    cumulative_logprob=st.cumulative_logprob,
-                    logprobs=list(st.logprobs) if st.logprobs is not None else None,
-                    finish_reason=r.finish_reason if fin else None,
-                    stop_reason=r.stop_reason if fin else None))
+                    idx, text, new_ids if kind is _DELTA else list(ids), st.cumulative_logprob, lps,
+                    r.finish_reason if fin else None, r.stop_reason if fin else None, delta_text, new_ids))
+            if not comps:
+                continue
             first = all_seqs[g.seq_ids[0]]
+            prompt_lps = first.prompt_logprobs
+            if prompt_lps is not None:
+                prompt_lps = None if kind is _DELTA and g.reported else list(prompt_lps)
+            g.reported = True
             metrics = {"arrival_time": g.arrival_time, "first_token_time": g.first_token_time,
                        "finished_time": now if done else None}
             if self.spec is not None:
                 metrics.update(self.spec.request_metrics(g.seq_ids))
             outs.append(RequestOutput(
                 request_id=gid, prompt=g.prompt, prompt_token_ids=g.prompt_token_ids,
-                prompt_logprobs=list(first.prompt_logprobs) if first.prompt_logprobs is not None else None,
-                outputs=comps, finished=done, metrics=metrics))
+                prompt_logprobs=prompt_lps, outputs=comps, finished=done, metrics=metrics))
             if done:
                 for sid in g.seq_ids:
                     self._seqs.pop(sid, None)

@@ -135,6 +135,7 @@ class Scheduler:
         self._next_arrival = 0
         self._num_preemptions_total = 0
         self._finished_ids: list[str] = []       # since the previous schedule()
+        self._update_finished: dict[str, Request] = {}  # finished by the latest update() (finish_by_stop_string)
         self._pc_queries = 0                     # prefix cache: tokens looked up at admission
         self._pc_hits = 0                        # prefix cache: tokens found cached at admission
         self._pc_hit_requests = 0
@@ -361,6 +362,7 @@ class Scheduler:
                 self.kv.cache_pages(req.request_id, req.page_hashes, req.token_slice, end // ps)
 
         finished: list[Request] = []
+        self._update_finished = {}
         for seq, req in live:
             if not seq.sample:
                 continue
@@ -372,6 +374,7 @@ class Scheduler:
                 if stop is not None:
                     self._finish(req, *stop)
                     finished.append(req)
+                    self._update_finished[req.request_id] = req
                     break  # tokens after a stop are dropped
         return finished
 
@@ -408,6 +411,26 @@ class Scheduler:
         if req is None:
             return None
         self._finish(req, status, stop_reason)
+        return req
+
+    def finish_by_stop_string(self, request_id: str, stop: str, keep_tokens: int) -> Request | None:
+        """End a request whose text matched stop string `stop` (found by the detokenizer after update()): keep its
+        first `keep_tokens` output tokens (the one that completed the match is the last; verified drafts after it
+        are dropped), status FINISHED_STOPPED with stop_reason=stop, pages freed.
+
+        Also for a request the latest update() already finished (max_tokens, or a stop token among tokens after
+        the match): the stop string completed first, so it wins. Returns the request, or None if unknown."""
+        req = self._requests.get(request_id) or self._update_finished.get(request_id)
+        if req is None:
+            return None
+        if not 1 <= keep_tokens <= len(req.output_token_ids):
+            raise ValueError(f"keep_tokens={keep_tokens} must be in [1, {len(req.output_token_ids)}] (the output "
+                             f"tokens of {request_id!r})")
+        if req.is_finished:  # finished by update() (pages freed, out of the queues): only its outcome changes
+            req.status, req.stop_reason = RequestStatus.FINISHED_STOPPED, stop
+        else:
+            self._finish(req, RequestStatus.FINISHED_STOPPED, stop)
+        del req.output_token_ids[keep_tokens:]
         return req
 
     def _finish(self, req: Request, status: RequestStatus, stop_reason: int | str | None) -> None:

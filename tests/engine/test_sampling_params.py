@@ -4,7 +4,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from jaxinfer.sampling_params import MAX_LOGPROBS, SamplingParams
+from jaxinfer.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams
 
 
 def test_defaults_match_the_spec():
@@ -15,6 +15,7 @@ def test_defaults_match_the_spec():
     assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.0, 0.0, 1.0)
     assert p.skip_special_tokens is True and p.include_stop_str_in_output is False
     assert p.min_tokens == 0
+    assert p.output_kind is RequestOutputKind.CUMULATIVE
     assert MAX_LOGPROBS == 20
     assert not p.greedy
 
@@ -32,6 +33,10 @@ def test_normalisation():
     assert SamplingParams(max_tokens=None).max_tokens is None
     assert SamplingParams(ignore_eos=np.bool_(True)).ignore_eos is True
     assert SamplingParams(temperature=0).greedy and SamplingParams(temperature=0.0).greedy
+    # output_kind: the enum, or its name in any case
+    assert SamplingParams(output_kind="delta").output_kind is RequestOutputKind.DELTA
+    assert SamplingParams(output_kind="FINAL_ONLY").output_kind is RequestOutputKind.FINAL_ONLY
+    assert SamplingParams(output_kind=RequestOutputKind.DELTA).output_kind is RequestOutputKind.DELTA
 
 
 def test_stop_list_is_copied():
@@ -51,10 +56,10 @@ def test_boundaries_accepted():
 
 
 BAD_VALUES = [
-    ("n", 0, "n must be >= 1, got 0"),
+    ("n", 0, "n must be >= 1 (and <= 2147483647), got 0"),
     ("n", -3, "n must be >= 1"),
-    ("max_tokens", 0, "max_tokens must be >= 1 or None, got 0"),
-    ("max_tokens", -1, "max_tokens must be >= 1 or None"),
+    ("max_tokens", 0, "max_tokens must be >= 1 (and <= 2147483647) or None, got 0"),
+    ("max_tokens", -1, "max_tokens must be >= 1"),
     ("temperature", -0.5, "temperature must be >= 0 (0 means greedy), got -0.5"),
     ("temperature", float("inf"), "temperature must be >= 0"),
     ("temperature", float("nan"), "temperature"),
@@ -62,13 +67,13 @@ BAD_VALUES = [
     ("top_p", 0.0, "top_p must be in (0, 1], got 0.0"),
     ("top_p", -0.1, "top_p must be in (0, 1]"),
     ("top_p", float("nan"), "top_p"),
-    ("top_k", -2, "top_k must be -1 (off) or >= 1, got -2"),
+    ("top_k", -2, "top_k must be -1 (off) or in [1, 2147483647] (it is int32 on the device), got -2"),
     ("min_p", -0.01, "min_p must be in [0, 1], got -0.01"),
     ("min_p", 1.01, "min_p must be in [0, 1]"),
     ("stop", [""], "stop[0] is an empty string"),
     ("stop", "", "stop[0] is an empty string"),
     ("stop", ["ok", ""], "stop[1] is an empty string"),
-    ("stop_token_ids", [-1], "stop_token_ids[0] must be a token id >= 0, got -1"),
+    ("stop_token_ids", [-1], "stop_token_ids[0] must be a token id >= 0 (and <= 2147483647), got -1"),
     ("logprobs", -1, "logprobs must be in [0, 20] or None, got -1"),
     ("logprobs", MAX_LOGPROBS + 1, "logprobs must be in [0, 20] or None, got 21"),
     ("prompt_logprobs", 21, "prompt_logprobs must be in [0, 20]"),
@@ -78,7 +83,17 @@ BAD_VALUES = [
     ("frequency_penalty", -3, "frequency_penalty must be in [-2, 2], got -3.0"),
     ("repetition_penalty", 0.0, "repetition_penalty must be in (0, 2], got 0.0"),
     ("repetition_penalty", 2.5, "repetition_penalty must be in (0, 2]"),
-    ("min_tokens", -1, "min_tokens must be >= 0, got -1"),
+    ("min_tokens", -1, "min_tokens must be >= 0"),
+    # integers past int32 would fail the whole batch's step when packed (issue 18): refused here
+    ("top_k", 2**31, "top_k must be -1 (off) or in [1, 2147483647]"),
+    ("top_k", -2**63, "top_k must be -1 (off) or in [1, 2147483647]"),
+    ("n", 2**31, "n must be >= 1 (and <= 2147483647)"),
+    ("max_tokens", 2**31, "max_tokens must be >= 1 (and <= 2147483647)"),
+    ("min_tokens", 2**40, "min_tokens must be >= 0 (and <= 2147483647)"),
+    ("stop_token_ids", [5, 2**31], "stop_token_ids[1] must be a token id >= 0 (and <= 2147483647)"),
+    ("temperature", 1e39, "temperature must be >= 0"),
+    ("top_p", 1e-40, "top_p must be in (0, 1]"),
+    ("output_kind", "deltas", "output_kind must be one of CUMULATIVE, DELTA, FINAL_ONLY"),
 ]
 
 
@@ -113,6 +128,7 @@ WRONG_TYPES = [
     ("skip_special_tokens", 0), ("skip_special_tokens", "yes"),
     ("include_stop_str_in_output", 1),
     ("min_tokens", 1.0), ("min_tokens", None),
+    ("output_kind", 1), ("output_kind", None), ("output_kind", True),
 ]
 
 

@@ -254,6 +254,28 @@ def test_finish_for_stop_string():
         s.finish("a", "eos")
 
 
+def test_finish_by_stop_string_truncates_and_frees():
+    s = make()
+    s.add_request(req("a", 5))
+    s.add_request(req("b", 5, max_tokens=3))
+    step(s)
+    step(s, {"a": [11], "b": [12]})
+    # a (running): the match completed at its first output token; the second is dropped, pages freed
+    r = s.finish_by_stop_string("a", "xy", keep_tokens=1)
+    assert r.status is RequestStatus.FINISHED_STOPPED and r.stop_reason == "xy" and r.output_token_ids == [TOK]
+    assert s.get("a") is None and s.kv.page_table("a") == []
+    # b: the same update() that finished it by length brought the token completing the match: the string wins
+    out, fin = step(s, {"b": [13]})
+    assert [q.request_id for q in fin] == ["b"] and fin[0].finish_reason == "length"
+    r = s.finish_by_stop_string("b", "zz", keep_tokens=2)
+    assert r is fin[0] and r.finish_reason == "stop" and r.stop_reason == "zz" and r.output_token_ids == [TOK, 12]
+    assert s.kv.num_free_pages == s.kv.num_usable_pages and s.num_running == 0
+    assert s.finish_by_stop_string("nobody", "zz", 1) is None
+    with pytest.raises(ValueError, match=r"keep_tokens=0 must be in \[1, 2\]"):
+        s.finish_by_stop_string("b", "zz", 0)
+    assert r.output_token_ids == [TOK, 12]  # a bad call changes nothing
+
+
 # ---- stop conditions -------------------------------------------------------------------------------
 def test_stop_on_eos_frees_pages_at_once():
     s = make()
