@@ -3,7 +3,7 @@
 Perplexity on the shipped quality text (jaxinfer/data/quality_text.txt) of: the float model, int4 RTN, and int4
 after AWQ scales searched on the shipped calibration text (jaxinfer/data/calibration_text.txt, a different text).
 Weights are fake-quantized (the exact QuantizedTensor.dequantize() values put back into the float model) and the
-model runs as a dense float forward (jaxinfer/models/awq.py), so this measures the weights' quality independent of
+model runs as a dense float forward (jaxinfer/weights/awq.py), so this measures the weights' quality independent of
 the device-side int4 kernels. SmolLM2-135M's hidden size 576 is not a multiple of 128: group 64 is its largest
 power-of-two group.
 
@@ -21,8 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from benchmarks.common import write_result  # noqa: E402
-from jaxinfer.models import awq  # noqa: E402
-from jaxinfer.models.loader import load_model, resolve_model  # noqa: E402
+from jaxinfer.weights import awq  # noqa: E402
+from jaxinfer.weights.loader import load_model, resolve_model  # noqa: E402
 from jaxinfer.quality import quality_text  # noqa: E402
 from jaxinfer.tokenizer import Tokenizer  # noqa: E402
 
@@ -35,7 +35,7 @@ def main():
     ap.add_argument("--num-tokens", type=int, default=None)
     a = ap.parse_args()
     if a.model is None:
-        from jaxinfer.default_model import default_model_path
+        from jaxinfer.weights.default_model import default_model_path
         a.model = default_model_path()
     if a.model.endswith(".gguf"):
         tok = Tokenizer.from_pretrained(os.path.dirname(a.model) or ".", gguf_file=os.path.basename(a.model))

@@ -100,7 +100,8 @@ def steady_context(batch: int, prompt_len: int, new_tokens: int, max_num_batched
 def device_only_step_s(llm, batch: int, ctx: int, iters: int = 20) -> float:
     """Time of the compiled decode step alone for `batch` decode rows at context `ctx` (no host work between
     steps). Run at the mean context of the measured decode so the two are comparable."""
-    from jaxinfer.runner.batch import SeqInput, pack
+    from jaxinfer.outputs import SeqInput
+    from jaxinfer.runner.batch import pack
 
     r = llm.runner
     pages = [list(range(1 + i * (ctx // r.page_size + 1), 1 + (i + 1) * (ctx // r.page_size + 1)))

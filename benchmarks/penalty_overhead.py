@@ -34,7 +34,7 @@ def main():
 
     from benchmarks.common import write_result
     from jaxinfer import LLM
-    from jaxinfer.runner.batch import SeqInput
+    from jaxinfer.outputs import SeqInput
 
     llm = LLM(a.model, load_format="dummy", max_model_len=a.max_model_len, max_num_seqs=max(a.batch, 16),
               max_num_batched_tokens=2048, progress=False)

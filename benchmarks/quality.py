@@ -9,7 +9,7 @@ KV cache dtype and weights a request really uses. CPU figures are valid (quality
 Targets (issue 7): weights int8 <= +1%, fp8 <= +2%, int4 (RTN, group 128) <= +8% and AWQ better than RTN;
 KV fp8 <= +1% (int8 KV held to the same). Weight settings: any LLM(quantization=...) value ('int8', 'fp8',
 'int4-g64', 'gguf' = the GGUF file's own Q4 weights kept quantized, ...), plus 'awq-g<N>': AWQ scales searched on
-the shipped calibration text (jaxinfer/models/awq.py) on the float32 model, folded, RTN-quantized (int4 with zero
+the shipped calibration text (jaxinfer/weights/awq.py) on the float32 model, folded, RTN-quantized (int4 with zero
 points, group N) and loaded into an 'int4-gN-asym' engine in place of its RTN weights. A setting the model cannot
 take (e.g. 'int4' = group 128 on a 576-wide model) is recorded as a row with its error.
 """
@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import write_result  # noqa: E402
 from jaxinfer import LLM, SamplingParams  # noqa: E402
-from jaxinfer.models.awq import calibration_text as awq_calibration_text  # noqa: E402
-from jaxinfer.models.quant_spec import QuantizationError  # noqa: E402
+from jaxinfer.weights.awq import calibration_text as awq_calibration_text  # noqa: E402
+from jaxinfer.config import QuantizationError  # noqa: E402
 from jaxinfer.quality import quality_text, token_nll  # noqa: E402
 
 # Allowed perplexity increase over the unquantized model of the same dtype (issue 7, item 5).
@@ -47,9 +47,9 @@ def load_awq(llm, model: str, group: int, calib_ids):
     """Replace the RTN int4 weights of an 'int4-g{group}-asym' LLM by AWQ-scaled ones: scales searched and folded
     on the float32 model (awq.apply_awq), RTN-quantized (awq.quantize_module, the same asymmetric rounding), the
     folded norms and int4 leaves written into the LLM's own module. Returns the search summary."""
-    from jaxinfer.models import awq
-    from jaxinfer.models.loader import load_model, resolve_model
-    from jaxinfer.models.quant import tensor_leaves
+    from jaxinfer.weights import awq
+    from jaxinfer.weights.loader import load_model, resolve_model
+    from jaxinfer.weights.quantize import tensor_leaves
 
     ref = load_model(resolve_model(model), "float32", progress=False).module()
     t0 = time.perf_counter()
@@ -112,7 +112,7 @@ def main():
     a = ap.parse_args()
 
     if a.model is None:
-        from jaxinfer.default_model import default_model_path
+        from jaxinfer.weights.default_model import default_model_path
         a.model = default_model_path()
     text = quality_text()
     from jaxinfer.tokenizer import Tokenizer

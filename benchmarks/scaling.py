@@ -63,7 +63,7 @@ def _abstract_model(hf: dict, tp: int, dtype=jnp.bfloat16):
 
     from jaxinfer.config import ModelConfig
     from jaxinfer.models.llama import LlamaForCausalLM
-    from jaxinfer.models.loader import LoadedModel
+    from jaxinfer.weights.loader import LoadedModel
     from jaxinfer.parallel import make_plans, tp_model_config
 
     plan = make_plans(tp, 1)[0]
@@ -82,7 +82,8 @@ def step_collectives(hf: dict, tp: int, batch: int = COMM_BATCH) -> dict:
     """Collectives of the compiled decode step of `batch` sequences: {kind: bytes}, and the op count."""
     from jaxinfer.models.attention import AttentionOptions
     from jaxinfer.parallel import KV_CACHE_AXES, collective_ops
-    from jaxinfer.runner.batch import SeqInput, pack
+    from jaxinfer.outputs import SeqInput
+    from jaxinfer.runner.batch import pack
     from jaxinfer.runner.buckets import BucketLadder
     from jaxinfer.runner.step import make_step_fn
 
@@ -117,7 +118,7 @@ def step_collectives(hf: dict, tp: int, batch: int = COMM_BATCH) -> dict:
 
 
 def comm_volume(model: str, tps, batch: int = COMM_BATCH) -> list[dict]:
-    from jaxinfer.models.registry import preset_config
+    from jaxinfer.weights.presets import preset_config
 
     rows = []
     for tp in tps:
@@ -153,7 +154,7 @@ def comm_volume(model: str, tps, batch: int = COMM_BATCH) -> list[dict]:
 
 def _fits(model: str, tp: int, layers: int | None, frac: float = 0.85) -> tuple[bool, str]:
     from jaxinfer.config import ModelConfig
-    from jaxinfer.models.registry import preset_config
+    from jaxinfer.weights.presets import preset_config
 
     hf = preset_config(model)
     cfg = ModelConfig.from_hf({**hf, "num_hidden_layers": layers or hf["num_hidden_layers"]})
@@ -167,7 +168,7 @@ def _fits(model: str, tp: int, layers: int | None, frac: float = 0.85) -> tuple[
 
 def timed_run(model: str, tp: int, layers: int | None, requests: int, prompt_len: int, new_tokens: int) -> dict:
     from jaxinfer import LLM, SamplingParams
-    from jaxinfer.models.registry import PRESETS
+    from jaxinfer.weights.presets import PRESETS
 
     name = model
     if layers is not None and layers != PRESETS[model]["num_hidden_layers"]:

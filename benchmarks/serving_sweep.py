@@ -201,7 +201,7 @@ def main():
     ap.add_argument("--log-dir", default=os.environ.get("OUT") or "/tmp")
     a = ap.parse_args()
 
-    from jaxinfer.models.registry import PRESETS
+    from jaxinfer.weights.presets import PRESETS
 
     if a.model not in PRESETS:
         raise SystemExit(f"--model {a.model!r} is not a preset; choose one of {sorted(PRESETS)}")

@@ -136,7 +136,7 @@ def main(argv=None):
                                                      max_batch_size=max_batch, adaptive=False), **common)
     vocab = spec_llm.model_config.vocab_size
     inners = {"none": None}
-    from jaxinfer.runner.draft_proposer import build_model_proposer
+    from jaxinfer.draft_model import build_model_proposer
 
     for d in a.drafts:
         if d == "none":

@@ -20,7 +20,8 @@ import numpy as np  # noqa: E402
 from benchmarks.common import write_result  # noqa: E402
 from jaxinfer import LLM  # noqa: E402
 from jaxinfer.models.attention import AttentionMetadata, device_num_sms, kernel_split_options  # noqa: E402
-from jaxinfer.runner.batch import SeqInput, pack  # noqa: E402
+from jaxinfer.outputs import SeqInput  # noqa: E402
+from jaxinfer.runner.batch import pack  # noqa: E402
 from jaxinfer.runner.sampler import SamplingTensors, sample  # noqa: E402
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention  # noqa: E402
 from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference, write_kv_pages  # noqa

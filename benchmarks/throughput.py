@@ -115,7 +115,7 @@ def main():
     ap.add_argument("--profile", default=None)
     a = ap.parse_args()
 
-    from jaxinfer.models.registry import PRESETS
+    from jaxinfer.weights.presets import PRESETS
 
     hf = None
     if a.hf_baseline and a.model in PRESETS:

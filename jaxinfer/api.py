@@ -41,7 +41,7 @@ class LLM:
                 f"unknown option(s) {unknown}; valid engine options are {sorted(_ENGINE_FIELDS - {'dtype'})}")
         t0 = time.perf_counter()
         self._progress = progress
-        from jaxinfer.models.loader import load_model, resolve_model
+        from jaxinfer.weights.loader import load_model, resolve_model
         from jaxinfer.runner.model_runner import ModelRunner, enable_compilation_cache
         from jaxinfer.tokenizer import Tokenizer
         from jaxinfer.engine.engine import LLMEngine
@@ -102,7 +102,7 @@ class LLM:
 
             proposer = NgramProposer(sc.ngram_min_n, sc.ngram_max_n)
         else:
-            from jaxinfer.runner.draft_proposer import build_model_proposer
+            from jaxinfer.draft_model import build_model_proposer
 
             proposer = build_model_proposer(sc, self.model, self.config, max_len, self.runner.num_pages,
                                             progress=self._progress)
@@ -202,7 +202,7 @@ class LLM:
 
     def save(self, path: str):
         """Save weights (orbax), config and tokenizer so `LLM(path)` reloads without conversion."""
-        from jaxinfer.checkpoint import save_checkpoint
+        from jaxinfer.weights.checkpoint import save_checkpoint
         import jax
         import numpy as np
         from flax import nnx
@@ -213,7 +213,7 @@ class LLM:
                 "and pass quantization= when loading it")
         state = nnx.to_pure_dict(jax.tree.unflatten(self.model.treedef, self.model.params))
         if self.model.plan is not None:  # gather the shards and undo the tensor-parallel layout
-            from jaxinfer.models.loader import _flatten, _unflatten
+            from jaxinfer.weights.loader import _flatten, _unflatten
             from jaxinfer.parallel import canonical_layout
 
             state = _unflatten({p: canonical_layout(p, np.asarray(a), self.model.layout)

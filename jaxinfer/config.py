@@ -8,15 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-_SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-}
 _SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -96,17 +90,10 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "ModelConfig":
-        """Build from a Hugging Face config dict; reject what the model code does not implement."""
+        """Build from a Hugging Face config dict; reject the options the model code does not implement. Which
+        model_type / architectures exist is the registry's table: models/registry.model_config(hf) checks those
+        and then calls this (the loader and `jaxinfer info` go through it)."""
         model_type = hf.get("model_type")
-        archs = hf.get("architectures") or []
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ConfigError(
-                f"unsupported model_type {model_type!r} (architectures {archs}); jaxinfer supports "
-                f"{', '.join(SUPPORTED_MODEL_TYPES)} (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, SmolLM2)")
-        for arch in archs:
-            if arch not in _SUPPORTED_ARCHITECTURES:
-                raise ConfigError(
-                    f"unsupported architecture {arch!r}; jaxinfer supports {sorted(_SUPPORTED_ARCHITECTURES)}")
         act = hf.get("hidden_act", "silu")
         if act != "silu":
             raise ConfigError(f"unsupported hidden_act {act!r}: only 'silu' (SwiGLU MLP) is implemented")
@@ -286,6 +273,137 @@ class SpeculativeConfig:
                           f"{type(value).__name__}")
 
 
+# ---- quantization: what `quantization=` asks for, parsed and validated without jax ---------------------------
+#
+#   quantization: "int8"            per-output-channel symmetric int8 weights (bf16 activations)
+#                 "int4"            group-wise int4, group 128, symmetric; "int4-g64" / "int4-g32" other groups;
+#                                   "int4-asym" (or "int4-g64-asym", ...) asymmetric with zero points
+#                 "fp8"             e4m3 weights with per-channel scales, activations quantized per token (W8A8)
+#                 "gguf"            GGUF files only: keep the file's own Q4_0 / Q4_1 / Q4_K linear weights quantized
+#                                   (int4, group 32) instead of dequantizing them; see weights/gguf_quant.py
+#   quantize_lm_head: also quantize the LM head (untied models only); embeddings always stay in the model dtype.
+#   quantized_matmul: "auto" (the Pallas kernel on GPU for int8/int4, XLA's native fp8 dot for fp8, the jnp
+#                 reference on CPU), "reference", "xla", or "pallas" (interpret mode on CPU: slow, for tests).
+
+QUANT_METHODS = ("int8", "int4", "fp8")
+INT4_GROUP_SIZES = (32, 64, 128)
+MATMUL_BACKENDS = ("auto", "reference", "xla", "pallas")
+_INT4_RE = re.compile(r"int4(?:-g(\d+))?(-asym|-sym)?")
+
+
+class QuantizationError(ConfigError):
+    """An invalid or unsupported quantization request."""
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantSpec:
+    method: str                 # "int8" | "int4" | "fp8"
+    group_size: int | None = None  # int4 only
+    symmetric: bool = True      # int4 round-to-nearest: symmetric [-8, 7] or asymmetric [0, 15] with zero points
+    lm_head: bool = False       # quantize the LM head too
+    backend: str = "auto"       # quantized_matmul option (see the module docstring)
+    # Decoder projections that stay float Linears, as module paths ('layers', i, 'attn', 'qkv'): the layers of a
+    # GGUF file whose type cannot be kept quantized (weights/gguf_quant.py). Empty for quantization on load.
+    float_modules: frozenset = frozenset()
+
+    def __post_init__(self):
+        if self.method not in QUANT_METHODS:
+            raise QuantizationError(f"unknown quantization method {self.method!r}; use one of {QUANT_METHODS}")
+        if self.method == "int4" and self.group_size not in INT4_GROUP_SIZES:
+            raise QuantizationError(
+                f"int4 group size {self.group_size} is not supported; use one of {INT4_GROUP_SIZES} "
+                "(e.g. quantization='int4-g64')")
+        if self.method != "int4" and (self.group_size is not None or not self.symmetric):
+            raise QuantizationError(f"{self.method} is per-channel symmetric: no group size or zero points")
+        if self.backend not in MATMUL_BACKENDS:
+            raise QuantizationError(f"quantized_matmul must be one of {MATMUL_BACKENDS}, got {self.backend!r}")
+        if self.method == "fp8" and self.backend == "pallas":
+            raise QuantizationError(
+                "fp8 (W8A8) runs through XLA's native fp8 dot, there is no Pallas fp8 kernel; use "
+                "quantized_matmul='auto' or 'xla'")
+
+    @property
+    def name(self) -> str:
+        if self.method != "int4":
+            return self.method
+        return f"int4-g{self.group_size}" + ("" if self.symmetric else "-asym")
+
+
+@dataclasses.dataclass(frozen=True)
+class KeepGGUFQuantization:
+    """quantization='gguf': keep a GGUF file's quantized linear weights as they are. The loader turns it into the
+    QuantSpec the file implies (weights/gguf_quant.py); any other model source refuses it."""
+    backend: str = "auto"
+    name = "gguf"
+
+    def __post_init__(self):
+        if self.backend not in MATMUL_BACKENDS:
+            raise QuantizationError(f"quantized_matmul must be one of {MATMUL_BACKENDS}, got {self.backend!r}")
+
+
+def parse_quantization(quantization: str | None, *, quantize_lm_head: bool = False,
+                       backend: str = "auto") -> QuantSpec | KeepGGUFQuantization | None:
+    """'int8' | 'int4[-g32|-g64|-g128][-asym]' | 'fp8' | 'gguf' | None -> QuantSpec (None: no quantization;
+    'gguf': KeepGGUFQuantization, resolved against the file at load)."""
+    if quantization is None or quantization in ("none", ""):
+        if quantize_lm_head:
+            raise QuantizationError("quantize_lm_head=True needs quantization='int8', 'int4' or 'fp8'")
+        return None
+    if not isinstance(quantization, str):
+        raise QuantizationError(f"quantization must be a string like 'int8', 'int4' or 'fp8', got {quantization!r}")
+    q = quantization.strip().lower()
+    if q == "gguf":
+        if quantize_lm_head:
+            raise QuantizationError(
+                "quantize_lm_head=True does not combine with quantization='gguf': a GGUF file's LM head (or tied "
+                "embedding) stays float; drop quantize_lm_head, or use quantization='int8' / 'int4' / 'fp8' to "
+                "re-quantize the dequantized weights")
+        return KeepGGUFQuantization(backend)
+    if q in ("int8", "fp8"):
+        return QuantSpec(q, lm_head=quantize_lm_head, backend=backend)
+    m = _INT4_RE.fullmatch(q)
+    if m is None:
+        raise QuantizationError(
+            f"unknown quantization {quantization!r}; use 'int8', 'fp8', 'int4' (group 128, symmetric), "
+            "'int4-g64', 'int4-g32', an asymmetric variant such as 'int4-asym' / 'int4-g64-asym', or 'gguf' "
+            "(a GGUF file's own quantization)")
+    group = int(m.group(1)) if m.group(1) else 128
+    return QuantSpec("int4", group, symmetric=m.group(2) != "-asym", lm_head=quantize_lm_head, backend=backend)
+
+
+def checkpoint_quantization(hf_config: dict) -> str | None:
+    """The quantization a Hugging Face checkpoint already carries ('int4' for AWQ / 4-bit GPTQ, 'int8' for 8-bit
+    GPTQ, 'fp8' for fp8 / compressed-tensors float8), or None for a float checkpoint."""
+    qc = hf_config.get("quantization_config") or hf_config.get("compression_config")
+    if not qc:
+        return None
+    method = str(qc.get("quant_method", "")).lower()
+    bits = qc.get("bits", qc.get("w_bit"))
+    if method == "awq":
+        return "int4"
+    if method == "gptq":
+        return {4: "int4", 8: "int8"}.get(int(bits or 4), f"gptq-{bits}bit")
+    if method in ("fp8", "fbgemm_fp8"):
+        return "fp8"
+    if method == "compressed-tensors":
+        text = str(qc).lower()
+        return "fp8" if "float" in text and "8" in text else "compressed-tensors"
+    return method or "unknown"
+
+
+def check_checkpoint_compatible(spec: QuantSpec | None, hf_config: dict, name: str = "the checkpoint"):
+    """Refuse to re-quantize a checkpoint that is already quantized with another method."""
+    have = checkpoint_quantization(hf_config)
+    if spec is None or have is None:
+        return
+    if have != spec.method:
+        raise QuantizationError(
+            f"{name} is already quantized ({have}, quant_method="
+            f"{(hf_config.get('quantization_config') or hf_config.get('compression_config')).get('quant_method')!r})"
+            f" but quantization={spec.name!r} was requested; drop the quantization option to use the "
+            f"checkpoint's own {have} weights, or load a float checkpoint to quantize it as {spec.name}")
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs besides the model. Unknown options are rejected by `LLM(**kwargs)`.
@@ -306,9 +424,9 @@ class EngineConfig:
     kv_loop: "static" (unrolled over the page-table width; no device-to-host syncs: GPU), "dynamic" (while loop
         up to the longest context: CPU) or "auto".
     quantization: quantize the weights on load: None, "int8", "int4" ("int4-g64", "int4-g32", "-asym" variants)
-        or "fp8" (W8A8), or "gguf" (keep a GGUF file's Q4_0 / Q4_1 / Q4_K projections int4: models/gguf_quant.py);
+        or "fp8" (W8A8), or "gguf" (keep a GGUF file's Q4_0 / Q4_1 / Q4_K projections int4: weights/gguf_quant.py);
         quantize_lm_head: the LM head too (embeddings stay unquantized); quantized_matmul:
-        "auto" | "reference" | "xla" | "pallas" (see jaxinfer/models/quant_spec.py).
+        "auto" | "reference" | "xla" | "pallas" (see QuantSpec above).
     tensor_parallel_size: devices one model replica is split over (jaxinfer/parallel.py).
     data_parallel_size: model replicas on disjoint device groups; requests go to the least-loaded replica.
     kv_cache_dtype: "auto" (the model dtype), "fp8" (e4m3) or "int8": quantized KV pages with one float32
@@ -373,14 +491,10 @@ class EngineConfig:
             raise ConfigError(f"kv_loop must be 'auto', 'static' or 'dynamic', got {self.kv_loop!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
-        from jaxinfer.models.quant_spec import parse_quantization  # no jax: validates the quantization options
-
         parse_quantization(self.quantization, quantize_lm_head=self.quantize_lm_head, backend=self.quantized_matmul)
 
     @property
     def quant_spec(self):
-        """models.quant_spec.QuantSpec of the quantization options, or None."""
-        from jaxinfer.models.quant_spec import parse_quantization
-
+        """QuantSpec (or KeepGGUFQuantization) of the quantization options, or None."""
         return parse_quantization(self.quantization, quantize_lm_head=self.quantize_lm_head,
                                   backend=self.quantized_matmul)

@@ -13,7 +13,7 @@ Logical axes. Each weight declares names for its dimensions where it is created 
   vocab parallel: embedding rows and LM-head columns ("vocab")                      -> masked gather + all-reduce
 KV cache: [pages, page, kv_heads, head_dim] split on "kv_heads" (a quantized cache's per-token scales
 [pages, page, kv_heads] too); attention runs per shard (shard_map).
-Quantized layers (models/quant.py QuantLinear) give q / scale / offset the logical axes of the float weight
+Quantized layers (models/quant_linear.py QuantLinear) give q / scale / offset the logical axes of the float weight
 they replace, so these rules split them the same way (int4 groups must not straddle a row-parallel split).
 
 Layouts (applied once at load; see `relayout_for_tp` and its inverse `canonical_layout`):
@@ -154,7 +154,7 @@ def canonical_layout(path: tuple, x: np.ndarray, lay: TPLayout | None) -> np.nda
 
 
 def relayout_quantized_for_tp(path: tuple, qt, lay: TPLayout | None):
-    """The same re-layout for a quantized weight (models/quant_tensor.QuantizedTensor, [in, out] with per-output-
+    """The same re-layout for a quantized weight (weights/quant_tensor.QuantizedTensor, [in, out] with per-output-
     column scales): the layouts only move (or copy) output columns, so q, scale and zero take the same column
     permutation, and the quantized weight then splits over the devices exactly like the float one."""
     if lay is None:

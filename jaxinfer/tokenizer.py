@@ -46,8 +46,8 @@ class Tokenizer:
         elif gguf_file is not None and os.path.isabs(gguf_file):
             path, gguf_file = os.path.split(gguf_file)
         try:
-            if gguf_file is not None:  # built from the GGUF metadata without torch (see models/gguf_tokenizer.py)
-                from jaxinfer.models.gguf_loader import load_gguf_tokenizer
+            if gguf_file is not None:  # built from the GGUF metadata without torch (see weights/gguf_tokenizer.py)
+                from jaxinfer.weights.gguf import load_gguf_tokenizer
 
                 hf = load_gguf_tokenizer(os.path.join(path, gguf_file))
             else:

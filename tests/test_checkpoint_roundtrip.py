@@ -9,7 +9,7 @@ import pytest
 
 import jaxinfer
 from jaxinfer import SamplingParams
-from jaxinfer.checkpoint import is_orbax_checkpoint
+from jaxinfer.weights.checkpoint import is_orbax_checkpoint
 
 SMALL = dict(max_model_len=256, num_pages=64, max_num_batched_tokens=64, max_num_seqs=4, progress=False)
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

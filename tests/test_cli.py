@@ -58,7 +58,7 @@ def test_info_checkpoint_dir(tiny_llama_dir, capsys):
 
 
 def test_info_preset_loads_no_weights(capsys, monkeypatch):
-    import jaxinfer.models.loader as loader
+    import jaxinfer.weights.loader as loader
 
     def boom(*a, **k):
         raise AssertionError("info must not load weights")
@@ -103,7 +103,7 @@ def test_generate_chat(smollm2_gguf, capsys):
 
 def test_default_model_subprocess(smollm2_gguf):
     """No --model: the default SmolLM2 GGUF (already cached under $JAXINFER_CACHE by the smollm2_gguf fixture)."""
-    from jaxinfer.default_model import default_model_path
+    from jaxinfer.weights.default_model import default_model_path
 
     assert default_model_path() == smollm2_gguf  # the run below must not need the network
     proc = _subprocess([sys.executable, "-m", "jaxinfer.cli", "generate", "Hello", "--max-tokens", "4", "--quiet",

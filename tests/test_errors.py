@@ -13,7 +13,7 @@ import pytest
 import jaxinfer
 from jaxinfer import SamplingParams
 from jaxinfer.config import ConfigError
-from jaxinfer.models.loader import ModelNotFoundError
+from jaxinfer.weights.loader import ModelNotFoundError
 
 NO_ENGINE = dict(progress=False, warmup=False)
 SMALL = dict(max_model_len=128, num_pages=64, max_num_batched_tokens=64, max_num_seqs=4, progress=False)
@@ -126,7 +126,7 @@ def test_bad_engine_option_value(tiny_llama_dir):
 
 
 def test_unknown_option_fails_before_loading(tiny_llama_dir, monkeypatch):
-    import jaxinfer.models.loader as loader
+    import jaxinfer.weights.loader as loader
 
     def boom(*a, **k):
         raise AssertionError("the model was resolved/loaded before the options were checked")

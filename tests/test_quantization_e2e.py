@@ -18,9 +18,9 @@ import transformers as tf
 
 import jaxinfer
 from jaxinfer import SamplingParams
-from jaxinfer.config import ConfigError
-from jaxinfer.models.quant import params_from_quantized, quantize_rtn
-from jaxinfer.models.quant_spec import QuantizationError, parse_quantization
+from jaxinfer.config import ConfigError, QuantizationError, parse_quantization
+from jaxinfer.weights.loader import params_from_quantized
+from jaxinfer.weights.quantize import quantize_rtn
 
 OPTS = dict(dtype="float32", num_pages=64, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=8,
             warmup=False, progress=False)
@@ -102,7 +102,7 @@ def test_pallas_kernel_in_engine_matches_reference(tiny_llama_dir):
 
 
 def test_dummy_preset_quantizes_the_float_random_weights():
-    from jaxinfer.models.quant import quantized_leaves
+    from jaxinfer.weights.quantize import quantized_leaves
 
     f = jaxinfer.LLM("tiny-llama", load_format="dummy", **OPTS)
     q = jaxinfer.LLM("tiny-llama", load_format="dummy", quantization="int4-g32", quantize_lm_head=True, **OPTS)
@@ -122,7 +122,7 @@ def test_params_from_quantized_tensors(tiny_llama_dir):
     with q/k/v regrouped per KV head and gate/up fused."""
     from safetensors.numpy import load_file
 
-    from jaxinfer.models.loader import resolve_model
+    from jaxinfer.weights.loader import resolve_model
 
     raw = load_file(os.path.join(tiny_llama_dir, "model.safetensors"))
     tensors = {}
@@ -182,10 +182,11 @@ def test_quantized_lm_head_needs_an_untied_head(tiny_llama_dir, tmp_path):
 
 
 def test_cli_flag():
-    from jaxinfer.cli import _engine_kwargs, build_parser
+    from jaxinfer.cli import build_parser
+    from jaxinfer.cli_args import engine_kwargs
 
     a = build_parser().parse_args(["generate", "hi", "--quantization", "int4-g64", "--quantize-lm-head"])
-    kw = _engine_kwargs(a)
+    kw = engine_kwargs(a)
     assert kw["quantization"] == "int4-g64" and kw["quantize_lm_head"] is True
 
 

@@ -70,7 +70,8 @@ import numpy as np  # noqa: E402
 from benchmarks.common import RESULTS_DIR, measure_hbm_bandwidth, write_result  # noqa: E402
 from benchmarks.peers import jax_paged_attention as peer  # noqa: E402
 from jaxinfer.models.attention import decode_kv_splits, device_num_sms, kernel_num_stages  # noqa: E402
-from jaxinfer.runner.batch import SeqInput, pack  # noqa: E402
+from jaxinfer.outputs import SeqInput  # noqa: E402
+from jaxinfer.runner.batch import pack  # noqa: E402
 from jaxinfer.runner.buckets import BucketLadder  # noqa: E402
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention  # noqa: E402
 from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference  # noqa: E402

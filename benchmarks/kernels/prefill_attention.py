@@ -32,7 +32,8 @@ import numpy as np  # noqa: E402
 
 from benchmarks.common import add_profile_arg, start_profile, write_result  # noqa: E402
 from benchmarks.kernels.paged_attention import measure, rel_norm  # noqa: E402
-from jaxinfer.runner.batch import SeqInput, pack  # noqa: E402
+from jaxinfer.outputs import SeqInput  # noqa: E402
+from jaxinfer.runner.batch import pack  # noqa: E402
 from jaxinfer.runner.buckets import BucketLadder  # noqa: E402
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention  # noqa: E402
 

@@ -36,8 +36,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.common import measure_hbm_bandwidth, write_result  # noqa: E402
-from jaxinfer.models.quant import quantized_leaves  # noqa: E402
-from jaxinfer.models.quant_spec import parse_quantization  # noqa: E402
+from jaxinfer.weights.quantize import quantized_leaves  # noqa: E402
+from jaxinfer.config import parse_quantization  # noqa: E402
 from pallas_kernels.quantized_matmul import kernel as qk  # noqa: E402
 from pallas_kernels.quantized_matmul import reference as qr  # noqa: E402
 from pallas_kernels.quantized_matmul import xla as qx  # noqa: E402

@@ -97,7 +97,8 @@ def sweep(model: str, batches: list[int], ctx: int, out_dir: str):
 
     from benchmarks.common import write_result
     from jaxinfer import LLM
-    from jaxinfer.runner.batch import SeqInput, pack
+    from jaxinfer.outputs import SeqInput
+    from jaxinfer.runner.batch import pack
 
     llm = LLM(model, load_format="dummy", max_model_len=ctx + 64, max_num_batched_tokens=max(256, max(batches)),
               max_num_seqs=max(batches), num_pages=max(batches) * (ctx // 16 + 2) + 2, warmup=False, progress=False)

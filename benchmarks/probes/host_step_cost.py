@@ -204,7 +204,7 @@ def main():
     llms = {"offline": LLM(a.model, **opts)}
     llms["stream"] = llms["offline"]
     if not a.no_tokenizer:
-        from jaxinfer.default_model import default_model_path
+        from jaxinfer.weights.default_model import default_model_path
 
         tok_llm = LLM(a.model, tokenizer=default_model_path(), **opts)
         llms["offline+tok"] = llms["stream+tok"] = tok_llm

@@ -24,29 +24,18 @@ import itertools
 import operator
 import random
 import time
-from typing import Any, Protocol, Sequence
+from typing import Any, Sequence
 
 from .detokenizer import IncrementalDetokenizer
 from .kv_cache import KVCacheManager
 from .penalty_slots import PenaltySlots
 from .request import Request
 from .scheduler import Scheduler, ScheduledSeq
-from ..outputs import CompletionOutput, Logprob, RequestOutput
-from ..runner.batch import SeqInput
+from ..outputs import CompletionOutput, Logprob, RequestOutput, Runner, SeqInput
 from ..sampling_params import SamplingParams
 
 
 _NUM_SPEC_TOKENS = operator.attrgetter("num_spec_tokens")
-
-
-class Runner(Protocol):
-    num_pages: int
-    page_size: int
-
-    def dispatch(self, seqs: Sequence[SeqInput], prev: Any = None,
-                 prompt_logprob_targets: dict[int, Any] | None = None) -> Any: ...
-
-    def fetch(self, flight: Any): ...
 
 
 @dataclasses.dataclass

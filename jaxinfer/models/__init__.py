@@ -1,1 +1,2 @@
-"""Llama-family models (Flax NNX), their loaders and the attention dispatch."""
+"""The network: Llama-family decoder modules (Flax NNX), their layers, the attention dispatch and the architecture
+registry. Weights and their file formats are jaxinfer/weights/."""

@@ -113,6 +113,6 @@ class LlamaForCausalLM(nnx.Module):
         h = self.norm(hidden)
         if self.lm_head is None:
             return jnp.dot(h, self.embed[...].T, preferred_element_type=jnp.float32)
-        if not isinstance(self.lm_head, Linear):  # a QuantLinear (models/quant.py, quantize_lm_head=True)
+        if not isinstance(self.lm_head, Linear):  # a QuantLinear (models/quant_linear.py, quantize_lm_head=True)
             return self.lm_head(h, preferred_element_type=jnp.float32)
         return jnp.dot(h, self.lm_head.w[...], preferred_element_type=jnp.float32)

@@ -14,32 +14,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from jaxinfer.outputs import SeqInput
 from jaxinfer.runner.buckets import Bucket
-
-
-@dataclasses.dataclass
-class SeqInput:
-    # engine.py builds it positionally up to prev_row (hot path): add new fields at the end.
-    token_ids: Sequence[int]   # tokens computed this step (prefill chunk, or the one decode token)
-    start_pos: int             # position of token_ids[0]
-    page_table: Sequence[int]  # all pages of the sequence (cover start_pos + len(token_ids) tokens)
-    temperature: float = 0.0
-    top_k: int = -1
-    top_p: float = 1.0
-    min_p: float = 0.0
-    seed: int = 0
-    step: int = 0              # index of the token being sampled (number generated so far)
-    want_logprobs: bool = False  # the request asked for logprobs: the step computes the top-20 (else skipped)
-    prev_row: int = -1         # >= 0: the last token is a placeholder (-1), sampled by the previous step (still in
-                               # flight) in its output row `prev_row`; the device fills it in
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    penalty_slot: int = -1     # >= 0: row of the device token-count table that penalises this row's sample and
-                               # counts it (only rows that sample; -1 for the others)
-    penalty_init: tuple | None = None  # (slot, prompt ids, known output ids): write that row before this step
-    num_spec: int = 0          # speculative decoding: the last num_spec tokens are drafts to verify (needs a
-                               # verify row: bucket.spec_rows > 0)
 
 
 _TOKEN_IDS, _PAGE_TABLE, _NUM_SPEC = attrgetter("token_ids"), attrgetter("page_table"), attrgetter("num_spec")

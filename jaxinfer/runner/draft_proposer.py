@@ -1,7 +1,8 @@
 """Draft proposals from a model: a separate draft checkpoint ("draft") or the target's first layers ("layer_skip").
 
 The draft runs on its own `ModelRunner` (same bucketed, ahead-of-time compiled step as the target) with its own
-paged KV cache and its own page allocator (`KVCacheManager`, no prefix caching). Per request it remembers how
+paged KV cache and its own page allocator (the host's `KVCacheManager`, no prefix caching). Both are built and
+handed in by jaxinfer/draft_model.py, above runner/ and engine/: the runner never imports the engine. Per request it remembers how
 many tokens of the sequence have draft KV (`_computed`). To propose k drafts for a sequence of N known tokens:
   catch-up   tokens [computed, N-1) in chunks of at most the largest bucket (prompt, and tokens accepted since);
   k steps    step 1 computes token N-1 and samples d_1 greedily; step j feeds d_{j-1} (a placeholder the device
@@ -22,47 +23,37 @@ cache. Cost of not sharing: num_draft_layers / num_layers of the target's KV mem
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Sequence
+from typing import Protocol, Sequence
 
-from flax import nnx
-import jax
-
-from jaxinfer.config import EngineConfig, SpeculativeConfig
-from jaxinfer.engine.kv_cache import KVCacheManager
-from jaxinfer.models.loader import LoadedModel
-from jaxinfer.runner.batch import SeqInput
+from jaxinfer.outputs import SeqInput
 from jaxinfer.runner.draft_steps import FusedDraftSteps
 from jaxinfer.runner.model_runner import ModelRunner
 
 
-def layer_skip_model(target: LoadedModel, num_layers: int) -> LoadedModel:
-    """A LoadedModel of the target's first num_layers layers + final norm + head, sharing the weight arrays."""
-    total = target.cfg.num_layers
-    if not 1 <= num_layers < total:
-        raise ValueError(f"num_draft_layers={num_layers} must be in [1, {total - 1}] for a target of {total} layers")
-    module = target.module()  # merged from the same arrays: nothing is copied
-    module.layers = nnx.List(list(module.layers)[:num_layers])
-    module.cfg = dataclasses.replace(target.cfg, num_layers=num_layers)
-    graphdef, state = nnx.split(module)
-    leaves, treedef = jax.tree.flatten(state)
-    return LoadedModel(module.cfg, target.source, graphdef, leaves, treedef, target.dtype)
+class DraftPages(Protocol):
+    """The draft cache's page allocator (engine/kv_cache.KVCacheManager without prefix caching)."""
+
+    def allocate(self, request_id: str, num_tokens: int): ...
+    def page_table(self, request_id: str) -> Sequence[int]: ...
+    def truncate(self, request_id: str, num_tokens: int) -> None: ...
+    def free(self, request_id: str) -> None: ...
 
 
 class ModelProposer:
     needs_model = True
 
-    def __init__(self, draft: LoadedModel, config: EngineConfig, max_model_len: int, num_pages: int,
+    def __init__(self, runner: ModelRunner, kv: DraftPages, num_speculative_tokens: int, max_model_len: int,
                  fused_steps: bool = True):
-        cfg = dataclasses.replace(config, speculative_config=None, num_pages=num_pages)
-        self.runner = ModelRunner(draft, cfg, max_model_len)
-        # k draft steps in one program (single-device runners; fused_steps=False: always the per-step path)
-        k = config.speculative_config.num_speculative_tokens if config.speculative_config is not None else 0
-        self.fused = FusedDraftSteps(self.runner, k) if fused_steps and k and draft.plan is None else None
-        self.kv = KVCacheManager(self.runner.num_pages, self.runner.page_size)
+        """runner: the draft's own ModelRunner; kv: the page allocator of its cache (runner.num_pages pages of
+        runner.page_size tokens). fused_steps=False: always the per-step path (else k draft steps in one program,
+        on single-device runners)."""
+        self.runner = runner
+        k = num_speculative_tokens
+        self.fused = FusedDraftSteps(runner, k) if fused_steps and k and runner.plan is None else None
+        self.kv = kv
         self.max_model_len = max_model_len
-        self.max_tokens_per_step = self.runner.ladder.max_tokens
-        self.max_seqs = config.max_num_seqs
+        self.max_tokens_per_step = runner.ladder.max_tokens
+        self.max_seqs = runner.config.max_num_seqs
         self._computed: dict[str, int] = {}  # request id -> tokens with draft KV
 
     def warmup(self, progress: bool = True):
@@ -153,21 +144,3 @@ class ModelProposer:
                 return
             prev = self.runner.dispatch(inputs, None)
 
-
-def build_model_proposer(sc: SpeculativeConfig, target: LoadedModel, config: EngineConfig, max_model_len: int,
-                         target_num_pages: int, progress: bool = True) -> ModelProposer:
-    """The draft for method "draft" (load sc.draft_model) or "layer_skip" (a view of the target)."""
-    if sc.method == "layer_skip":
-        n = sc.num_draft_layers or max(1, target.cfg.num_layers // 4)
-        draft = layer_skip_model(target, n)
-    elif sc.method == "draft":
-        from jaxinfer.models.loader import load_model, resolve_model
-
-        draft = load_model(resolve_model(sc.draft_model, sc.draft_load_format), target.dtype, seed=config.seed + 1,
-                           progress=progress)
-        if draft.cfg.vocab_size != target.cfg.vocab_size:
-            raise ValueError(f"draft model {sc.draft_model!r} has vocab_size {draft.cfg.vocab_size} but the target "
-                             f"has {target.cfg.vocab_size}; the draft must share the target's tokenizer")
-    else:
-        raise ValueError(f"method {sc.method!r} has no draft model")
-    return ModelProposer(draft, config, max_model_len, sc.draft_num_pages or target_num_pages)

@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer.runner.batch import INT_FIELDS, SeqInput, field_shapes, pack
+from jaxinfer.outputs import SeqInput
+from jaxinfer.runner.batch import INT_FIELDS, field_shapes, pack
 from jaxinfer.runner.buckets import Bucket
 from jaxinfer.runner.model_runner import compile_lowered, step_compiler_options
 

@@ -20,8 +20,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxinfer.config import EngineConfig
-from jaxinfer.models.loader import LoadedModel
-from jaxinfer.runner.batch import _TOKEN_IDS, SeqInput, pack
+from jaxinfer.weights.loader import LoadedModel
+from jaxinfer.outputs import RunnerOutput, SeqInput
+from jaxinfer.runner.batch import _TOKEN_IDS, pack
 from jaxinfer.runner.buckets import BucketLadder
 from jaxinfer.runner.penalties import host_row, write_row
 from jaxinfer.runner.sampler import GREEDY_EPS
@@ -52,19 +53,6 @@ def step_compiler_options(bucket) -> dict | None:
 def compile_lowered(lowered, compiler_options: dict | None):
     """lowered.compile() with per-executable XLA options (None: the defaults)."""
     return lowered.compile(compiler_options=compiler_options) if compiler_options else lowered.compile()
-
-
-@dataclasses.dataclass
-class RunnerOutput:
-    tokens: np.ndarray        # i32[num_seqs]
-    logprobs: np.ndarray      # f32[num_seqs]
-    top_ids: np.ndarray | None       # i32[num_seqs, 20]; None when no sequence of the step asked for logprobs
-    top_logprobs: np.ndarray | None  # f32[num_seqs, 20]; likewise
-    prompt_logprobs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]  # seq index -> (lp[n], ids[n,20], lp[n,20])
-    # speculative decoding, per sequence (zeros for sequences that did not verify drafts):
-    spec_tokens: np.ndarray | None = None     # i32[num_seqs, K+1]: the first num_accepted + 1 are emitted
-    num_accepted: np.ndarray | None = None    # i32[num_seqs]
-    spec_logprobs: np.ndarray | None = None   # f32[num_seqs, K+1]
 
 
 def enable_compilation_cache(cache_dir: str | None):

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from jaxinfer.runner.batch import SeqInput, pack
+from jaxinfer.outputs import SeqInput
+from jaxinfer.runner.batch import pack
 from jaxinfer.runner.buckets import BucketLadder
 
 Any = object

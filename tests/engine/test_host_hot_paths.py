@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from jaxinfer.runner.batch import SeqInput
+from jaxinfer.outputs import SeqInput
 
 
 def test_seq_input_leading_fields_are_in_the_order_the_engine_passes_them():

@@ -3,7 +3,8 @@ on shuffled pages, this step's K/V written through write_kv_pages, metadata pack
 import numpy as np
 import jax.numpy as jnp
 
-from jaxinfer.runner.batch import SeqInput, pack
+from jaxinfer.outputs import SeqInput
+from jaxinfer.runner.batch import pack
 from jaxinfer.runner.buckets import BucketLadder
 from pallas_kernels.paged_attention.reference import write_kv_pages
 

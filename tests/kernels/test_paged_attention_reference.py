@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 import jax.numpy as jnp
 
-from jaxinfer.runner.batch import SeqInput, pack
+from jaxinfer.outputs import SeqInput
+from jaxinfer.runner.batch import pack
 from jaxinfer.runner.buckets import BucketLadder
 from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference, write_kv_pages
 from tests.kernels.paged_cases import build, cases

@@ -7,9 +7,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jaxinfer.models.quant import quantize_rtn, tensor_leaves
-from jaxinfer.models.quant_spec import QuantizationError
-from jaxinfer.models.quant_tensor import QuantizedTensor
+from jaxinfer.weights.quantize import quantize_rtn, tensor_leaves
+from jaxinfer.config import QuantizationError
+from jaxinfer.weights.quant_tensor import QuantizedTensor
 from pallas_kernels.quantized_matmul import kernel as qk
 from pallas_kernels.quantized_matmul import reference as qr
 from pallas_kernels.quantized_matmul import xla as qx

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxinfer.models.quant import quantized_leaves
-from jaxinfer.models.quant_spec import parse_quantization
+from jaxinfer.weights.quantize import quantized_leaves
+from jaxinfer.config import parse_quantization
 from pallas_kernels.quantized_matmul import kernel as qk
 from pallas_kernels.quantized_matmul import reference as qr
 from pallas_kernels.quantized_matmul import xla as qx

@@ -1,11 +1,11 @@
-"""AWQ-style activation-aware scaling (jaxinfer/models/awq.py): the dense calibration forward equals the engine,
+"""AWQ-style activation-aware scaling (jaxinfer/weights/awq.py): the dense calibration forward equals the engine,
 folding the scales leaves the float model's function unchanged, the search beats RTN on its objective (clearly so
 when a few input channels carry outlier activations, the case AWQ is for), and RTN int4 is exact to its grid."""
 import numpy as np
 import pytest
 
 import jaxinfer
-from jaxinfer.models import awq
+from jaxinfer.weights import awq
 from jaxinfer.quality import token_nll
 
 

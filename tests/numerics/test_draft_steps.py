@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from jaxinfer.config import EngineConfig, SpeculativeConfig
-from jaxinfer.models.loader import load_model, resolve_model
-from jaxinfer.runner.draft_proposer import ModelProposer
+from jaxinfer.weights.loader import load_model, resolve_model
+from jaxinfer.draft_model import model_proposer
 
 K = 3
 
@@ -18,8 +18,8 @@ def proposers(tiny_llama_dir):
     cfg = EngineConfig(max_model_len=128, max_num_batched_tokens=32, max_num_seqs=8,
                        speculative_config=SpeculativeConfig(method="draft", draft_model=tiny_llama_dir,
                                                             num_speculative_tokens=K))
-    fused = ModelProposer(draft, cfg, 128, 64)
-    plain = ModelProposer(draft, cfg, 128, 64, fused_steps=False)
+    fused = model_proposer(draft, cfg, 128, 64)
+    plain = model_proposer(draft, cfg, 128, 64, fused_steps=False)
     assert fused.fused is not None and plain.fused is None
     fused.warmup(progress=False)  # (the per-step path compiles its buckets on first use)
     return fused, plain
@@ -61,7 +61,7 @@ def test_fused_draft_steps_match_per_step_path(proposers):
 
 
 def test_fused_draft_steps_reject_bad_input(proposers):
-    from jaxinfer.runner.batch import SeqInput
+    from jaxinfer.outputs import SeqInput
 
     fused, _ = proposers
     with pytest.raises(ValueError, match="drafts"):

@@ -1,4 +1,4 @@
-"""quantization='gguf' (jaxinfer/models/gguf_quant.py): a GGUF file's Q4_0 / Q4_1 linear weights stay int4.
+"""quantization='gguf' (jaxinfer/weights/gguf_quant.py): a GGUF file's Q4_0 / Q4_1 linear weights stay int4.
 
 References, independent of the kept-quantized path:
   * gguf-py's own dequantizer (`gguf.quants.dequantize`) for the values of every kept tensor;
@@ -17,12 +17,11 @@ from gguf import GGMLQuantizationType as QT
 
 import jaxinfer
 from jaxinfer import SamplingParams
-from jaxinfer.config import ConfigError
-from jaxinfer.models.gguf_quant import keep_gguf_quantization
-from jaxinfer.models.loader import resolve_model
-from jaxinfer.models.quant_formats import gguf_to_quantized
-from jaxinfer.models.quant_spec import KeepGGUFQuantization, QuantizationError
-from jaxinfer.models.quant_tensor import QuantizedTensor
+from jaxinfer.config import ConfigError, KeepGGUFQuantization, QuantizationError
+from jaxinfer.weights.gguf_quant import keep_gguf_quantization
+from jaxinfer.weights.loader import resolve_model
+from jaxinfer.weights.prequantized import gguf_to_quantized
+from jaxinfer.weights.quant_tensor import QuantizedTensor
 from pallas_kernels.quantized_matmul.reference import dequantize_int4
 from tests.numerics.gguf_blocks import q4_k_raw
 
@@ -225,8 +224,8 @@ def test_real_smollm2_kept_quantized(smollm2_gguf):
     """SmolLM2-135M-Instruct's Q4_1 projections (all 210) kept as int4, served by the engine, give finite prompt
     log-probs within 1e-3 of the dequantized float32 model's (a dense forward of the float model loaded the
     default way: cheaper than a second engine)."""
-    from jaxinfer.models.awq import dense_forward
-    from jaxinfer.models.loader import load_model
+    from jaxinfer.weights.awq import dense_forward
+    from jaxinfer.weights.loader import load_model
 
     quant = jaxinfer.LLM(smollm2_gguf, quantization="gguf", **dict(KW, max_model_len=128))
     assert quant.model.quantization.float_modules == frozenset()

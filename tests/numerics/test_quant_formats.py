@@ -1,4 +1,4 @@
-"""Pre-quantized checkpoint readers (jaxinfer/models/quant_formats.py) on checkpoints we build ourselves.
+"""Pre-quantized checkpoint readers (jaxinfer/weights/prequantized.py) on checkpoints we build ourselves.
 
 For AWQ / GPTQ / FP8 a tiny Llama's linear weights are quantized by round-to-nearest here, packed with the loops
 of the formats' public reference packers (AutoAWQ `WQLinear_GEMM.from_linear`, AutoGPTQ `QuantLinear.pack`, written
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from jaxinfer.models.quant_formats import (QuantFormatError, gguf_to_quantized, iter_gguf_quantized,
+from jaxinfer.weights.prequantized import (QuantFormatError, gguf_to_quantized, iter_gguf_quantized,
                                            read_quantized_checkpoint, read_safetensors, unpack_awq)
 from tests.numerics.gguf_blocks import q4_k_raw
 
@@ -332,12 +332,13 @@ def test_real_smollm2_gguf_layers(smollm2_gguf):
     """SmolLM2's Q4_1 linears (layer 0, incl. RoPE-permuted q/k) read quantized equal the float loader's."""
     from gguf import GGUFReader
 
-    from jaxinfer.models.gguf_loader import _hf_name, dequantize_tensor, reverse_rope_permute
+    from jaxinfer.weights.gguf import dequantize_tensor
+    from jaxinfer.weights.gguf_reader import reverse_rope_permute, to_hf_name
 
     got = dict(iter_gguf_quantized(smollm2_gguf, only=lambda n: ".layers.0." in n))
     assert len(got) == 7
     for t in GGUFReader(smollm2_gguf).tensors:
-        name = _hf_name(t.name)
+        name = to_hf_name(t.name)
         if name in got:
             ref = dequantize_tensor(t)  # gguf-py's dequantizer, HF [out, in] but still in llama.cpp's row order
             if "q_proj" in name or "k_proj" in name:

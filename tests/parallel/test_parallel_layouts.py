@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxinfer.config import ConfigError, EngineConfig, ModelConfig
-from jaxinfer.models.quant_tensor import QuantizedTensor
+from jaxinfer.weights.quant_tensor import QuantizedTensor
 from jaxinfer.parallel import (RULES, ShardingPlan, canonical_layout, check_tensor_parallel, make_plans,
                                relayout_for_tp, relayout_quantized_for_tp, tp_model_config)
 

@@ -139,7 +139,7 @@ def test_quantized_collectives_are_the_float_ones(build, few_kv16_dir):
 def test_int4_groups_straddling_shards_is_a_clear_error():
     """tiny-llama's o-projection has 64 input rows: TP=4 leaves 16 per device, fewer than a group of 32."""
     from jaxinfer import LLM
-    from jaxinfer.models.quant_spec import QuantizationError
+    from jaxinfer.config import QuantizationError
 
     with pytest.raises(QuantizationError, match=r"layers\.0\.attn\.o: int4 group size 32 straddles tensor-parallel "
                                                 r"shards: tensor_parallel_size=4 gives each device 16 of its 64 "
@@ -154,9 +154,9 @@ def test_dummy_weights_quantize_the_sharded_float_weights():
     matmul under TP (a pallas_call is not partitioned by XLA: it would gather the weights)."""
     from flax import nnx
 
-    from jaxinfer.models.loader import load_model, resolve_model
-    from jaxinfer.models.quant import quantize_rtn
-    from jaxinfer.models.quant_spec import parse_quantization
+    from jaxinfer.weights.loader import load_model, resolve_model
+    from jaxinfer.weights.quantize import quantize_rtn
+    from jaxinfer.config import parse_quantization
 
     src, plan = resolve_model("tiny-llama", "dummy"), make_plans(2)[0]
     spec = parse_quantization("int8", backend="pallas")  # the Pallas matmul is replaced by the XLA path under TP
@@ -177,9 +177,9 @@ def test_orbax_float_checkpoint_quantized_at_tp4_equals_safetensors_path(few_kv1
     the safetensors checkpoint quantized on load at TP=4 (load only, nothing compiled for a step)."""
     from flax import nnx
 
-    from jaxinfer.checkpoint import save_checkpoint
-    from jaxinfer.models.loader import load_model, resolve_model
-    from jaxinfer.models.quant_spec import parse_quantization
+    from jaxinfer.weights.checkpoint import save_checkpoint
+    from jaxinfer.weights.loader import load_model, resolve_model
+    from jaxinfer.config import parse_quantization
 
     src = resolve_model(few_kv16_dir)
     flt = load_model(src, progress=False)

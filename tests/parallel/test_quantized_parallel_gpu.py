@@ -1,6 +1,6 @@
 """Quantized weights and KV cache under tensor parallelism on real GPUs (`pytest -m gpu tests/parallel`): TP = 2
 (and 4 with 4 GPUs) gives one GPU's greedy tokens and prompt log-probs. One GPU runs the Pallas quantized-matmul
-kernel, TP the XLA dequantize + dot (models/quant.py), so the tolerance is the GPU float32 one (1e-3)."""
+kernel, TP the XLA dequantize + dot (weights/quantize.py), so the tolerance is the GPU float32 one (1e-3)."""
 import jax
 import pytest
 

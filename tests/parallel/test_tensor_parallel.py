@@ -89,7 +89,7 @@ def test_collectives_are_the_megatron_ones(build_llm, gqa_few_kv_dir):
 
 def test_save_at_tp_reloads_at_one_device(build_llm, gqa_few_kv_dir, tmp_path):
     """LLM.save gathers the shards and undoes the TP layout: the orbax checkpoint equals the single-device one."""
-    from jaxinfer.checkpoint import restore_checkpoint
+    from jaxinfer.weights.checkpoint import restore_checkpoint
 
     one, tp4 = build_llm(gqa_few_kv_dir), build_llm(gqa_few_kv_dir, 4)
     one.save(str(tmp_path / "one"))

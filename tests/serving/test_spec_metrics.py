@@ -9,11 +9,11 @@ from serving.server import _Metrics, build_parser
 
 
 def test_speculative_config_flag():
-    from jaxinfer.cli import _engine_kwargs
+    from jaxinfer.cli_args import engine_kwargs
 
     a = build_parser().parse_args(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'])
-    assert _engine_kwargs(a)["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 3}
-    assert _engine_kwargs(build_parser().parse_args([]))["speculative_config"] is None
+    assert engine_kwargs(a)["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 3}
+    assert engine_kwargs(build_parser().parse_args([]))["speculative_config"] is None
 
 
 def test_spec_metrics_exported():

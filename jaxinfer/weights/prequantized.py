@@ -57,7 +57,9 @@ from typing import Iterator
 import ml_dtypes
 import numpy as np
 
-from jaxinfer.models.quant_tensor import FP8_E4M3, QuantizedTensor
+from jaxinfer.weights.gguf_reader import (gguf_architecture, gguf_field, reverse_rope_permute, rope_permuted_heads,
+                                         to_hf_name)
+from jaxinfer.weights.quant_tensor import FP8_E4M3, QuantizedTensor
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)      # nibble i of a packed int32 holds output column 8c + AWQ_ORDER[i]
 AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # output column k sits in nibble AWQ_REVERSE_ORDER[k]
@@ -349,10 +351,8 @@ GGUF_KEEPABLE_TYPES = {"Q4_0": 32, "Q4_1": 32, "Q4_K": 256}
 
 def gguf_linear_quantized(t, arch: str, n_head: int, n_kv: int) -> QuantizedTensor | None:
     """One gguf ReaderTensor of a linear weight ([out, in] blocks) -> QuantizedTensor [in, out] with llama.cpp's
-    RoPE row permutation of attn_q / attn_k (gguf_loader.rope_permuted_heads) undone on its output columns, or None
+    RoPE row permutation of attn_q / attn_k (gguf_reader.rope_permuted_heads) undone on its output columns, or None
     when its type is not representable."""
-    from jaxinfer.models.gguf_loader import reverse_rope_permute, rope_permuted_heads
-
     n_in, n_out = int(t.shape[0]), int(t.shape[1])  # GGUF ne: fastest dimension first
     qt = gguf_to_quantized(t.tensor_type.name, t.data, n_out, n_in)
     heads = rope_permuted_heads(t.name, arch, n_head, n_kv)
@@ -366,19 +366,18 @@ def gguf_linear_quantized(t, arch: str, n_head: int, n_kv: int) -> QuantizedTens
 def iter_gguf_quantized(path, only=None) -> Iterator[tuple[str, QuantizedTensor]]:
     """(HF name, QuantizedTensor [in, out]) for each linear weight of a GGUF file stored in a
     representable type. Q/K rows of llama-architecture files are RoPE-permuted by llama.cpp: the permutation
-    acts on output columns, so it is undone on q / scale / zero alike (gguf_loader.reverse_rope_permute).
+    acts on output columns, so it is undone on q / scale / zero alike (gguf_reader.reverse_rope_permute).
     only: optional predicate on the HF name (read just those tensors)."""
     from gguf import GGUFReader
 
-    from jaxinfer.models.gguf_loader import _architecture, _field, _hf_name
 
     reader = GGUFReader(path)
-    arch = _architecture(reader)
-    n_head = _field(reader, f"{arch}.attention.head_count")
-    n_kv = _field(reader, f"{arch}.attention.head_count_kv", n_head)
+    arch = gguf_architecture(reader)
+    n_head = gguf_field(reader, f"{arch}.attention.head_count")
+    n_kv = gguf_field(reader, f"{arch}.attention.head_count_kv", n_head)
     for t in reader.tensors:
-        if not _GGUF_LINEAR.match(t.name) or (only is not None and not only(_hf_name(t.name))):
+        if not _GGUF_LINEAR.match(t.name) or (only is not None and not only(to_hf_name(t.name))):
             continue
         qt = gguf_linear_quantized(t, arch, n_head, n_kv)
         if qt is not None:
-            yield _hf_name(t.name), qt
+            yield to_hf_name(t.name), qt

@@ -33,7 +33,7 @@ from flax import nnx
 
 from jaxinfer.config import rope_inv_freq
 from jaxinfer.models.layers import apply_rope, rope_cos_sin
-from jaxinfer.models.quant_tensor import QuantizedTensor
+from jaxinfer.weights.quant_tensor import QuantizedTensor
 
 CALIBRATION_TEXT_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
                                      "calibration_text.txt")

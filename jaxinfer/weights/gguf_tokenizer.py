@@ -31,33 +31,33 @@ _CONTROL = 3  # llama.cpp token type of special tokens like <|im_end|>
 
 def build_gguf_tokenizer(path: str):
     """PreTrainedTokenizerFast for the GGUF at `path` (byte-level BPE), or transformers' own loader otherwise."""
-    from jaxinfer.models.gguf_loader import _field, _open
+    from jaxinfer.weights.gguf_reader import gguf_field, open_gguf
 
-    reader = _open(path)
-    kind = _field(reader, "tokenizer.ggml.model")
+    reader = open_gguf(path)
+    kind = gguf_field(reader, "tokenizer.ggml.model")
     if kind != "gpt2":
         return _transformers_fallback(path, kind)
     from tokenizers import AddedToken, Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
-    tokens = list(_field(reader, "tokenizer.ggml.tokens"))
-    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges", [])]
-    types = list(_field(reader, "tokenizer.ggml.token_type", []) or [])
+    tokens = list(gguf_field(reader, "tokenizer.ggml.tokens"))
+    merges = [tuple(m.split(" ", 1)) for m in gguf_field(reader, "tokenizer.ggml.merges", [])]
+    types = list(gguf_field(reader, "tokenizer.ggml.token_type", []) or [])
     backend = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False,
                                    byte_fallback=False))
-    backend.pre_tokenizer = _pre_tokenizer(_field(reader, "tokenizer.ggml.pre"))
+    backend.pre_tokenizer = _pre_tokenizer(gguf_field(reader, "tokenizer.ggml.pre"))
     backend.decoder = decoders.ByteLevel()
     special = [t for t, ty in zip(tokens, types) if ty == _CONTROL]
     backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in special])
 
     def tok(key):
-        i = _field(reader, f"tokenizer.ggml.{key}")
+        i = gguf_field(reader, f"tokenizer.ggml.{key}")
         return tokens[i] if i is not None and 0 <= i < len(tokens) else None
 
     hf = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=tok("bos_token_id"),
                                  eos_token=tok("eos_token_id"), unk_token=tok("unknown_token_id"),
                                  pad_token=tok("padding_token_id"))
-    template = _field(reader, "tokenizer.chat_template")
+    template = gguf_field(reader, "tokenizer.chat_template")
     if template:
         hf.chat_template = template
     return hf

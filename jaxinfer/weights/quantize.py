@@ -1,9 +1,10 @@
-"""Weight quantization on load and the quantized linear layer.
+"""Weight quantization on load.
 
 Round-to-nearest (RTN) quantization of float weights into `QuantizedTensor`s (the numpy contract shared with the
-pre-quantized checkpoint readers, models/quant_tensor.py), the device form of each kind (layouts documented in
-pallas_kernels/quantized_matmul/reference.py), and `QuantLinear`, which the loader puts in place of `Linear` for
-the decoder projections (and the LM head when asked). Embeddings and norms stay in the model dtype.
+pre-quantized checkpoint readers, weights/quant_tensor.py), the device form of each kind (layouts documented in
+pallas_kernels/quantized_matmul/reference.py), and `quantize_module`, which puts a `QuantLinear` (the network's
+quantized layer, models/quant_linear.py) in place of `Linear` for the decoder projections (and the LM head when
+asked). Embeddings and norms stay in the model dtype.
 
   int8  per-output-channel symmetric:  scale = max|w| / 127 over the input rows of each output column
   int4  group-wise over g input rows:  symmetric scale = max|w| / 7, q in [-8, 7];
@@ -11,8 +12,8 @@ the decoder projections (and the LM head when asked). Embeddings and norms stay 
                                        zero = round(-min / scale), q in [0, 15]
   fp8   e4m3, per-channel:             scale = max|w| / 448; activations get a dynamic per-token scale (W8A8)
 
-Which matmul runs is fixed when the module is built (a static attribute, so the split-once-at-load graph
-carries it): the Pallas kernel on GPU for int8/int4, XLA's fp8 dot for fp8, the jnp reference on CPU.
+Which matmul the QuantLinears run is fixed when they are built (models/quant_linear.resolve_backend): the Pallas
+kernel on GPU for int8/int4, XLA's fp8 dot for fp8, the jnp reference on CPU.
 
 Tensor parallelism (jaxinfer/parallel.py). Every leaf of a QuantLinear declares the logical axes of the float
 weight it replaces, so the one RULES table splits q / scale / offset exactly like the float weight: column-
@@ -29,19 +30,17 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
+from jaxinfer.config import QuantizationError, QuantSpec
 from jaxinfer.models.layers import Linear
-from jaxinfer.models.quant_spec import QuantizationError, QuantSpec
-from jaxinfer.models.quant_tensor import FP8_E4M3, QuantizedTensor, concat_out
-from pallas_kernels.quantized_matmul import kernel as qmm_kernel
+from jaxinfer.models.quant_linear import QuantLinear, check_quantized_shape, resolve_backend
+from jaxinfer.weights.quant_tensor import QuantizedTensor, concat_out
 from pallas_kernels.quantized_matmul import reference as qmm_ref
-from pallas_kernels.quantized_matmul import xla as qmm_xla
 
 log = logging.getLogger("jaxinfer")
 
@@ -78,23 +77,9 @@ def _rtn(w, *, method: str, group_size: int | None, symmetric: bool):
     return q.reshape(K, N).astype(jnp.int8), scale, zero
 
 
-def _check_rtn_args(shape, method: str, group_size: int | None, name: str = "weight"):
-    if method not in ("int8", "int4", "fp8"):
-        raise QuantizationError(f"unknown quantization method {method!r}; use 'int8', 'int4' or 'fp8'")
-    if len(shape) != 2:
-        raise QuantizationError(f"{name}: quantized weights must be 2-D [in, out], got shape {tuple(shape)}")
-    if method == "int4":
-        valid = [g for g in (32, 64, 128) if shape[0] % g == 0]
-        if not group_size or shape[0] % group_size:
-            raise QuantizationError(
-                f"{name}: int4 group size {group_size} does not divide its input dimension {shape[0]}; "
-                + (f"use one of the group sizes {valid} (e.g. quantization='int4-g{valid[-1]}')" if valid
-                   else "no supported group size (32, 64, 128) divides it; use int8 or fp8"))
-
-
 def quantize_rtn(w, method: str, *, group_size: int | None = None, symmetric: bool = True) -> QuantizedTensor:
     """Round-to-nearest quantization of a float weight w [in, out] (numpy or jax) into a QuantizedTensor."""
-    _check_rtn_args(np.shape(w), method, group_size)
+    check_quantized_shape(np.shape(w), method, group_size)
     g = group_size if method == "int4" else None
     q, scale, zero = jax.device_get(_rtn(jnp.asarray(w), method=method, group_size=g, symmetric=symmetric))
     return QuantizedTensor(method, np.asarray(q), np.asarray(scale, np.float32),
@@ -137,7 +122,7 @@ def quantized_leaves(w, spec: QuantSpec, dtype, shardings: dict | None = None) -
     shardings (leaf name -> NamedSharding): w is a jax.Array already split like the float weight (see
     `Quantizer`) and the leaves come out split by their logical axes (a row-parallel weight's per-channel amax
     is the only cross-device step: an all-reduce of [out])."""
-    _check_rtn_args(np.shape(w), spec.method, spec.group_size)
+    check_quantized_shape(np.shape(w), spec.method, spec.group_size)
     if shardings is not None:
         fn = _sharded_leaves_fn(True, spec.method, spec.group_size, spec.symmetric, dtype,
                                 tuple(sorted(shardings.items())))
@@ -167,92 +152,6 @@ def tensor_leaves(qt: QuantizedTensor, dtype, shardings: dict | None = None, in_
     zero = None if qt.zero is None else jnp.asarray(qt.zero)
     return _device_leaves(jnp.asarray(qt.q), jnp.asarray(qt.scale), zero, method=qt.kind,
                           group_size=qt.group_size, dtype=dtype)
-
-
-# ---- the module ---------------------------------------------------------------------------------------------
-def resolve_backend(spec: QuantSpec, platform: str | None = None) -> str:
-    """'reference' | 'xla' | 'pallas' | 'pallas-interpret' for this spec on this platform."""
-    platform = platform or jax.default_backend()
-    on_cpu = platform == "cpu"
-    if spec.backend == "auto":
-        if on_cpu:
-            return "reference"
-        return "xla" if spec.method == "fp8" else "pallas"
-    if spec.backend == "pallas":
-        return "pallas-interpret" if on_cpu else "pallas"
-    return spec.backend
-
-
-class QuantLinear(nnx.Module):
-    """y = x @ dequantize(W) (+ b), W quantized in one of the layouts of quantized_matmul/reference.py.
-
-    Leaves: q (int8 [in, out] | packed uint8 [in/2, out] | e4m3 [out, in]), scale, offset (int4 only), b.
-    `backend` is static: 'reference' | 'xla' | 'pallas' | 'pallas-interpret'.
-    axes: logical names of (in, out) of the float weight (layers.Linear); every leaf carries them on its
-    matching dimensions (int4's group dimension counts as `in`), so jaxinfer.parallel shards it likewise."""
-
-    def __init__(self, in_features: int, out_features: int, *, bias: bool, dtype, spec: QuantSpec, backend: str,
-                 name: str = "linear", axes=(None, None)):
-        _check_rtn_args((in_features, out_features), spec.method, spec.group_size, name)
-        K, N = in_features, out_features
-        ax_in, ax_out = axes
-        self.method = spec.method
-        self.group_size = spec.group_size
-        if backend.startswith("pallas") and not qmm_kernel.supports(spec.method, K, N, spec.group_size):
-            log.info("%s [%d, %d]: shape not supported by the Pallas kernel; using the XLA path", name, K, N)
-            backend = "xla" if backend == "pallas" else "reference"
-        self.backend = backend
-        if spec.method == "int8":
-            self.q = nnx.Param(jnp.zeros((K, N), jnp.int8), logical_axes=(ax_in, ax_out))
-            self.scale = nnx.Param(jnp.zeros((N,), jnp.float32), logical_axes=(ax_out,))
-            self.offset = None
-        elif spec.method == "int4":
-            G = K // spec.group_size
-            self.q = nnx.Param(jnp.zeros((K // 2, N), jnp.uint8), logical_axes=(ax_in, ax_out))
-            self.scale = nnx.Param(jnp.zeros((G, N), dtype), logical_axes=(ax_in, ax_out))
-            self.offset = nnx.Param(jnp.zeros((G, N), dtype), logical_axes=(ax_in, ax_out))
-        else:
-            self.q = nnx.Param(jnp.zeros((N, K), qmm_ref.FP8), logical_axes=(ax_out, ax_in))
-            self.scale = nnx.Param(jnp.zeros((N,), jnp.float32), logical_axes=(ax_out,))
-            self.offset = None
-        self.b = nnx.Param(jnp.zeros((N,), dtype), logical_axes=(ax_out,)) if bias else None
-
-    def __call__(self, x, preferred_element_type=None):
-        y = quantized_matmul(x, self.method, self.q[...], self.scale[...],
-                             None if self.offset is None else self.offset[...], group_size=self.group_size,
-                             backend=self.backend, out_dtype=preferred_element_type or x.dtype)
-        if self.b is not None:
-            y = y + self.b[...]
-        return y
-
-
-# The Pallas kernel serves every M by default (small-M split-K and large-M tile configurations). Should the
-# H200 benchmark (benchmarks/kernels/quantized_matmul.py) show XLA's dequantize + dot winning above some M, set
-# the threshold here: steps with more tokens than this use the XLA path.
-PALLAS_MAX_M = {"int8": 1 << 30, "int4": 1 << 30}
-
-
-def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, backend="reference",
-                     out_dtype=None):
-    """One entry point over the three implementations (see QuantLinear)."""
-    if backend == "pallas" and method != "fp8" and x.size // x.shape[-1] > PALLAS_MAX_M[method]:
-        backend = "xla"
-    if method == "fp8":
-        fn = qmm_ref.fp8_matmul_reference if backend == "reference" else qmm_xla.fp8_matmul_xla
-        return fn(x, q, scale, out_dtype=out_dtype)
-    if backend == "reference":
-        if method == "int8":
-            return qmm_ref.int8_matmul_reference(x, q, scale, out_dtype=out_dtype)
-        return qmm_ref.int4_matmul_reference(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype)
-    if backend == "xla":
-        if method == "int8":
-            return qmm_xla.int8_matmul_xla(x, q, scale, out_dtype=out_dtype)
-        return qmm_xla.int4_matmul_xla(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype)
-    interpret = backend == "pallas-interpret"
-    if method == "int8":
-        return qmm_kernel.int8_matmul(x, q, scale, out_dtype=out_dtype, interpret=interpret)
-    return qmm_kernel.int4_matmul(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype,
-                                  interpret=interpret)
 
 
 def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None, tp: int = 1):
@@ -416,23 +315,3 @@ def spec_of_tensors(tensors: Mapping[str, Any], backend: str = "auto") -> QuantS
     (kind, group, symmetric), = kinds
     return QuantSpec(kind, group, symmetric=symmetric,
                      lm_head=isinstance(tensors.get("lm_head.weight"), QuantizedTensor), backend=backend)
-
-
-def params_from_quantized(src, tensors: Mapping[str, Any] | Iterable[tuple[str, Any]], dtype="auto", *,
-                          spec: QuantSpec | None = None, backend: str = "auto", progress: bool = False):
-    """Build a LoadedModel from pre-quantized tensors (AWQ / GPTQ / FP8 / GGUF readers).
-
-    src: the ModelSource (its hf_config gives the shapes). tensors: Hugging Face tensor names
-    ('model.layers.0.self_attn.q_proj.weight', ...) -> QuantizedTensor ([in, out], for the linear projections
-    and optionally lm_head.weight) or np.ndarray (everything else, in Hugging Face layout). q/k/v and gate/up are
-    fused here (columns regrouped per KV head, scales and zero points following). A float tensor given for a
-    projection is RTN-quantized to the same spec. spec defaults to `spec_of_tensors(tensors)` (pass it when
-    `tensors` is a one-pass iterator)."""
-    from jaxinfer.models.loader import load_model
-
-    if spec is None:
-        if not isinstance(tensors, Mapping):
-            raise QuantizationError("pass spec= when tensors is an iterator (its kinds cannot be inspected first)")
-        spec = spec_of_tensors(tensors, backend)
-    items = tensors.items() if isinstance(tensors, Mapping) else tensors
-    return load_model(src, dtype, quantization=spec, tensors=iter(items), progress=progress)

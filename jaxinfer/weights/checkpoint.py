@@ -120,5 +120,5 @@ def _check(path: str | os.PathLike) -> None:
     if not is_orbax_checkpoint(path):
         raise FileNotFoundError(
             f"{os.fspath(path)!r} is not a complete jaxinfer checkpoint (needs {_MARKER}, {_STATE_DIR}/ and "
-            "config.json); write one with jaxinfer.checkpoint.save_checkpoint, or re-run an interrupted save."
+            "config.json); write one with jaxinfer.weights.checkpoint.save_checkpoint, or re-run an interrupted save."
         )
