@@ -85,7 +85,7 @@ def main():
     import argparse
     import json
 
-    from jaxinfer.models.loader import load_model, resolve_model
+    from jaxinfer.weights.loader import load_model, resolve_model
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="llama3-8b")
