@@ -31,8 +31,12 @@ def git_commit() -> str:
         return os.environ.get("JAXINFER_COMMIT", "unknown")
 
 
-def measure_hbm_bandwidth(gib: float = 2.0, iters: int = 20) -> float:
-    """Bytes/s of an XLA elementwise pass (read + write) over `gib` GiB: the practical memory ceiling."""
+def measure_hbm_bandwidth(gib: float | None = None, iters: int | None = None) -> float:
+    """Bytes/s of an XLA elementwise pass (read + write) over `gib` GiB: the practical memory ceiling.
+    Defaults: 2 GiB x 20 passes on an accelerator, 0.125 GiB x 3 on the CPU (a smoke run, not a figure)."""
+    cpu = jax.default_backend() == "cpu"
+    gib = gib or (0.125 if cpu else 2.0)
+    iters = iters or (3 if cpu else 20)
     n = int(gib * 2**30) // 4
     x = jnp.ones((n,), jnp.float32)
     f = jax.jit(lambda a: a * 2.0)
@@ -44,6 +48,33 @@ def measure_hbm_bandwidth(gib: float = 2.0, iters: int = 20) -> float:
     dt = (time.perf_counter() - t0) / iters
     del x, y
     return 2 * n * 4 / dt
+
+
+def measure_matmul_flops(n: int | None = None, iters: int | None = None) -> float:
+    """FLOP/s of an n x n x n bf16 matmul (f32 accumulation), random operands: the practical compute ceiling
+    (the H200 gave ~789 TFLOP/s at n = 8192). CPU default n = 512 (a smoke run, not a figure)."""
+    cpu = jax.default_backend() == "cpu"
+    n = n or (512 if cpu else 8192)
+    iters = iters or (3 if cpu else 20)
+    ka, kb = jax.random.split(jax.random.key(0))
+    x = jax.random.normal(ka, (n, n), jnp.bfloat16)
+    y = jax.random.normal(kb, (n, n), jnp.bfloat16)
+    f = jax.jit(lambda p, q: jnp.dot(p, q, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
+    f(x, y).block_until_ready()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        z = f(x, y)
+    z.block_until_ready()
+    dt = (time.perf_counter() - t0) / iters
+    del x, y, z
+    return 2 * n**3 / dt
+
+
+def compilation_cache_entries() -> int:
+    """Files in the persistent compilation cache jaxinfer will use (runner.model_runner.enable_compilation_cache:
+    $JAXINFER_CACHE/xla, default ~/.cache/jaxinfer/xla): 0 before LLM() means a cold start."""
+    d = os.path.join(os.environ.get("JAXINFER_CACHE", os.path.expanduser("~/.cache/jaxinfer")), "xla")
+    return len(os.listdir(d)) if os.path.isdir(d) else 0
 
 
 def write_result(name: str, payload: dict) -> str:

@@ -7,6 +7,14 @@ Workloads (fixed seed, random token ids, ignore_eos so every request produces ex
 
   python benchmarks/throughput.py --model llama3-8b --load-format dummy [--workload fixed sharegpt]
          [--hf-baseline]   # transformers eager generate on the same shapes, in a subprocess of this call
+  python benchmarks/throughput.py --model tiny-llama --num-requests 16 --prompt-len 32 --output-len 16 \\
+         --max-model-len 256 --max-num-seqs 8 --max-num-batched-tokens 128              # CPU smoke test
+
+Ceiling beside each figure (same process): the compute bound, i.e. every prompt and output token costing
+2 x parameters FLOPs (embedding included, attention excluded: issue 17's convention, 16.06 GFLOP at the 8B shape)
+at the bf16 matmul rate measured in this process (benchmarks.common.measure_matmul_flops, ~789 TFLOP/s on the
+H200); output tok/s bound = output tokens / (all tokens x FLOPs per token / FLOP/s). Issue 17's targets are
+printed beside: fixed >= 10,000 output tok/s, ShareGPT-like >= 45 req/s.
 """
 from __future__ import annotations
 
@@ -115,18 +123,23 @@ def main():
         print("transformers eager generate:", hf)
 
     import jax
-    from benchmarks.common import measure_hbm_bandwidth, write_result
+    from benchmarks.common import compilation_cache_entries, measure_hbm_bandwidth, measure_matmul_flops, write_result
     from jaxinfer import LLM
 
     bw = measure_hbm_bandwidth()
+    flops = measure_matmul_flops()
+    cache_before = compilation_cache_entries()
     t0 = time.perf_counter()
     llm = LLM(a.model, load_format=a.load_format, max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
               max_num_batched_tokens=a.max_num_batched_tokens, gpu_memory_utilization=a.gpu_memory_utilization,
               attention_backend=a.attention_backend)
     startup = time.perf_counter() - t0
+    cache_after = compilation_cache_entries()  # > cache_before: LLM() compiled programs the cache did not hold
     weight_bytes = llm.model.num_bytes
-    print(f"device {jax.devices()[0].device_kind}; HBM {bw / 1e12:.2f} TB/s; startup {startup:.1f} s; "
-          f"KV pages {llm.runner.num_pages}")
+    flop_per_token = 2 * sum(int(p.size) for p in llm.model.params)
+    print(f"device {jax.devices()[0].device_kind}; HBM {bw / 1e12:.2f} TB/s; bf16 matmul {flops / 1e12:.0f} TFLOP/s; "
+          f"{flop_per_token / 1e9:.2f} GFLOP/token; LLM() {startup:.1f} s (compilation-cache entries {cache_before} "
+          f"-> {cache_after}); KV pages {llm.runner.num_pages}", flush=True)
     results = {}
     for kind in a.workload:
         work = make_workload(kind, a.num_requests, a.prompt_len, a.output_len, llm.model_config.vocab_size,
@@ -134,13 +147,23 @@ def main():
         r = run_engine(llm, work, a.profile if kind == a.workload[0] else None)
         # Roofline for decode: every step streams all weights once; with B sequences per step the best case is
         # B tokens per weight pass. Report the achieved weight-stream rate at the mean batch as a sanity figure.
+        bound_s = (r["prompt_tokens"] + r["output_tokens"]) * flop_per_token / flops
+        r["compute_bound_output_tok_per_s"] = r["output_tokens"] / bound_s
+        r["pct_compute_bound"] = 100 * r["output_tok_per_s"] / r["compute_bound_output_tok_per_s"]
         results[kind] = r
         peer = f" | transformers eager {hf['output_tok_per_s']:.0f} tok/s (batch {hf['batch']})" if (
             hf and kind == "fixed") else ""
+        target = {"fixed": "target >= 10,000 output tok/s", "sharegpt": "target >= 45 req/s"}.get(kind, "")
         print(f"{kind:9s}: {r['requests']} req in {r['seconds']:.1f} s = {r['req_per_s']:.2f} req/s, "
-              f"{r['output_tok_per_s']:.0f} output tok/s, {r['total_tok_per_s']:.0f} total tok/s{peer}")
+              f"{r['output_tok_per_s']:.0f} output tok/s, {r['total_tok_per_s']:.0f} total tok/s | compute bound "
+              f"{r['compute_bound_output_tok_per_s']:.0f} output tok/s -> {r['pct_compute_bound']:.0f}% | "
+              f"{target}{peer}", flush=True)
         # written after every workload, so a run cut short still leaves its finished figures
         path = write_result("throughput", dict(model=a.model, startup_s=startup, hbm_TBps=bw / 1e12,
+                                               matmul_TFLOPs=flops / 1e12, flop_per_token=flop_per_token,
+                                               compilation_cache_entries_before=cache_before,
+                                               compilation_cache_entries_after=cache_after,
+                                               num_pages=llm.runner.num_pages,
                                                weight_GB=weight_bytes / 1e9, config=vars(a), results=results,
                                                transformers_baseline=hf))
         print("wrote", path)

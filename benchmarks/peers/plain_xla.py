@@ -76,3 +76,34 @@ def plain_decode_tokens_per_s(loaded, batch: int, context: int = 512, steps: int
     dt = time.perf_counter() - t0
     del caches
     return batch * steps / dt
+
+
+def main():
+    """Run the peer in a process of its own, before the engine takes the device memory:
+        python -m benchmarks.peers.plain_xla --model llama3-8b --batch 1 16 64 256 --context 640 640 640 640
+    Prints one JSON line {"batch": [...], "context": [...], "tok_s": [...]} (the last line of stdout)."""
+    import argparse
+    import json
+
+    from jaxinfer.weights.loader import load_model, resolve_model
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="llama3-8b")
+    ap.add_argument("--load-format", default="dummy")
+    ap.add_argument("--batch", type=int, nargs="+", required=True)
+    ap.add_argument("--context", type=int, nargs="+", required=True, help="one per batch, or one for all")
+    ap.add_argument("--steps", type=int, default=64)
+    a = ap.parse_args()
+    ctx = a.context * len(a.batch) if len(a.context) == 1 else a.context
+    if len(ctx) != len(a.batch):
+        raise SystemExit(f"--context has {len(ctx)} values for {len(a.batch)} batch sizes; give one or one each")
+    loaded = load_model(resolve_model(a.model, a.load_format), progress=False)
+    out = []
+    for b, c in zip(a.batch, ctx):
+        out.append(plain_decode_tokens_per_s(loaded, b, context=c, steps=a.steps))
+        print(f"plain XLA decode: batch {b} context {c}: {out[-1]:.1f} tok/s", flush=True)
+    print(json.dumps(dict(batch=a.batch, context=ctx, tok_s=out)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
