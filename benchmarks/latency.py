@@ -22,7 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.common import maybe_profile, measure_hbm_bandwidth, write_result  # noqa: E402
+from benchmarks.common import (add_engine_flags, engine_config, maybe_profile, measure_hbm_bandwidth,  # noqa: E402
+                               write_result)
 from jaxinfer import LLM, SamplingParams  # noqa: E402
 from jaxinfer.engine.gc_freeze import startup_objects_frozen  # noqa: E402
 
@@ -99,26 +100,20 @@ def device_only_step_s(llm, batch: int, ctx: int, iters: int = 20) -> float:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="llama3-8b")
-    ap.add_argument("--load-format", default="dummy")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
-    ap.add_argument("--max-model-len", type=int, default=1024)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=256)
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.6)
-    ap.add_argument("--attention-backend", default="auto", choices=["auto", "reference", "pallas"])
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--profile", default=None, help="write a jax.profiler trace of the batch-1 run here")
     ap.add_argument("--host-profile", action="store_true",
                     help="cProfile the host side of the largest batch's run and print where host time goes")
+    add_engine_flags(ap, model="llama3-8b", load_format="dummy", max_model_len=1024, max_num_batched_tokens=256,
+                     gpu_memory_utilization=0.6)  # --max-num-seqs is max(--batch)
     a = ap.parse_args()
 
     bw = measure_hbm_bandwidth()
     t0 = time.perf_counter()
-    llm = LLM(a.model, load_format=a.load_format, max_model_len=a.max_model_len,
-              max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=max(a.batch),
-              gpu_memory_utilization=a.gpu_memory_utilization, attention_backend=a.attention_backend)
+    llm = LLM(config=engine_config(a, max_num_seqs=max(a.batch)))  # one step holds the largest batch
     startup = time.perf_counter() - t0
     weight_bytes = llm.model.num_bytes
     roof = bw / weight_bytes

@@ -126,19 +126,16 @@ def run_peer(a, rates, counts, vocab, max_len):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="llama3-8b", help="preset served with --load-format dummy")
     ap.add_argument("--rates", type=float, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--num-prompts", type=int, nargs="+", default=None,
                     help="prompts per rate (one value, or one per rate); default clamp(50 * rate, 50, 400)")
     ap.add_argument("--max-concurrency", type=int, default=0)
-    ap.add_argument("--max-model-len", type=int, default=2048)
-    ap.add_argument("--max-num-seqs", type=int, default=256)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--startup-timeout", type=float, default=420)
     ap.add_argument("--peer-model", default=None, help="checkpoint for `transformers serve` (optional)")
     ap.add_argument("--profile", default=None, metavar="DIR", help="the server writes a jax.profiler trace here")
     ap.add_argument("--log-dir", default=os.environ.get("OUT") or "/tmp")
+    from jaxinfer.cli_args import add_engine_args, as_flags
+    add_engine_args(ap, model="llama3-8b", load_format="dummy", max_model_len=2048)  # the server's flags
     a = ap.parse_args()
 
     from jaxinfer.weights.presets import PRESETS
@@ -154,11 +151,8 @@ def main():
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "serving", "--model", a.model, "--load-format", "dummy", "--port", str(port),
-           "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
-           "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--gpu-memory-utilization",
-           str(a.gpu_memory_utilization), "--served-model-name", a.model] + (
-               ["--profile", a.profile] if a.profile else [])
+    cmd = [sys.executable, "-m", "serving", *as_flags(a), "--port", str(port), "--served-model-name", a.model] + (
+        ["--profile", a.profile] if a.profile else [])
     log_path = os.path.join(a.log_dir, "jaxinfer-serve.log")
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
