@@ -563,29 +563,37 @@ class EngineConfig:
         return names
 
     @classmethod
-    def from_options(cls, **options) -> "EngineConfig":
-        """EngineConfig from flat keywords (LLM(model=..., max_num_seqs=..., speculative_config=...)): each goes
-        to its group. Unknown keywords are a ConfigError naming them and listing the valid ones."""
+    def _by_group(cls, options: dict) -> dict[str, dict]:
+        """Flat keywords -> {group ("" for EngineConfig's own fields): {name: value}}; unknown keywords are a
+        ConfigError naming them and listing the valid ones (less LLM's own model / load_format / dtype)."""
         names = cls.option_names()
         unknown = sorted(set(options) - set(names))
         if unknown:
             raise ConfigError(f"unknown option(s) {unknown}; valid engine options are "
                               f"{sorted(set(names) - {'model', 'load_format', 'dtype'})}")
-        groups = {g: GROUPS[g](**{k: v for k, v in options.items() if names[k] == g}) for g in GROUPS}
-        return cls(**groups, speculative=options.get("speculative_config"), seed=options.get("seed", 0))
+        out: dict[str, dict] = {}
+        for k, v in options.items():
+            out.setdefault(names[k], {})[k] = v
+        return out
+
+    @classmethod
+    def from_options(cls, **options) -> "EngineConfig":
+        """EngineConfig from flat keywords (LLM(model=..., max_num_seqs=..., speculative_config=...)): each goes
+        to its group."""
+        by = cls._by_group(options)
+        own = by.pop("", {})
+        return cls(**{g: GROUPS[g](**by.get(g, {})) for g in GROUPS},
+                   speculative=own.get("speculative_config"), seed=own.get("seed", 0))
 
     def replace(self, **options) -> "EngineConfig":
         """A copy with some flat keywords changed (e.g. replace(num_pages=64, speculative_config=None))."""
-        names = self.option_names()
-        unknown = sorted(set(options) - set(names))
-        if unknown:
-            raise ConfigError(f"unknown option(s) {unknown}; valid engine options are {sorted(names)}")
-        changes = {g: dataclasses.replace(getattr(self, g), **{k: v for k, v in options.items() if names[k] == g})
-                   for g in GROUPS if any(names[k] == g for k in options)}
-        if "speculative_config" in options:
-            changes["speculative"] = options["speculative_config"]
-        if "seed" in options:
-            changes["seed"] = options["seed"]
+        by = self._by_group(options)
+        own = by.pop("", {})
+        changes = {g: dataclasses.replace(getattr(self, g), **kw) for g, kw in by.items()}
+        if "speculative_config" in own:
+            changes["speculative"] = own["speculative_config"]
+        if "seed" in own:
+            changes["seed"] = own["seed"]
         return dataclasses.replace(self, **changes)
 
     @property
