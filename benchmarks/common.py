@@ -115,3 +115,19 @@ def start_profile(profile_dir: str | None) -> None:
 
         jax.profiler.start_trace(profile_dir)
         atexit.register(jax.profiler.stop_trace)
+
+
+def add_engine_flags(ap, **defaults) -> None:
+    """The engine's flags, generated from its config (jaxinfer/cli_args.py), with this script's own defaults
+    (e.g. model="llama3-8b", load_format="dummy")."""
+    from jaxinfer.cli_args import add_engine_args
+
+    add_engine_args(ap, **defaults)
+
+
+def engine_config(a, **overrides):
+    """The EngineConfig of the parsed flags, with the options a script fixes per run (e.g. max_num_seqs=64)."""
+    from jaxinfer.cli_args import config_from_args
+
+    config = config_from_args(a)
+    return config.replace(**overrides) if overrides else config

@@ -22,12 +22,11 @@ import numpy as np  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="llama3-8b")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--iters", type=int, default=100)
-    ap.add_argument("--max-model-len", type=int, default=2048)
-    from benchmarks.common import add_profile_arg, start_profile
+    from benchmarks.common import add_engine_flags, add_profile_arg, engine_config, start_profile
+    add_engine_flags(ap, model="llama3-8b", load_format="dummy", max_model_len=2048)  # --max-num-seqs: max(batch, 16)
     add_profile_arg(ap)
     a = ap.parse_args()
     start_profile(a.profile)
@@ -36,8 +35,7 @@ def main():
     from jaxinfer import LLM
     from jaxinfer.outputs import SeqInput
 
-    llm = LLM(a.model, load_format="dummy", max_model_len=a.max_model_len, max_num_seqs=max(a.batch, 16),
-              max_num_batched_tokens=2048, progress=False)
+    llm = LLM(config=engine_config(a, max_num_seqs=max(a.batch, 16)), progress=False)
     r = llm.runner
     pages = math.ceil((a.context + 1) / r.page_size)
     V = llm.model_config.vocab_size

@@ -61,17 +61,12 @@ def run_pass(engine, prompts, output_len, tag):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="llama3-8b")
-    ap.add_argument("--load-format", default="dummy")
     ap.add_argument("--num-requests", type=int, default=200)
     ap.add_argument("--system-len", type=int, default=2000)
     ap.add_argument("--question-len", type=int, default=100)
     ap.add_argument("--output-len", type=int, default=32)
-    ap.add_argument("--max-model-len", type=int, default=4096)
-    ap.add_argument("--max-num-seqs", type=int, default=256)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    from benchmarks.common import add_profile_arg, start_profile
+    from benchmarks.common import add_engine_flags, add_profile_arg, engine_config, start_profile
+    add_engine_flags(ap, model="llama3-8b", load_format="dummy", max_model_len=4096)
     add_profile_arg(ap)
     a = ap.parse_args()
     start_profile(a.profile)
@@ -81,9 +76,7 @@ def main():
     from jaxinfer import LLM
 
     t0 = time.perf_counter()
-    llm = LLM(a.model, load_format=a.load_format, max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
-              max_num_batched_tokens=a.max_num_batched_tokens, gpu_memory_utilization=a.gpu_memory_utilization,
-              enable_prefix_caching=True)
+    llm = LLM(config=engine_config(a, enable_prefix_caching=True))
     startup = time.perf_counter() - t0
     eng = llm.engine
     prompts = make_workload(a.num_requests, a.system_len, a.question_len, llm.model_config.vocab_size)

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 
-from benchmarks.common import RESULTS_DIR, git_commit  # noqa: E402
+from benchmarks.common import RESULTS_DIR, add_engine_flags, engine_config, git_commit  # noqa: E402
 from jaxinfer import LLM, SamplingParams  # noqa: E402
 
 _TEXT = ("The Great Barrier Reef is the world's largest coral reef system, composed of over 2,900 individual reefs "
@@ -82,18 +82,18 @@ def summarize(outs, dt):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--methods", nargs="+", default=["ngram", "layer_skip"], choices=["ngram", "layer_skip"])
     ap.add_argument("--skip-plain", action="store_true", help="no plain-decoding run (outputs_equal_plain: null)")
-    ap.add_argument("--dtype", default="auto", help="auto = bfloat16 for this GGUF; float32 makes outputs_equal_plain "
-                                                     "exact (bf16 near-ties can flip between chunk shapes)")
     ap.add_argument("--layers", type=int, nargs="+", default=None,
                     help="layer_skip draft depths (default: a quarter and half of the target's layers)")
+    # --dtype auto = bfloat16 for this GGUF; float32 makes outputs_equal_plain exact (bf16 near-ties can flip
+    # between chunk shapes)
+    add_engine_flags(ap, max_model_len=1024, max_num_batched_tokens=256, max_num_seqs=8)
     a = ap.parse_args(argv)
-    common = dict(dtype=a.dtype, max_model_len=1024, max_num_batched_tokens=256, max_num_seqs=8, progress=False, warmup=False)
-    base = LLM(a.model, **common)
+    config = engine_config(a)
+    base = LLM(config=config, progress=False, warmup=False)
     n_layers = base.model_config.num_layers
     layers = a.layers or [max(1, n_layers // 4), n_layers // 2]
     ref = {} if a.skip_plain else {kind: run(base, prompts, a.max_tokens)
@@ -103,7 +103,8 @@ def main(argv=None):
         if "layer_skip" in a.methods]
     results = {"plain": {kind: {"wall_s": round(dt, 2)} for kind, (_, dt) in ref.items()}}
     for name, sc in methods:
-        llm = LLM(a.model, speculative_config=dict(sc, num_speculative_tokens=a.k, adaptive=False), **common)
+        llm = LLM(config=config.replace(speculative_config=dict(sc, num_speculative_tokens=a.k, adaptive=False)),
+                  progress=False, warmup=False)
         results[name] = {}
         for kind, prompts in (("quoting", QUOTING), ("chat", CHAT)):
             outs, dt = run(llm, prompts, a.max_tokens)

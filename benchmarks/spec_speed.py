@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from benchmarks.common import write_result  # noqa: E402
+from benchmarks.common import add_engine_flags, engine_config, write_result  # noqa: E402
 from jaxinfer import LLM, SamplingParams  # noqa: E402
 from jaxinfer.config import SpeculativeConfig  # noqa: E402
 from jaxinfer.engine.spec_control import SpecControl  # noqa: E402
@@ -111,7 +111,6 @@ def decode_run(llm, prompts, new_tokens, tag):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="llama3-8b")
     ap.add_argument("--drafts", nargs="+", default=["none", "llama3.2-1b"],
                     help="'none' (free oracle drafts), a preset (draft model of that shape), or layer_skip:N")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8, 16, 32])
@@ -120,20 +119,20 @@ def main(argv=None):
     ap.add_argument("--max-oracle-runs", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--num-pages", type=int, default=2048)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
     ap.add_argument("--per-step-drafts", action="store_true",
                     help="draft models dispatch their k steps one by one (not fused into one program)")
+    add_engine_flags(ap, model="llama3-8b", load_format="dummy", num_pages=2048, max_num_batched_tokens=512)
     a = ap.parse_args(argv)
 
     max_batch = max(a.batch)
-    common = dict(load_format="dummy", num_pages=a.num_pages, max_model_len=a.prompt_len + a.new_tokens + 64,
-                  max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=max(max_batch, 8), progress=False)
+    common = dict(max_model_len=a.prompt_len + a.new_tokens + 64, max_num_seqs=max(max_batch, 8))
+    config = engine_config(a, **common)
     t0 = time.perf_counter()
-    plain = LLM(a.model, **common)
+    plain = LLM(config=config, progress=False)
     # The speculative engine: verify rows for up to max_batch requests; its proposer is swapped per run below.
-    spec_llm = LLM(a.model, speculative_config=dict(method="ngram", num_speculative_tokens=a.k,
-                                                     max_batch_size=max_batch, adaptive=False), **common)
+    spec_llm = LLM(config=config.replace(speculative_config=dict(method="ngram", num_speculative_tokens=a.k,
+                                                                 max_batch_size=max_batch, adaptive=False)),
+                   progress=False)
     vocab = spec_llm.model_config.vocab_size
     inners = {"none": None}
     from jaxinfer.draft_model import build_model_proposer
@@ -163,7 +162,8 @@ def main(argv=None):
             method="oracle drafts: true greedy continuation with probability a per position, else a random token; "
                    "the continuation is the fixed point of the speculative run's own greedy outputs (module "
                    "docstring); draft models run for their cost, their tokens replaced",
-            engine=dict(common, load_format="dummy"), rows=rows, batch_threshold=_thresholds(rows)))
+            engine=dict(common, load_format=a.load_format, num_pages=a.num_pages,
+                        max_num_batched_tokens=a.max_num_batched_tokens), rows=rows, batch_threshold=_thresholds(rows)))
 
     for b in a.batch:
         prompts = [rng.integers(0, vocab, a.prompt_len).tolist() for _ in range(b)]

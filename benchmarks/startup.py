@@ -23,13 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="llama3-8b")
-    ap.add_argument("--load-format", default="dummy")
-    ap.add_argument("--max-model-len", type=int, default=2048)
-    ap.add_argument("--max-num-seqs", type=int, default=256)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--label", default="run")
-    from benchmarks.common import add_profile_arg, start_profile
+    from benchmarks.common import add_engine_flags, add_profile_arg, engine_config, start_profile
+    add_engine_flags(ap, model="llama3-8b", load_format="dummy", max_model_len=2048)
     add_profile_arg(ap)
     a = ap.parse_args()
     start_profile(a.profile)
@@ -39,8 +35,7 @@ def main():
     t0 = time.perf_counter()
     from jaxinfer import LLM, SamplingParams
 
-    llm = LLM(a.model, load_format=a.load_format, max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
-              max_num_batched_tokens=a.max_num_batched_tokens, progress=False)
+    llm = LLM(config=engine_config(a), progress=False)
     t_ready = time.perf_counter()
     llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=1), use_tqdm=False)
     t_first = time.perf_counter()

@@ -39,17 +39,15 @@ def timeit(f, *args, iters=20):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="llama3-8b")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--context", type=int, default=256)
-    ap.add_argument("--max-model-len", type=int, default=1024)
-    ap.add_argument("--attention-backend", default="auto", choices=["auto", "reference", "pallas"])
-    from benchmarks.common import add_profile_arg, start_profile
+    from benchmarks.common import add_engine_flags, add_profile_arg, engine_config, start_profile
+    add_engine_flags(ap, model="llama3-8b", load_format="dummy", max_model_len=1024, max_num_batched_tokens=256,
+                     gpu_memory_utilization=0.5)  # --max-num-seqs is max(--batch)
     add_profile_arg(ap)
     a = ap.parse_args()
     start_profile(a.profile)
-    llm = LLM(a.model, load_format="dummy", max_model_len=a.max_model_len, max_num_batched_tokens=256,
-              max_num_seqs=max(a.batch), gpu_memory_utilization=0.5, attention_backend=a.attention_backend)
+    llm = LLM(config=engine_config(a, max_num_seqs=max(a.batch)))
     r = llm.runner
     cfg = llm.model_config
     loaded = r.loaded

@@ -99,20 +99,15 @@ def hf_baseline(hf_cfg: dict, batch: int, prompt_len: int, output_len: int) -> d
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="llama3-8b")
-    ap.add_argument("--load-format", default="dummy")
     ap.add_argument("--workload", nargs="+", default=["fixed", "sharegpt"])
     ap.add_argument("--num-requests", type=int, default=1000)
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=256)
-    ap.add_argument("--max-model-len", type=int, default=2048)
-    ap.add_argument("--max-num-seqs", type=int, default=256)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    ap.add_argument("--attention-backend", default="auto", choices=["auto", "reference", "pallas"])
     ap.add_argument("--hf-baseline", action="store_true")
     ap.add_argument("--hf-batch", type=int, default=64)
     ap.add_argument("--profile", default=None)
+    from benchmarks.common import add_engine_flags, engine_config
+    add_engine_flags(ap, model="llama3-8b", load_format="dummy", max_model_len=2048)
     a = ap.parse_args()
 
     from jaxinfer.weights.presets import PRESETS
@@ -130,9 +125,7 @@ def main():
     flops = measure_matmul_flops()
     cache_before = compilation_cache_entries()
     t0 = time.perf_counter()
-    llm = LLM(a.model, load_format=a.load_format, max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
-              max_num_batched_tokens=a.max_num_batched_tokens, gpu_memory_utilization=a.gpu_memory_utilization,
-              attention_backend=a.attention_backend)
+    llm = LLM(config=engine_config(a))
     startup = time.perf_counter() - t0
     cache_after = compilation_cache_entries()  # > cache_before: LLM() compiled programs the cache did not hold
     weight_bytes = llm.model.num_bytes

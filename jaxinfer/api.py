@@ -1,7 +1,6 @@
 """The offline Python API: `LLM` and the one-liner `generate` (vLLM-like)."""
 from __future__ import annotations
 
-import dataclasses
 import logging
 import numbers
 import time
@@ -16,7 +15,6 @@ from jaxinfer.sampling_params import SamplingParams
 
 log = logging.getLogger("jaxinfer")
 
-_ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
 _CPU_MAX_MODEL_LEN = 8192
 
 Prompt = str | Sequence[int]
@@ -28,17 +26,22 @@ class LLM:
     LLM(model=None, dtype="auto", load_format="auto", **engine_options)
       model: None (default SmolLM2-135M-Instruct), a HF checkpoint dir, a *.gguf file, an orbax checkpoint
              dir saved by `LLM.save`, a hub id, or a preset shape ("llama3-8b") with load_format="dummy".
-      engine_options: fields of EngineConfig (page_size, num_pages, gpu_memory_utilization, max_model_len,
-             max_num_batched_tokens, max_num_seqs, tensor_parallel_size, data_parallel_size, ...). Unknown
-             options are errors.
+      engine_options: fields of EngineConfig's groups (page_size, num_pages, gpu_memory_utilization,
+             max_model_len, max_num_batched_tokens, max_num_seqs, tensor_parallel_size, data_parallel_size,
+             quantization, speculative_config, ...; EngineConfig.option_names()). Unknown options are errors.
+    LLM(config=EngineConfig(...)): the whole configuration at once (what the command line builds, cli_args.py).
     """
 
     def __init__(self, model: str | None = None, dtype: str = "auto", load_format: str = "auto",
-                 tokenizer: str | None = None, warmup: bool = True, progress: bool = True, **engine_options):
-        unknown = sorted(set(engine_options) - _ENGINE_FIELDS)
-        if unknown:
-            raise ConfigError(
-                f"unknown option(s) {unknown}; valid engine options are {sorted(_ENGINE_FIELDS - {'dtype'})}")
+                 tokenizer: str | None = None, warmup: bool = True, progress: bool = True,
+                 config: EngineConfig | None = None, **engine_options):
+        if config is None:
+            config = EngineConfig.from_options(model=model, dtype=dtype, load_format=load_format, **engine_options)
+        elif engine_options or (model, dtype, load_format) != (None, "auto", "auto"):
+            given = sorted(engine_options) + [n for n, v, d in (("model", model, None), ("dtype", dtype, "auto"),
+                                                                  ("load_format", load_format, "auto")) if v != d]
+            raise ConfigError(f"pass either config= or options, not both (got config= and {given}); set them in "
+                              "the config, e.g. config.replace(max_num_seqs=8)")
         t0 = time.perf_counter()
         self._progress = progress
         from jaxinfer.weights.loader import load_model, resolve_model
@@ -46,17 +49,18 @@ class LLM:
         from jaxinfer.tokenizer import Tokenizer
         from jaxinfer.engine.engine import LLMEngine
 
-        self.config = EngineConfig(dtype=dtype, **engine_options)
-        enable_compilation_cache(self.config.compilation_cache_dir)
-        self.source = resolve_model(model, load_format)
+        self.config = config
+        enable_compilation_cache(config.kernels.compilation_cache_dir)
+        self.source = resolve_model(config.load.model, config.load.load_format)
         # Tensor / data parallelism: one sharding plan per replica (None: the single default device).
         plans = [None]
-        if self.config.tensor_parallel_size > 1 or self.config.data_parallel_size > 1:
+        par = config.parallel
+        if par.tensor_parallel_size > 1 or par.data_parallel_size > 1:
             from jaxinfer.parallel import make_plans, replicate_model
 
-            plans = make_plans(self.config.tensor_parallel_size, self.config.data_parallel_size)
-        self.model = load_model(self.source, self.config.dtype, seed=self.config.seed, progress=progress,
-                                quantization=self.config.quant_spec, plan=plans[0])
+            plans = make_plans(par.tensor_parallel_size, par.data_parallel_size)
+        self.model = load_model(self.source, config.load.dtype, seed=config.seed, progress=progress,
+                                quantization=config.quant_spec, plan=plans[0])
         self.models = [self.model] + [replicate_model(self.model, p) for p in plans[1:]]
         cfg = self.model.cfg
         self.model_config = cfg
@@ -67,13 +71,9 @@ class LLM:
         eos = set(cfg.eos_token_ids)
         if self.tokenizer is not None:
             eos |= set(self.tokenizer.eos_token_ids)
-        engines = [LLMEngine(
-            runner, self.tokenizer, max_num_batched_tokens=self.config.max_num_batched_tokens,
-            max_num_seqs=self.config.max_num_seqs, max_model_len=max_len, eos_token_ids=eos,
-            vocab_size=cfg.vocab_size, seed=self.config.seed, async_scheduling=self.config.async_scheduling,
-            enable_prefix_caching=self.config.enable_prefix_caching,  # prefix caching option passed through
-            spec=self._speculation(max_len))
-            for runner in self.runners]
+        engines = [LLMEngine(runner, self.tokenizer, config.scheduler, max_model_len=max_len, eos_token_ids=eos,
+                             vocab_size=cfg.vocab_size, seed=config.seed, spec=self._speculation(max_len))
+                   for runner in self.runners]
         if len(engines) == 1:
             self.engine = engines[0]
         else:
@@ -92,7 +92,7 @@ class LLM:
     # ---- set-up helpers -----------------------------------------------------------------------------------
     def _speculation(self, max_len: int):
         """SpecControl with the configured proposer, or None (engine/spec_control.py)."""
-        sc = self.config.speculative_config
+        sc = self.config.speculative
         if sc is None:
             return None
         from jaxinfer.engine.spec_control import SpecControl
@@ -106,8 +106,8 @@ class LLM:
 
             proposer = build_model_proposer(sc, self.model, self.config, max_len, self.runner.num_pages,
                                             progress=self._progress)
-        return SpecControl(proposer, sc.num_speculative_tokens, min(sc.max_batch_size, self.config.max_num_seqs),
-                           sc.adaptive, sc.min_acceptance)
+        max_spec = min(sc.max_batch_size, self.config.scheduler.max_num_seqs)
+        return SpecControl(proposer, sc.num_speculative_tokens, max_spec, sc.adaptive, sc.min_acceptance)
 
     def _load_tokenizer(self, override, Tokenizer):
         src = self.source
@@ -131,7 +131,7 @@ class LLM:
         import jax
 
         cfg = self.model.cfg
-        want = self.config.max_model_len
+        want = self.config.scheduler.max_model_len
         if want is None:
             want = cfg.max_position_embeddings
             if jax.default_backend() == "cpu":

@@ -11,7 +11,7 @@ import json
 import logging
 import sys
 
-from jaxinfer.cli_args import add_model_args, engine_kwargs, init_distributed
+from jaxinfer.cli_args import add_engine_args, config_from_args, init_distributed
 
 
 def cmd_generate(a) -> int:
@@ -19,9 +19,10 @@ def cmd_generate(a) -> int:
 
     params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
                             seed=a.seed)
+    config = config_from_args(a)  # validated before anything is loaded
     init_distributed(a)  # multi-host: every process runs this same command with the same prompt
     # One prompt needs two or three of the buckets: compile those on first use instead of all at start.
-    llm = LLM(a.model, progress=not a.quiet, warmup=False, **engine_kwargs(a))
+    llm = LLM(config=config, progress=not a.quiet, warmup=False)
     if a.chat:
         if llm.tokenizer is None:
             raise ValueError("--chat needs a model with a tokenizer and chat template")
@@ -66,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="generate text from a prompt, streamed to stdout")
     g.add_argument("prompt")
-    add_model_args(g)
+    add_engine_args(g)
     g.add_argument("--max-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
@@ -77,8 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(fn=cmd_generate)
     i = sub.add_parser("info", help="print a model's config, parameter count and memory")
     i.add_argument("model_pos", nargs="?", default=None, metavar="MODEL")
-    i.add_argument("--model", default=None)
-    i.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    add_engine_args(i, only=("model", "load_format"))
     i.set_defaults(fn=cmd_info)
     sub.add_parser("serve", help="OpenAI-compatible HTTP server (see `jaxinfer serve --help`)", add_help=False)
     return p

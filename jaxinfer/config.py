@@ -1,13 +1,17 @@
-"""Frozen, validated configuration dataclasses.
+"""Frozen, validated configuration dataclasses (no jax).
 
 `ModelConfig` is read from a Hugging Face `config.json` (or the dict built from GGUF metadata). Everything the
-model code does not implement is rejected here with an error naming the option, so an unsupported checkpoint
-never produces silently wrong text.
+model code does not implement is rejected with an error naming the option (which families exist is
+models/registry.py's table), so an unsupported checkpoint never produces silently wrong text.
+
+`SpeculativeConfig` and the quantization options (`QuantSpec`, `parse_quantization`) follow, then the engine's
+configuration: `EngineConfig`, made of one group per concern (load, scheduler, cache, parallel, kernels,
+speculative) that is handed down whole to the part that reads it. Field metadata documents every option; the
+command-line flags are generated from it (cli_args.py).
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from typing import Any
 
@@ -174,29 +178,6 @@ def _sliding_window_from_hf(hf: dict[str, Any], model_type: str) -> int | None:
         return None
     window = int(window)
     return window if window < int(hf.get("max_position_embeddings", 0) or 1 << 30) else None
-
-
-def rope_inv_freq(cfg: ModelConfig):
-    """Inverse RoPE frequencies [head_dim // 2] in float64 numpy, with Llama 3 / linear scaling applied."""
-    import numpy as np
-
-    d = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
-    s = cfg.rope_scaling
-    if s is None:
-        return inv
-    if s.kind == "linear":
-        return inv / s.factor
-    # llama3: keep high frequencies, divide low ones by `factor`, interpolate smoothly in between.
-    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
-    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
-    wavelen = 2 * math.pi / inv
-    scaled = np.where(wavelen > low_wavelen, inv / s.factor, inv)
-    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
-        s.high_freq_factor - s.low_freq_factor)
-    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return np.where(medium, smoothed, scaled)
 
 
 SPEC_METHODS = ("ngram", "draft", "layer_skip")
@@ -437,71 +418,87 @@ def check_checkpoint_compatible(spec: QuantSpec | None, hf_config: dict, name: s
             f"checkpoint's own {have} weights, or load a float checkpoint to quantize it as {spec.name}")
 
 
+# ---- the engine's configuration: one frozen group per concern, handed down whole ----------------------------
+#
+# Each field carries its help text (and choices) in its metadata: jaxinfer/cli_args.py generates the command-line
+# flags of `jaxinfer generate`, `jaxinfer serve` and the benchmarks from them, and LLM(**options) routes each
+# keyword to its group (EngineConfig.from_options). A field's name is its keyword and its flag (--max-num-seqs).
+
+def _opt(default, help: str, *, choices: tuple | None = None, cli: bool = True, aliases: tuple = (),
+         default_factory=None):
+    """A config field with its documentation. cli=False: not a command-line flag (a programmatic option)."""
+    meta = {"help": help, "choices": choices, "cli": cli, "aliases": aliases}
+    if default_factory is not None:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _check_choice(name: str, value, choices: tuple):
+    if value not in choices:
+        raise ConfigError(f"{name} must be {_one_of(choices)}, got {value!r}")
+
+
+def _one_of(choices: tuple) -> str:
+    quoted = [repr(c) for c in choices]
+    return ", ".join(quoted[:-1]) + " or " + quoted[-1]
+
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
 @dataclasses.dataclass(frozen=True)
-class EngineConfig:
-    """Everything the engine needs besides the model. Unknown options are rejected by `LLM(**kwargs)`.
+class LoadConfig:
+    """Which weights, in which dtype, quantized how (jaxinfer/weights/)."""
 
-    page_size: tokens per KV page. num_pages: explicit KV page count (overrides the memory budget).
-    gpu_memory_utilization: fraction of device memory the weights + KV cache may use.
-    max_model_len: context window (defaults to the model's max_position_embeddings, capped at 8192 on CPU).
-    max_num_batched_tokens: token budget of one step. max_num_seqs: sequences in one step.
-    query_tile: attention query tile (tokens of one sequence per tile) of the reference attention.
-    kv_chunk_pages: pages of KV processed per loop iteration by the reference attention (default: 128 with the
-        static loop, 16 with the dynamic one, which then stops close to the longest context).
-    async_scheduling: schedule and dispatch step n+1 while step n runs on the device (hides host work).
-    enable_prefix_caching: reuse the KV of full pages whose (chained) token content matches an earlier
-        request's (vLLM automatic prefix caching); requests asking for prompt_logprobs bypass it.
-    attention_backend: "reference" (jnp), "pallas" (the Pallas kernel; interpret mode on CPU, slow) or "auto"
-        (the kernel on GPU — inside the engine on the H200 it took batch-1 decode from 136 to 186 tok/s and
-        offline throughput from 2,088 to 6,349 output tok/s — and the reference elsewhere).
-    kv_loop: "static" (unrolled over the page-table width; no device-to-host syncs: GPU), "dynamic" (while loop
-        up to the longest context: CPU) or "auto".
-    quantization: quantize the weights on load: None, "int8", "int4" ("int4-g64", "int4-g32", "-asym" variants)
-        or "fp8" (W8A8), or "gguf" (keep a GGUF file's Q4_0 / Q4_1 / Q4_K projections int4: weights/gguf_quant.py);
-        quantize_lm_head: None (default: an int8 head for int8 / int4 models with an untied head), True (the
-        head in the model's method) or False (a float head); embeddings stay unquantized. quantized_matmul:
-        "auto" | "reference" | "xla" | "pallas" | "w8a8" | "xla-int4" (see QuantSpec above).
-    tensor_parallel_size: devices one model replica is split over (jaxinfer/parallel.py).
-    data_parallel_size: model replicas on disjoint device groups; requests go to the least-loaded replica.
-    kv_cache_dtype: "auto" (the model dtype), "fp8" (e4m3) or "int8": quantized KV pages with one float32
-        scale per token and KV head (pallas_kernels/paged_attention/kv_quant.py), ~1.9x the pages of bf16 for
-        the same memory.
-    speculative_config: SpeculativeConfig (or a dict of its fields) to turn on speculative decoding.
-    """
-
-    dtype: str = "auto"
-    page_size: int = 16
-    num_pages: int | None = None
-    gpu_memory_utilization: float = 0.9
-    max_model_len: int | None = None
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 256
-    query_tile: int = 16
-    kv_chunk_pages: int | None = None
-    kv_loop: str = "auto"
-    async_scheduling: bool = True
-    enable_prefix_caching: bool = True
-    attention_backend: str = "auto"
-    kv_cache_dtype: str = "auto"
-    seed: int = 0
-    enforce_eager: bool = False
-    compilation_cache_dir: str | None = None
-    quantization: str | None = None
-    quantize_lm_head: bool | None = None
-    quantized_matmul: str = "auto"
-    tensor_parallel_size: int = 1
-    data_parallel_size: int = 1
-
-    speculative_config: SpeculativeConfig | None = None  # a dict is accepted too; None: no speculation
+    model: str | None = _opt(None, "checkpoint dir, *.gguf file, hub id, or preset (with --load-format dummy); "
+                                   "default: SmolLM2-135M-Instruct")
+    load_format: str = _opt("auto", "auto: read the weights; dummy: random weights at the model's shape",
+                            choices=("auto", "dummy"))
+    dtype: str = _opt("auto", "compute dtype (auto: float32 checkpoints stay float32, others run in bfloat16)",
+                      choices=DTYPES)
+    quantization: str | None = _opt(
+        None, "quantize weights on load: int8 | int4 | int4-g64 | int4-g32 | int4-asym | fp8 (W8A8); "
+              "gguf: keep a GGUF file's own Q4_0 / Q4_1 / Q4_K weights quantized")
+    quantize_lm_head: bool | None = _opt(
+        None, "the LM head in the model's quantization (untied models); --no-quantize-lm-head: a float head; "
+              "default: an int8 head for int8 / int4 models")
 
     def __post_init__(self):
-        object.__setattr__(self, "speculative_config", SpeculativeConfig.coerce(self.speculative_config))
-        if self.speculative_config is not None and (self.tensor_parallel_size > 1 or self.data_parallel_size > 1):
-            raise ConfigError("speculative_config with tensor_parallel_size / data_parallel_size > 1 is not supported "
-                              "yet; run speculative decoding on one device")
-        for name in ("tensor_parallel_size", "data_parallel_size"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        _check_choice("load_format", self.load_format, ("auto", "dummy"))
+        _check_choice("dtype", self.dtype, DTYPES)
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    """What one step may hold and how steps follow each other (engine/scheduler.py, engine/engine.py)."""
+
+    max_num_batched_tokens: int = _opt(2048, "token budget of one step")
+    max_num_seqs: int = _opt(256, "sequences in one step")
+    max_model_len: int | None = _opt(None, "context window (default: the model's max_position_embeddings, "
+                                           "capped at 8192 on CPU)")
+    async_scheduling: bool = _opt(True, "schedule and dispatch step n+1 while step n runs on the device")
+    enable_prefix_caching: bool = _opt(
+        True, "reuse the KV of full pages whose (chained) token content matches an earlier request's; requests "
+              "asking for prompt_logprobs bypass it")
+
+    def __post_init__(self):
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheConfig:
+    """The paged KV cache (engine/kv_cache.py pages it; runner/model_runner.py allocates it)."""
+
+    page_size: int = _opt(16, "tokens per KV page (a power of two)")
+    num_pages: int | None = _opt(None, "KV pages (overrides the memory budget)")
+    gpu_memory_utilization: float = _opt(0.9, "fraction of device memory the weights + KV cache may use")
+    kv_cache_dtype: str = _opt(
+        "auto", "KV cache storage: the model dtype, or fp8 (e4m3) / int8 with one float32 scale per token and KV "
+                "head (pallas_kernels/paged_attention/kv_quant.py), ~1.9x the pages of bf16",
+        choices=("auto", "fp8", "int8"))
+
+    def __post_init__(self):
         if self.page_size < 1 or self.page_size & (self.page_size - 1):
             raise ConfigError(f"page_size must be a power of two >= 1, got {self.page_size}")
         if self.num_pages is not None and self.num_pages < 2:
@@ -509,26 +506,135 @@ class EngineConfig:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.max_num_seqs < 1:
-            raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < self.query_tile:
+        _check_choice("kv_cache_dtype", self.kv_cache_dtype, ("auto", "fp8", "int8"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelConfig:
+    """Devices of one host (jaxinfer/parallel.py). Several hosts: DistributedConfig."""
+
+    tensor_parallel_size: int = _opt(1, "devices one model is split over", aliases=("-tp",))
+    data_parallel_size: int = _opt(1, "model replicas on disjoint devices; requests go to the least-loaded one",
+                                   aliases=("-dp",))
+
+    def __post_init__(self):
+        for name in ("tensor_parallel_size", "data_parallel_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """A multi-host job, joined before the engine starts (parallel.initialize_distributed; command line only)."""
+
+    coordinator_address: str | None = _opt(None, "multi-host: HOST:PORT of process 0 (env "
+                                                 "JAXINFER_COORDINATOR_ADDRESS)")
+    num_processes: int | None = _opt(None, "multi-host: env JAXINFER_NUM_PROCESSES")
+    process_id: int | None = _opt(None, "multi-host: env JAXINFER_PROCESS_ID")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """Which implementation computes attention and the quantized matmuls, and how they tile."""
+
+    # auto: inside the engine on the H200 the kernel took batch-1 decode from 136 to 186 tok/s and offline
+    # throughput from 2,088 to 6,349 output tok/s over the reference.
+    attention_backend: str = _opt(
+        "auto", "reference (jnp), pallas (the Pallas kernel; interpret mode on CPU, slow) or auto (the kernel on "
+                "GPU, the reference elsewhere)", choices=("auto", "reference", "pallas"))
+    kv_loop: str = _opt("auto", "reference attention: static (unrolled over the page-table width; no "
+                                "device-to-host syncs: GPU), dynamic (while loop up to the longest context: CPU)",
+                        choices=("auto", "static", "dynamic"))
+    query_tile: int = _opt(16, "reference attention: tokens of one sequence per query tile")
+    kv_chunk_pages: int | None = _opt(None, "reference attention: KV pages per loop iteration (default: 128 "
+                                            "with the static loop, 16 with the dynamic one)")
+    quantized_matmul: str = _opt("auto", "quantized layers: auto (on GPU the per-M table of models/quant_paths.py "
+                                         "for int8/int4, XLA's fp8 dot for fp8; the jnp reference on CPU) | "
+                                         "reference | xla | pallas | w8a8 (int8 only, activations quantized) | "
+                                         "xla-int4 (int4 only)",
+                                 choices=MATMUL_BACKENDS)
+    compilation_cache_dir: str | None = _opt(None, "JAX's persistent compilation cache (default: "
+                                                   "$JAXINFER_CACHE/xla, ~/.cache/jaxinfer/xla)")
+
+    def __post_init__(self):
+        _check_choice("attention_backend", self.attention_backend, ("auto", "reference", "pallas"))
+        _check_choice("kv_loop", self.kv_loop, ("auto", "static", "dynamic"))
+
+
+# keyword (and flag) -> the EngineConfig group that holds it; "speculative_config" and "seed" are its own fields
+GROUPS = {"load": LoadConfig, "scheduler": SchedulerConfig, "cache": CacheConfig, "parallel": ParallelConfig,
+          "kernels": KernelConfig}
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs, in groups handed down whole: load (weights), scheduler, cache, parallel,
+    kernels, speculative (None: no speculation). Build it from flat keywords with `from_options` (what
+    LLM(**options) does) or group by group; every group validates itself, this checks their combinations."""
+
+    load: LoadConfig = dataclasses.field(default_factory=LoadConfig)
+    scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
+    cache: CacheConfig = dataclasses.field(default_factory=CacheConfig)
+    parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
+    kernels: KernelConfig = dataclasses.field(default_factory=KernelConfig)
+    speculative: SpeculativeConfig | None = None  # a dict of its fields is accepted too
+    seed: int = 0  # random weights of dummy models (the draft: seed + 1) and the engine's default sampling seed
+
+    def __post_init__(self):
+        object.__setattr__(self, "speculative", SpeculativeConfig.coerce(self.speculative))
+        if self.speculative is not None and (self.parallel.tensor_parallel_size > 1
+                                             or self.parallel.data_parallel_size > 1):
+            raise ConfigError("speculative_config with tensor_parallel_size / data_parallel_size > 1 is not supported "
+                              "yet; run speculative decoding on one device")
+        if self.scheduler.max_num_batched_tokens < self.kernels.query_tile:
             raise ConfigError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= query_tile "
-                f"({self.query_tile})")
-        if self.attention_backend not in ("auto", "reference", "pallas"):
-            raise ConfigError(
-                f"attention_backend must be 'auto', 'reference' or 'pallas', got {self.attention_backend!r}")
-        if self.kv_cache_dtype not in ("auto", "fp8", "int8"):
-            raise ConfigError(
-                f"kv_cache_dtype must be 'auto', 'fp8' or 'int8', got {self.kv_cache_dtype!r}")
-        if self.kv_loop not in ("auto", "static", "dynamic"):
-            raise ConfigError(f"kv_loop must be 'auto', 'static' or 'dynamic', got {self.kv_loop!r}")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
-        parse_quantization(self.quantization, quantize_lm_head=self.quantize_lm_head, backend=self.quantized_matmul)
+                f"max_num_batched_tokens ({self.scheduler.max_num_batched_tokens}) must be >= query_tile "
+                f"({self.kernels.query_tile})")
+        self.quant_spec  # validates the quantization options together with the matmul backend
+
+    @classmethod
+    def option_names(cls) -> dict[str, str]:
+        """Flat keyword -> the group holding it ("" for EngineConfig's own fields)."""
+        names = {f.name: group for group, g in GROUPS.items() for f in dataclasses.fields(g)}
+        names.update(speculative_config="", seed="")
+        return names
+
+    @classmethod
+    def _by_group(cls, options: dict) -> dict[str, dict]:
+        """Flat keywords -> {group ("" for EngineConfig's own fields): {name: value}}; unknown keywords are a
+        ConfigError naming them and listing the valid ones (less LLM's own model / load_format / dtype)."""
+        names = cls.option_names()
+        unknown = sorted(set(options) - set(names))
+        if unknown:
+            raise ConfigError(f"unknown option(s) {unknown}; valid engine options are "
+                              f"{sorted(set(names) - {'model', 'load_format', 'dtype'})}")
+        out: dict[str, dict] = {}
+        for k, v in options.items():
+            out.setdefault(names[k], {})[k] = v
+        return out
+
+    @classmethod
+    def from_options(cls, **options) -> "EngineConfig":
+        """EngineConfig from flat keywords (LLM(model=..., max_num_seqs=..., speculative_config=...)): each goes
+        to its group."""
+        by = cls._by_group(options)
+        own = by.pop("", {})
+        return cls(**{g: GROUPS[g](**by.get(g, {})) for g in GROUPS},
+                   speculative=own.get("speculative_config"), seed=own.get("seed", 0))
+
+    def replace(self, **options) -> "EngineConfig":
+        """A copy with some flat keywords changed (e.g. replace(num_pages=64, speculative_config=None))."""
+        by = self._by_group(options)
+        own = by.pop("", {})
+        changes = {g: dataclasses.replace(getattr(self, g), **kw) for g, kw in by.items()}
+        if "speculative_config" in own:
+            changes["speculative"] = own["speculative_config"]
+        if "seed" in own:
+            changes["seed"] = own["seed"]
+        return dataclasses.replace(self, **changes)
 
     @property
     def quant_spec(self):
         """QuantSpec (or KeepGGUFQuantization) of the quantization options, or None."""
-        return parse_quantization(self.quantization, quantize_lm_head=self.quantize_lm_head,
-                                  backend=self.quantized_matmul)
+        return parse_quantization(self.load.quantization, quantize_lm_head=self.load.quantize_lm_head,
+                                  backend=self.kernels.quantized_matmul)

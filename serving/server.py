@@ -517,10 +517,10 @@ def create_app(llm, served_model_name: str | None = None, max_waiting: int | Non
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jaxinfer.cli_args import add_model_args
+    from jaxinfer.cli_args import add_engine_args
 
     p = argparse.ArgumentParser(prog="jaxinfer serve", description="OpenAI-compatible HTTP server")
-    add_model_args(p)
+    add_engine_args(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None)
@@ -540,15 +540,14 @@ def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     from jaxinfer import LLM
-    from jaxinfer.cli_args import engine_kwargs
+    from jaxinfer.cli_args import config_from_args, init_distributed
 
     try:
-        from jaxinfer.cli_args import init_distributed
-
+        config = config_from_args(a)
         if init_distributed(a):
             raise ValueError("jaxinfer serve runs on one host (tensor/data parallel over its devices); across "
                              "hosts run the offline API or `jaxinfer generate` on every host (README)")
-        llm = LLM(a.model, warmup=not a.no_warmup, **engine_kwargs(a))
+        llm = LLM(config=config, warmup=not a.no_warmup)
     except (ValueError, TypeError, FileNotFoundError, MemoryError) as e:  # same contract as `jaxinfer generate`
         print(f"jaxinfer serve: error: {e}", file=sys.stderr)
         return 2

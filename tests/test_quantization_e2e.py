@@ -243,11 +243,11 @@ def test_default_int8_head_skips_a_tied_head(tiny_llama_dir, tmp_path):
 
 def test_cli_flag():
     from jaxinfer.cli import build_parser
-    from jaxinfer.cli_args import engine_kwargs
+    from jaxinfer.cli_args import config_from_args
 
     a = build_parser().parse_args(["generate", "hi", "--quantization", "int4-g64", "--quantize-lm-head"])
-    kw = engine_kwargs(a)
-    assert kw["quantization"] == "int4-g64" and kw["quantize_lm_head"] is True
+    load = config_from_args(a).load
+    assert load.quantization == "int4-g64" and load.quantize_lm_head is True
 
 
 def test_orbax_checkpoint_quantized_on_load(tiny_llama_dir, float_llm, tmp_path):

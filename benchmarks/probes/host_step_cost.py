@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import jax  # noqa: E402
 
 import jaxinfer.runner.model_runner as model_runner_mod  # noqa: E402
-from benchmarks.common import write_result  # noqa: E402
+from benchmarks.common import add_engine_flags, engine_config, write_result  # noqa: E402
 from jaxinfer import LLM, SamplingParams  # noqa: E402
 
 try:
@@ -169,10 +169,6 @@ def main():
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--prompt-len", type=int, default=20)
     ap.add_argument("--no-tokenizer", action="store_true", help="only the offline scenario without a tokenizer")
-    ap.add_argument("--model", default="tiny-llama",
-                    help="on a GPU: llama3-8b shows the host sections beside the real device time ('wait')")
-    ap.add_argument("--load-format", default="dummy")
-    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
     ap.add_argument("--speculative", action="store_true",
                     help="speculative steps instead (oracle drafts of acceptance --accept, free and from a draft)")
     ap.add_argument("--k", type=int, default=4, help="--speculative: drafts per request per step")
@@ -184,6 +180,8 @@ def main():
     ap.add_argument("--draft-model", default="tiny-llama", help="--speculative: the draft's preset (random weights)")
     ap.add_argument("--per-step-drafts", action="store_true",
                     help="--speculative: the draft model's k steps as k dispatches (not fused into one program)")
+    # --model: on a GPU, llama3-8b shows the host sections beside the real device time ('wait')
+    add_engine_flags(ap, model="tiny-llama", load_format="dummy", max_num_batched_tokens=512)
     a = ap.parse_args()
     if a.speculative:
         a.batch = a.batch or [1, 8, 32]
@@ -199,14 +197,13 @@ def main():
     a.batch = a.batch or [1, 64, 256]
 
     max_len = max(128, a.prompt_len + a.steps + 64)
-    opts = dict(load_format=a.load_format, max_model_len=max_len, max_num_seqs=max(a.batch),
-                max_num_batched_tokens=a.max_num_batched_tokens, progress=False)
-    llms = {"offline": LLM(a.model, **opts)}
+    config = engine_config(a, max_model_len=max_len, max_num_seqs=max(a.batch))
+    llms = {"offline": LLM(config=config, progress=False)}
     llms["stream"] = llms["offline"]
     if not a.no_tokenizer:
         from jaxinfer.weights.default_model import default_model_path
 
-        tok_llm = LLM(a.model, tokenizer=default_model_path(), **opts)
+        tok_llm = LLM(config=config, tokenizer=default_model_path(), progress=False)
         llms["offline+tok"] = llms["stream+tok"] = tok_llm
     sec = Sections()  # one for all engines: the module-level pack is wrapped once
     sec.wrap(model_runner_mod, "pack", "pack")  # the name dispatch calls

@@ -79,7 +79,7 @@ def _fresh_step(llm, bucket, flat, *, donate=True, select=None, options=None, gr
     from jaxinfer.runner.step import make_step_fn
 
     r = llm.runner
-    fn = make_step_fn(r.loaded, r.attention_options, r.config.max_num_seqs, donate=donate)
+    fn = make_step_fn(r.loaded, r.attention_options, r.config.scheduler.max_num_seqs, donate=donate)
     spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731
     with select_branches(select):
         lowered = fn.lower(r.loaded.params, r.kv_caches, spec(flat[0]), spec(flat[1]), r._no_prev, r.penalty_table,

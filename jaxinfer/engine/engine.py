@@ -36,6 +36,7 @@ from .kv_cache import KVCacheManager
 from .penalty_slots import PenaltySlots
 from .request import Request
 from .scheduler import Scheduler, ScheduledSeq
+from ..config import SchedulerConfig
 from ..outputs import CompletionOutput, Logprob, RequestOutput, Runner, SeqInput
 from ..sampling_params import RequestOutputKind, SamplingParams
 
@@ -98,24 +99,26 @@ class _Group:
 
 
 class LLMEngine:
-    def __init__(self, runner: Runner, tokenizer, *, max_num_batched_tokens: int, max_num_seqs: int,
-                 max_model_len: int, eos_token_ids: set[int], vocab_size: int, seed: int = 0,
-                 async_scheduling: bool = True, enable_prefix_caching: bool = True, spec=None):
+    def __init__(self, runner: Runner, tokenizer, scheduler: SchedulerConfig, *, max_model_len: int,
+                 eos_token_ids: set[int], vocab_size: int, seed: int = 0, spec=None):
+        """scheduler: the step budget, pipelining and prefix caching options (its max_model_len is resolved by
+        the caller against the model: `max_model_len`)."""
         self.runner = runner
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         # Prefix caching: page hashes are bound to the KV dtype (extra_key), so a cache can never serve KV of
         # another dtype (matters once several configurations/adapters share a manager).
-        self.kv = KVCacheManager(runner.num_pages, runner.page_size, enable_prefix_caching=enable_prefix_caching,
+        self.kv = KVCacheManager(runner.num_pages, runner.page_size,
+                                 enable_prefix_caching=scheduler.enable_prefix_caching,
                                  extra_key=("kv_dtype", str(getattr(runner, "kv_dtype", None))))
-        self.scheduler = Scheduler(self.kv, max_num_batched_tokens, max_num_seqs, max_model_len,
+        self.scheduler = Scheduler(self.kv, scheduler.max_num_batched_tokens, scheduler.max_num_seqs, max_model_len,
                                    set(eos_token_ids))
         self._seqs: dict[str, _SeqState] = {}
         self._groups: dict[str, _Group] = {}
         self._rng = random.Random(seed)
         self._ids = itertools.count()
-        self.async_scheduling = async_scheduling
+        self.async_scheduling = scheduler.async_scheduling
         self._in_flight: _Step | None = None
         self._penalty_slots = PenaltySlots(int(getattr(runner, "num_penalty_slots", 0)))
         self.spec = spec  # SpecControl or None

@@ -5,9 +5,14 @@ Weights are `nnx.Param`s holding plain arrays in [in_features, out_features] lay
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
+
+from jaxinfer.config import ModelConfig
 
 
 def _empty(shape, dtype):
@@ -57,3 +62,24 @@ def apply_rope(x, cos, sin):
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def rope_inv_freq(cfg: ModelConfig):
+    """Inverse RoPE frequencies [head_dim // 2] in float64 numpy, with Llama 3 / linear scaling applied."""
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    s = cfg.rope_scaling
+    if s is None:
+        return inv
+    if s.kind == "linear":
+        return inv / s.factor
+    # llama3: keep high frequencies, divide low ones by `factor`, interpolate smoothly in between.
+    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > low_wavelen, inv / s.factor, inv)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, smoothed, scaled)

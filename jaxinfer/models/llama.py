@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxinfer.config import ModelConfig, rope_inv_freq
+from jaxinfer.config import ModelConfig
 from jaxinfer.models.attention import AttentionMetadata, AttentionOptions, paged_attention
-from jaxinfer.models.layers import Linear, RMSNorm, apply_rope, rope_cos_sin
+from jaxinfer.models.layers import Linear, RMSNorm, apply_rope, rope_cos_sin, rope_inv_freq
 
 
 class Attention(nnx.Module):

@@ -53,7 +53,7 @@ class ModelProposer:
         self.kv = kv
         self.max_model_len = max_model_len
         self.max_tokens_per_step = runner.ladder.max_tokens
-        self.max_seqs = runner.config.max_num_seqs
+        self.max_seqs = runner.config.scheduler.max_num_seqs
         self._computed: dict[str, int] = {}  # request id -> tokens with draft KV
 
     def warmup(self, progress: bool = True):

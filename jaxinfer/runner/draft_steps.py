@@ -80,7 +80,7 @@ class FusedDraftSteps:
             raise ValueError(f"num_steps={num_steps} must be >= 1")
         self.runner = runner
         self.num_steps = num_steps
-        self.max_seqs = runner.config.max_num_seqs
+        self.max_seqs = runner.config.scheduler.max_num_seqs
         step_fn, ps, max_seqs = runner._step, runner.page_size, self.max_seqs
 
         def draft_steps(params, kv_caches, ints_ext, floats, penalty_table, bucket):

@@ -76,7 +76,7 @@ class ModelRunner:
         self.loaded = loaded
         self.config = config
         self.max_model_len = max_model_len
-        self.page_size = config.page_size
+        self.page_size = config.cache.page_size
         cfg = loaded.cfg
         # Tensor / data parallelism (jaxinfer/parallel.py): this replica's devices, the KV cache split by KV head.
         self.plan = plan = loaded.plan
@@ -85,15 +85,15 @@ class ModelRunner:
         self._replicated = plan.replicated if plan is not None else None
         # Penalty token counts, one row per sequence that may run at once (runner/penalties.py); allocated before
         # the KV budget is measured so it is accounted for (8B shapes: 256 x 128256 x 4 B = 131 MB).
-        self.num_penalty_slots = config.max_num_seqs
+        self.num_penalty_slots = config.scheduler.max_num_seqs
         self.penalty_table = jax.jit(lambda: jnp.zeros((self.num_penalty_slots, cfg.vocab_size), jnp.int32),
                                      out_shardings=self._replicated)()
         self._write_penalty_row = jax.jit(write_row, donate_argnums=(0,))
         self._write_penalty_row_exe = None
-        kind = config.kv_cache_dtype  # "auto" | "fp8" | "int8"
+        kind = config.cache.kv_cache_dtype  # "auto" | "fp8" | "int8"
         # The storage dtype; part of the prefix-cache hash (engine.py extra_key).
         self.kv_dtype = loaded.dtype if kind == "auto" else kv_quant.storage_dtype(kind)
-        self.num_pages = num_pages or config.num_pages or self._pages_from_budget()
+        self.num_pages = num_pages or config.cache.num_pages or self._pages_from_budget()
         shape = (self.num_pages, self.page_size, cfg.num_kv_heads, cfg.head_dim)
         kv_sharding = None
         if plan is not None:
@@ -109,17 +109,18 @@ class ModelRunner:
                  (self.num_pages - 1) * self.page_size, self.kv_cache_bytes / 2**30)
         # Sharded (tp > 1), XLA copies the whole per-device cache into the dynamic loop every layer (measured on
         # CPU: O(num_pages) per step); the static loop has no such copy, so tensor parallelism always uses it.
-        static = config.kv_loop == "static" or (config.kv_loop == "auto" and (
+        static = config.kernels.kv_loop == "static" or (config.kernels.kv_loop == "auto" and (
             jax.default_backend() != "cpu" or self._kv_shards > 1))
-        chunk = config.kv_chunk_pages or (128 if static else 16)
+        chunk = config.kernels.kv_chunk_pages or (128 if static else 16)
         kv_chunk = min(chunk, math.ceil(max_model_len / self.page_size))
+        sched = config.scheduler
         self.ladder = BucketLadder.build(
-            max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
-            max_model_len=max_model_len, page_size=self.page_size, query_tile=config.query_tile,
+            max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs,
+            max_model_len=max_model_len, page_size=self.page_size, query_tile=config.kernels.query_tile,
             kv_chunk_pages=kv_chunk, **_spec_ladder_args(config))
         # auto: the Pallas kernel on GPU (faster than the reference everywhere it was measured on the H200:
         # benchmarks/results/step-breakdown-*.json, throughput-*.json), the jnp reference elsewhere.
-        backend = config.attention_backend
+        backend = config.kernels.attention_backend
         if backend == "auto":
             backend = "pallas" if jax.default_backend() == "gpu" else "reference"
         opts = AttentionOptions(kv_chunk, static, backend, interpret=jax.default_backend() == "cpu",
@@ -127,8 +128,8 @@ class ModelRunner:
                                 num_sms=device_num_sms())
         kv_shardings = None if plan is None else [(kv_sharding, kv_sharding)] * cfg.num_layers
         self.attention_options = opts
-        self._step = make_step_fn(loaded, opts, config.max_num_seqs, kv_shardings)
-        self._no_prev = jax.device_put(np.zeros((config.max_num_seqs,), np.int32), self._replicated)
+        self._step = make_step_fn(loaded, opts, config.scheduler.max_num_seqs, kv_shardings)
+        self._no_prev = jax.device_put(np.zeros((config.scheduler.max_num_seqs,), np.int32), self._replicated)
         self._compiled: dict = {}  # Bucket -> (step, prompt_logprobs) executables
         # GPU: a second step program per bucket for steps whose rows are all greedy, unpenalised and ask no top
         # logprobs (runner/sampler.py greedy_only): the general program's sampler work is all selects there
@@ -143,7 +144,7 @@ class ModelRunner:
     def bytes_per_page(self) -> int:
         """K + V of all layers for one page, scales included (quantized KV: ~half of bf16's)."""
         cfg = self.loaded.cfg
-        per_head = kv_quant.bytes_per_token_head(self.config.kv_cache_dtype, cfg.head_dim,
+        per_head = kv_quant.bytes_per_token_head(self.config.cache.kv_cache_dtype, cfg.head_dim,
                                                  jnp.dtype(self.loaded.dtype).itemsize)
         return 2 * cfg.num_layers * cfg.num_kv_heads * per_head * self.page_size
 
@@ -158,9 +159,10 @@ class ModelRunner:
         stats = self._device.memory_stats() or {}
         if "bytes_limit" in stats:
             # Leave room for activations of the largest bucket: hidden/MLP intermediates and f32 logits.
-            T, S = self.config.max_num_batched_tokens, self.config.max_num_seqs
+            T, S = self.config.scheduler.max_num_batched_tokens, self.config.scheduler.max_num_seqs
             act = 8 * T * (cfg.hidden_size + 2 * cfg.intermediate_size + cfg.qkv_size) + 16 * S * cfg.vocab_size
-            budget = stats["bytes_limit"] * self.config.gpu_memory_utilization - stats.get("bytes_in_use", 0) - act
+            budget = (stats["bytes_limit"] * self.config.cache.gpu_memory_utilization - stats.get("bytes_in_use", 0)
+                      - act)
         else:
             budget = _CPU_KV_BUDGET_BYTES
         pages = int(budget // per_page)
@@ -329,8 +331,8 @@ class InFlight:
 
 def _spec_ladder_args(config: EngineConfig) -> dict:
     """Verify rows per bucket: up to the speculation batch limit, k drafts each; none without speculation."""
-    spec = config.speculative_config
+    spec = config.speculative
     if spec is None:
         return {}
-    return dict(max_spec_seqs=min(spec.max_batch_size, config.max_num_seqs),
+    return dict(max_spec_seqs=min(spec.max_batch_size, config.scheduler.max_num_seqs),
                 num_spec_tokens=spec.num_speculative_tokens)

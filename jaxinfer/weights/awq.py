@@ -31,8 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxinfer.config import rope_inv_freq
-from jaxinfer.models.layers import apply_rope, rope_cos_sin
+from jaxinfer.models.layers import apply_rope, rope_cos_sin, rope_inv_freq
 from jaxinfer.weights.quant_tensor import QuantizedTensor
 
 CALIBRATION_TEXT_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",

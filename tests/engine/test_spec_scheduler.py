@@ -237,12 +237,12 @@ def test_speculative_config_errors_name_the_value():
 
     from jaxinfer.config import ConfigError, EngineConfig, SpeculativeConfig
 
-    assert EngineConfig(speculative_config={"method": "ngram"}).speculative_config == SpeculativeConfig("ngram")
+    assert EngineConfig.from_options(speculative_config={"method": "ngram"}).speculative == SpeculativeConfig("ngram")
     for bad, words in (({"method": "medusa"}, "'medusa'"), ({"methd": "ngram"}, "'methd'"),
                        ({"num_speculative_tokens": 0}, "num_speculative_tokens=0"),
                        ({"method": "draft"}, "draft_model=PATH"), ({"max_batch_size": 0}, "max_batch_size=0")):
         with pytest.raises(ConfigError, match=words):
-            EngineConfig(speculative_config=bad)
+            EngineConfig.from_options(speculative_config=bad)
 
 
 def test_penalised_requests_do_not_speculate():

@@ -80,7 +80,7 @@ def test_mesh_larger_than_the_machine_is_refused():
                                           rf"only {n}"):
         make_plans(4, 4)
     with pytest.raises(ConfigError, match="tensor_parallel_size must be an integer >= 1"):
-        EngineConfig(tensor_parallel_size=0)
+        EngineConfig.from_options(tensor_parallel_size=0)
 
 
 def test_replicas_get_disjoint_devices_and_rules_map_logical_axes():
@@ -121,4 +121,5 @@ def test_quantized_weights_take_the_same_layout(kind, leaf):
 
 def test_speculation_with_tensor_parallelism_is_a_clear_error():
     with pytest.raises(ConfigError, match="speculative_config with tensor_parallel_size"):
-        EngineConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 2}, tensor_parallel_size=2)
+        EngineConfig.from_options(speculative_config={"method": "ngram", "num_speculative_tokens": 2},
+                                  tensor_parallel_size=2)

@@ -61,7 +61,7 @@ def _check_sharded_like_single_device(one, par, replica=0):
     """Every quantized leaf of `par` equals the single-device leaf after the TP re-layout, and each device holds
     exactly its block (its addressable shard shapes are the global shape divided along the split axis)."""
     lay = par.model.layout
-    tp = par.config.tensor_parallel_size
+    tp = par.config.parallel.tensor_parallel_size
     a, b = _leaves(one), _leaves(par, replica)
     assert a.keys() == b.keys() and a
     devices = set(par.runners[replica].plan.devices)

@@ -9,11 +9,12 @@ from serving.server import _Metrics, build_parser
 
 
 def test_speculative_config_flag():
-    from jaxinfer.cli_args import engine_kwargs
+    from jaxinfer import SpeculativeConfig
+    from jaxinfer.cli_args import config_from_args
 
     a = build_parser().parse_args(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'])
-    assert engine_kwargs(a)["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 3}
-    assert engine_kwargs(build_parser().parse_args([]))["speculative_config"] is None
+    assert config_from_args(a).speculative == SpeculativeConfig(method="ngram", num_speculative_tokens=3)
+    assert config_from_args(build_parser().parse_args([])).speculative is None
 
 
 def test_spec_metrics_exported():
