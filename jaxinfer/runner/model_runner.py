@@ -44,6 +44,7 @@ _PENALTY_INIT = operator.attrgetter("penalty_init")
 # is why buckets above 128 tokens compiled without them.) Larger (prefill) buckets are not measured: they keep the
 # launches, whose cost is small beside their compute.
 COMMAND_BUFFER_MAX_TOKENS = 256
+GREEDY_PROGRAM_MAX_TOKENS = 256  # buckets up to this many tokens also get a greedy-only program on GPU (see __init__)
 
 
 def step_compiler_options(bucket) -> dict | None:
@@ -135,6 +136,9 @@ class ModelRunner:
         # logprobs (runner/sampler.py greedy_only): the general program's sampler work is all selects there
         # (runner/branches.py), which cost ~0.6 ms at batch 1 on the H200. CPU: the general program only (its
         # lax.conds skip that work already, and a second compile per bucket would double CPU start-up).
+        # Only decode-sized buckets get it: there the sampler is a large share of the step (batch 64 on the H200:
+        # device step 8.5 ms general vs 6.8 ms greedy-only, results/step-dispatch-2026-12-02.json), while each extra
+        # program costs ~7 s of cold compile (15 s per bucket with both, 8B shape).
         self.greedy_programs = jax.default_backend() == "gpu"
         self._greedy: dict = {}  # Bucket -> greedy-only step executable
         self._prompt_logprobs = make_prompt_logprobs_fn(loaded)
@@ -183,7 +187,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         out = None
         for b in tqdm(self.ladder.buckets, desc="compiling buckets", disable=not progress, leave=False):
-            steps = [self._programs(b)[0]] + ([self.greedy_program(b)] if self.greedy_programs else [])
+            steps = [self._programs(b)[0]] + ([self.greedy_program(b)] if self._has_greedy(b) else [])
             if jax.default_backend() != "cpu":  # CPU programs have no kernels to load; keep CPU start-up short
                 ints, floats = jax.device_put(self.placeholder_batch(b), self._replicated)
                 for step in steps:
@@ -221,11 +225,14 @@ class ModelRunner:
             step = self._greedy[bucket] = self.compile_step(bucket, step_compiler_options(bucket), greedy_only=True)
         return step
 
+    def _has_greedy(self, bucket) -> bool:
+        return self.greedy_programs and bucket.num_tokens <= GREEDY_PROGRAM_MAX_TOKENS
+
     def step_program(self, batch) -> Any:
         """The step executable for a packed batch: the greedy-only one when it has one and every row qualifies
         (padding rows are greedy and unpenalised)."""
         a = batch.arrays
-        if (self.greedy_programs and not a["want_logprobs"].any() and bool((a["temperature"] < GREEDY_EPS).all())
+        if (self._has_greedy(batch.bucket) and not a["want_logprobs"].any() and bool((a["temperature"] < GREEDY_EPS).all())
                 and bool((a["penalty_slot"] < 0).all())):
             return self.greedy_program(batch.bucket)
         return self._programs(batch.bucket)[0]
