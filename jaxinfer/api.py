@@ -42,6 +42,7 @@ class LLM:
         t0 = time.perf_counter()
         self._progress = progress
         from jaxinfer.models.loader import load_model, resolve_model
+        from jaxinfer.runner.cpu_defaults import compute_dtype
         from jaxinfer.runner.model_runner import ModelRunner, enable_compilation_cache
         from jaxinfer.tokenizer import Tokenizer
         from jaxinfer.engine.engine import LLMEngine
@@ -55,7 +56,8 @@ class LLM:
             from jaxinfer.parallel import make_plans, replicate_model
 
             plans = make_plans(self.config.tensor_parallel_size, self.config.data_parallel_size)
-        self.model = load_model(self.source, self.config.dtype, seed=self.config.seed, progress=progress,
+        # dtype "auto": the checkpoint's dtype (bfloat16 for most), float32 on CPU (runner/cpu_defaults.py)
+        self.model = load_model(self.source, compute_dtype(self.config.dtype), seed=self.config.seed, progress=progress,
                                 quantization=self.config.quant_spec, plan=plans[0])
         self.models = [self.model] + [replicate_model(self.model, p) for p in plans[1:]]
         cfg = self.model.cfg

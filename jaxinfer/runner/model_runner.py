@@ -23,6 +23,7 @@ from jaxinfer.config import EngineConfig
 from jaxinfer.models.loader import LoadedModel
 from jaxinfer.runner.batch import _TOKEN_IDS, SeqInput, pack
 from jaxinfer.runner.buckets import BucketLadder
+from jaxinfer.runner.cpu_defaults import cpu_kv_pages, ladder_args
 from jaxinfer.runner.penalties import host_row, write_row
 from jaxinfer.models.attention import AttentionOptions, device_num_sms
 from jaxinfer.runner.step import make_prompt_logprobs_fn, make_step_fn, unpack_host_outputs
@@ -30,7 +31,6 @@ from pallas_kernels.paged_attention import kv_quant
 
 log = logging.getLogger("jaxinfer")
 
-_CPU_KV_BUDGET_BYTES = 1 << 30  # without device memory statistics (CPU) size the cache at 1 GiB
 # per-sequence fields read with map(attrgetter): no Python-level loop over every sequence of a step
 _PENALTY_INIT = operator.attrgetter("penalty_init")
 # XLA's command buffers (CUDA graphs) pay for small steps and cost at large ones. Device-only step of the 8B shape
@@ -123,7 +123,7 @@ class ModelRunner:
         self.ladder = BucketLadder.build(
             max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
             max_model_len=max_model_len, page_size=self.page_size, query_tile=config.query_tile,
-            kv_chunk_pages=kv_chunk, **_spec_ladder_args(config))
+            kv_chunk_pages=kv_chunk, **_spec_ladder_args(config), **ladder_args())
         # auto: the Pallas kernel on GPU (faster than the reference everywhere it was measured on the H200:
         # benchmarks/results/step-breakdown-*.json, throughput-*.json), the jnp reference elsewhere.
         backend = config.attention_backend
@@ -135,7 +135,8 @@ class ModelRunner:
         kv_shardings = None if plan is None else [(kv_sharding, kv_sharding)] * cfg.num_layers
         self._step = make_step_fn(loaded, opts, config.max_num_seqs, kv_shardings)
         self._no_prev = jax.device_put(np.zeros((config.max_num_seqs,), np.int32), self._replicated)
-        self._compiled: dict = {}  # Bucket -> (step, prompt_logprobs) executables
+        self._compiled: dict = {}  # Bucket -> step executable
+        self._compiled_prompt: dict = {}  # Bucket -> prompt_logprobs executable
         self._prompt_logprobs = make_prompt_logprobs_fn(loaded)
 
     # ---- memory -------------------------------------------------------------------------------------------
@@ -161,9 +162,10 @@ class ModelRunner:
             T, S = self.config.max_num_batched_tokens, self.config.max_num_seqs
             act = 8 * T * (cfg.hidden_size + 2 * cfg.intermediate_size + cfg.qkv_size) + 16 * S * cfg.vocab_size
             budget = stats["bytes_limit"] * self.config.gpu_memory_utilization - stats.get("bytes_in_use", 0) - act
-        else:
-            budget = _CPU_KV_BUDGET_BYTES
-        pages = int(budget // per_page)
+            pages = int(budget // per_page)
+        else:  # CPU: no memory statistics; size the pool for the request limits (runner/cpu_defaults.py)
+            pages = cpu_kv_pages(per_page, self.config.max_num_seqs, self.max_model_len, self.page_size)
+            budget = pages * per_page
         need = math.ceil(self.max_model_len / self.page_size) + 1
         if pages < need:
             raise MemoryError(
@@ -212,16 +214,27 @@ class ModelRunner:
 
     def _programs(self, bucket):
         """(step, prompt_logprobs) executables of a bucket, compiled on first use (warm-up does all)."""
-        progs = self._compiled.get(bucket)
-        if progs is None:
+        return self._step_program(bucket), self._prompt_program(bucket)
+
+    def _step_program(self, bucket):
+        """The step executable of a bucket, compiled on first use."""
+        step = self._compiled.get(bucket)
+        if step is None:
+            step = self._compiled[bucket] = self.compile_step(bucket, step_compiler_options(bucket))
+        return step
+
+    def _prompt_program(self, bucket):
+        """The prompt-logprob executable of a bucket, compiled on first use (warm-up does all): a lazy start
+        (`jaxinfer generate`) compiles only the step programs it runs."""
+        prompt = self._compiled_prompt.get(bucket)
+        if prompt is None:
             rep = self._replicated
-            step = self.compile_step(bucket, step_compiler_options(bucket))
             hidden = jax.ShapeDtypeStruct((bucket.num_tokens, self.loaded.cfg.hidden_size), self.loaded.dtype,
                                           sharding=rep)
             targets = jax.ShapeDtypeStruct((bucket.num_tokens,), jnp.int32, sharding=rep)
-            prompt = self._prompt_logprobs.lower(self.loaded.params, hidden, targets).compile()
-            progs = self._compiled[bucket] = (step, prompt)
-        return progs
+            prompt = self._compiled_prompt[bucket] = self._prompt_logprobs.lower(
+                self.loaded.params, hidden, targets).compile()
+        return prompt
 
     def _penalty_writer(self):
         """The compiled row write of the penalty table (one shape: compiled once, at warm-up)."""
@@ -240,7 +253,7 @@ class ModelRunner:
         sequence's tokens (their log-probs are computed on the device too)."""
         n_tok = sum(map(len, map(_TOKEN_IDS, seqs)))
         bucket = self.ladder.pick(n_tok, len(seqs))
-        step, prompt_fn = self._programs(bucket)
+        step = self._step_program(bucket)
         batch = pack(seqs, bucket, self.page_size)
         # a penalised sequence starting (or restarting): its counts row, from its known tokens
         for init in [x for x in map(_PENALTY_INIT, seqs) if x is not None]:  # (no Python loop over all seqs)
@@ -259,6 +272,7 @@ class ModelRunner:
             for i, tgt in prompt_logprob_targets.items():
                 a = int(batch.token_offsets[i])
                 targets[a:a + len(tgt)] = tgt
+            prompt_fn = self._prompt_program(bucket)
             prompt = prompt_fn(self.loaded.params, hidden, jax.device_put(targets, self._replicated))
         want_top = bool(batch.arrays["want_logprobs"].any())  # packed already: no second pass over seqs
         verify_row = batch.arrays["verify_row"]  # packed already: verify row r holds sequence spec_seqs[r]
