@@ -3,7 +3,9 @@
 Each choice was measured on a 2-core x86 box with the default model (SmolLM2-135M-Instruct) — issue 19,
 benchmarks/cpu_decode.py, benchmarks/results/cpu-decode-cpu-*.json:
   * compute dtype float32 for dtype="auto": XLA:CPU has no fast bfloat16 dot (bf16 decode ~0.45 tok/s, float32
-    ~5 tok/s at the same 16-token bucket).
+    ~5 tok/s at the same 16-token bucket). Weights kept quantized lose too: each step dequantizes them to float32
+    before the dot (2026-12-02, same run: float32 46.3 tok/s, GGUF Q4_1 kept int4 7.3, int8 7.5; a 30-layer
+    gemv chain of bf16 or int8 weights converted in the step was ~10x slower than float32 weights).
   * decode buckets of 1 and 4 tokens, then x4 steps (1, 4, 16, 64, ...): on a compute-bound CPU a 16-token
     bucket did 16x the matmul work of a one-token decode; x4 keeps the ladder (and warm-up compiles) short.
   * a KV pool sized for the request limits (max_num_seqs full-length sequences), at most _CPU_KV_BUDGET_BYTES,
