@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import logging
 import numbers
+import os
 import time
+import weakref
 from typing import Iterator, Sequence
 
 from tqdm.auto import tqdm
@@ -45,6 +47,7 @@ class LLM:
         t0 = time.perf_counter()
         self._progress = progress
         from jaxinfer.weights.loader import load_model, resolve_model
+        from jaxinfer.runner.cpu_defaults import compute_dtype
         from jaxinfer.runner.model_runner import ModelRunner, enable_compilation_cache
         from jaxinfer.tokenizer import Tokenizer
         from jaxinfer.engine.engine import LLMEngine
@@ -59,7 +62,8 @@ class LLM:
             from jaxinfer.parallel import make_plans, replicate_model
 
             plans = make_plans(par.tensor_parallel_size, par.data_parallel_size)
-        self.model = load_model(self.source, config.load.dtype, seed=config.seed, progress=progress,
+        # dtype "auto": the checkpoint's dtype (bfloat16 for most), float32 on CPU (runner/cpu_defaults.py)
+        self.model = load_model(self.source, compute_dtype(config.load.dtype), seed=config.seed, progress=progress,
                                 quantization=config.quant_spec, plan=plans[0])
         self.models = [self.model] + [replicate_model(self.model, p) for p in plans[1:]]
         cfg = self.model.cfg
@@ -87,6 +91,7 @@ class LLM:
             if spec is not None and hasattr(spec.proposer, "warmup"):
                 spec.proposer.warmup(progress=progress)
         self.startup_seconds = time.perf_counter() - t0
+        _BUILT[_source_key(self.source)] = weakref.ref(self)  # jaxinfer.generate() reuses it
         log.info("engine ready in %.1f s", self.startup_seconds)
 
     # ---- set-up helpers -----------------------------------------------------------------------------------
@@ -146,6 +151,14 @@ class LLM:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
+    def get_tokenizer(self):
+        """The Hugging Face tokenizer (as vLLM's LLM.get_tokenizer); `llm.tokenizer` is jaxinfer's wrapper around
+        it (token ids in, text out, chat templates as ids)."""
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer (dummy weights, or no tokenizer files in the checkpoint); "
+                             "pass tokenizer=PATH to LLM(...)")
+        return self.tokenizer.hf
+
     # ---- generation ---------------------------------------------------------------------------------------
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -197,7 +210,7 @@ class LLM:
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer (dummy weights, or no tokenizer files in the checkpoint); "
                              "chat needs a tokenizer with a chat template: pass tokenizer=PATH")
-        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        convs = _as_conversations(messages)
         prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=True) for c in convs]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
@@ -221,6 +234,32 @@ class LLM:
                                 for p, a in _flatten(state).items()})
         save_checkpoint(path, state, self.source.hf_config,
                         self.tokenizer.hf if self.tokenizer is not None else None)
+
+
+def _as_conversations(messages) -> list[list[dict]]:
+    """One conversation (a list of message dicts) or a list of them -> a list of conversations, each checked: a
+    non-empty list of dicts with a string "role" and a "content" (an assistant message with "tool_calls" may omit
+    it)."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError(f"chat needs a conversation: a non-empty list of messages like "
+                         f"[{{'role': 'user', 'content': 'Hello'}}] (or a list of such lists); got {messages!r}")
+    convs = [list(messages)] if isinstance(messages[0], dict) else list(messages)
+    for c, conv in enumerate(convs):
+        where = f"conversation {c}" if len(convs) > 1 else "the conversation"
+        if not isinstance(conv, (list, tuple)) or not conv:
+            raise ValueError(f"{where} must be a non-empty list of messages like {{'role': 'user', 'content': "
+                             f"'Hello'}}; got {conv!r}")
+        for i, m in enumerate(conv):
+            if not isinstance(m, dict):
+                raise ValueError(f"message {i} of {where} must be a dict with 'role' and 'content', got "
+                                 f"{type(m).__name__}: {m!r}")
+            if not isinstance(m.get("role"), str):
+                raise ValueError(f"message {i} of {where} has no 'role' (a string such as 'user', 'assistant' or "
+                                 f"'system'): {m!r}")
+            if m.get("content") is None and not m.get("tool_calls"):
+                raise ValueError(f"message {i} of {where} has no 'content'; add the message text, e.g. "
+                                 f"{{'role': {m['role']!r}, 'content': '...'}}")
+    return convs
 
 
 def _is_token_id(t) -> bool:
@@ -257,12 +296,21 @@ def _as_params_list(sp, n: int) -> list[SamplingParams]:
     return sp
 
 
-_LLM_CACHE: dict[tuple, LLM] = {}
+_LLM_CACHE: dict[tuple, LLM] = {}  # LLMs that generate() built itself, kept for the process
+_BUILT: dict[tuple, "weakref.ref[LLM]"] = {}  # the last LLM built per model source (any caller), while it lives
+
+
+def _source_key(src) -> tuple:
+    return (src.kind, os.path.realpath(src.path) if src.path else src.name)
 
 
 def generate(prompts: Prompt | Sequence[Prompt], model: str | None = None, **sampling) -> list[RequestOutput]:
-    """One-liner: `jaxinfer.generate("Hello", max_tokens=20)`. The loaded model is cached per (model,)."""
-    key = (model,)
-    if key not in _LLM_CACHE:
-        _LLM_CACHE[key] = LLM(model)
-    return _LLM_CACHE[key].generate(prompts, SamplingParams(**sampling))
+    """One-liner: `jaxinfer.generate("Hello", max_tokens=20)`. Runs on an LLM of the same model that is already
+    built in this process (by the caller or by an earlier generate()), else builds one and keeps it."""
+    from jaxinfer.weights.loader import resolve_model
+
+    key = _source_key(resolve_model(model, "auto"))
+    llm = _BUILT[key]() if key in _BUILT else None
+    if llm is None:
+        llm = _LLM_CACHE[key] = LLM(model)
+    return llm.generate(prompts, SamplingParams(**sampling))

@@ -14,6 +14,10 @@ import json
 import os
 from typing import Any, Iterable, Sequence
 
+# transformers' import-time advice "PyTorch was not found. Models won't be available ..." is noise here: jaxinfer
+# only uses its tokenizers, which need no torch (set before any transformers import of the package).
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
 NO_CHAT_TEMPLATE_MSG = "this tokenizer has no chat template; pass a raw prompt or a model with a chat template"
 
 
@@ -38,8 +42,6 @@ class Tokenizer:
         the `generation_config.json` next to the tokenizer when there is one; its `eos_token_id` (int or list)
         is added to `eos_token_ids`.
         """
-        from transformers import AutoTokenizer  # heavy import, only when loading
-
         path = os.fspath(path)
         if gguf_file is None and path.endswith(".gguf") and os.path.isfile(path):
             path, gguf_file = os.path.split(os.path.abspath(path))
@@ -50,7 +52,9 @@ class Tokenizer:
                 from jaxinfer.weights.gguf import load_gguf_tokenizer
 
                 hf = load_gguf_tokenizer(os.path.join(path, gguf_file))
-            else:
+            else:  # (AutoTokenizer imports torch where installed: 2.5 s, so the GGUF path never imports it)
+                from transformers import AutoTokenizer
+
                 hf = AutoTokenizer.from_pretrained(path, **hf_kwargs)
         except Exception as e:  # re-raise with the path: transformers' messages often omit it
             what = f"{path!r}" + (f" (gguf_file={gguf_file!r})" if gguf_file else "")

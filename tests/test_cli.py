@@ -111,6 +111,22 @@ def test_default_model_subprocess(smollm2_gguf):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip(), f"no output; stderr: {proc.stderr[-3000:]}"
     assert "downloading" not in proc.stderr
+    assert proc.stderr.strip() == "", f"--quiet printed on stderr: {proc.stderr[-3000:]}"
+
+
+NOISE = ("libtpu", "Unable to initialize backend", "PyTorch was not found")
+
+
+def test_first_run_stderr_reads_well(smollm2_gguf):
+    """Without --quiet: jaxinfer's own progress and log lines only (no jax backend probing, no transformers
+    advice), and the loading bar knows its total (the default model has 272 tensors)."""
+    proc = _subprocess([sys.executable, "-m", "jaxinfer.cli", "generate", "Hello", "--max-tokens", "2",
+                        *SMALL_ARGS])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for noise in NOISE:
+        assert noise not in proc.stderr, proc.stderr[-3000:]
+    assert "engine ready" in proc.stderr
+    assert "/272" in proc.stderr, proc.stderr[-3000:]
 
 
 # ---- bad input ---------------------------------------------------------------------------------------------

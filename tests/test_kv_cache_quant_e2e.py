@@ -101,10 +101,15 @@ def test_pallas_backend_with_int8_kv_matches_reference(tiny_llama_dir):
 
 def test_page_budget_and_prefix_hash(tiny_llama_dir, float_llm):
     """Same memory budget -> pages in the ratio of bytes per token: float32 head_dim 16 takes 64 bytes per token
-    and head, fp8 / int8 16 + a 4-byte scale. The prefix-cache chain is rooted in the KV dtype."""
+    and head, fp8 / int8 16 + a 4-byte scale. The prefix-cache chain is rooted in the KV dtype.
+    On CPU the pool is sized for the request limits (max_num_seqs x max_model_len, runner/cpu_defaults.py) up to a
+    1 GiB budget: 32768 sequences of 16 pages exceed it (fp8 too), so the budget decides here."""
     cfg = float_llm.model_config
-    fp8 = jaxinfer.LLM(tiny_llama_dir, kv_cache_dtype="fp8", **OPTS)  # num_pages from the (CPU: 1 GiB) budget
-    flt = jaxinfer.LLM(tiny_llama_dir, **OPTS)
+    small = jaxinfer.LLM(tiny_llama_dir, **OPTS)  # 4 sequences x 256 tokens: 4 x 16 pages + the reserved page 0
+    assert small.runner.num_pages == 4 * 16 + 1
+    big = dict(OPTS, max_num_seqs=32768)
+    fp8 = jaxinfer.LLM(tiny_llama_dir, kv_cache_dtype="fp8", **big)  # num_pages from the (CPU: 1 GiB) budget
+    flt = jaxinfer.LLM(tiny_llama_dir, **big)
     per_tok = lambda b: 2 * cfg.num_layers * cfg.num_kv_heads * b  # noqa: E731  bytes of K+V of all layers
     assert fp8.runner.bytes_per_page == per_tok(cfg.head_dim + 4) * 16
     assert flt.runner.bytes_per_page == per_tok(4 * cfg.head_dim) * 16

@@ -49,6 +49,23 @@ def test_greedy_matches_transformers(llm, reference):
         assert out.outputs[0].text == tok.decode([t for t in got if t not in tok.eos_token_ids])
 
 
+def test_api_gaps(llm, smollm2_gguf, monkeypatch):
+    """get_tokenizer() is the Hugging Face tokenizer; chat refuses an empty conversation and a message without
+    content by name; jaxinfer.generate() runs on this LLM instead of loading the model again."""
+    hf = llm.get_tokenizer()
+    assert hf.encode("The quick brown fox") == llm.tokenizer.encode("The quick brown fox")
+    with pytest.raises(ValueError, match="non-empty list of messages"):
+        llm.chat([])
+    with pytest.raises(ValueError, match="message 1 of the conversation has no 'content'"):
+        llm.chat([{"role": "system", "content": "Be terse."}, {"role": "user"}])
+    with pytest.raises(ValueError, match="no 'role'"):
+        llm.chat([{"content": "hi"}])
+    want = llm.generate("The quick brown fox", SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)
+    monkeypatch.setattr(jaxinfer.api.LLM, "__init__", lambda *a, **k: pytest.fail("generate() built a second LLM"))
+    got = jaxinfer.generate("The quick brown fox", model=smollm2_gguf, temperature=0, max_tokens=6)
+    assert got[0].outputs[0].token_ids == want[0].outputs[0].token_ids
+
+
 def test_chat_api_answers(llm):
     out = llm.chat(CHATS[0], SamplingParams(temperature=0, max_tokens=16))[0]
     assert "Paris" in out.outputs[0].text

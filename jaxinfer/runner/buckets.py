@@ -38,12 +38,16 @@ class BucketLadder:
     @classmethod
     def build(cls, *, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, page_size: int,
               query_tile: int, kv_chunk_pages: int, min_tokens: int = 16, max_spec_seqs: int = 0,
-              num_spec_tokens: int = 0) -> "BucketLadder":
+              num_spec_tokens: int = 0, growth: int = 2) -> "BucketLadder":
+        """Token counts min_tokens, min_tokens * growth, ... below max_num_batched_tokens, then
+        max_num_batched_tokens itself (CPU: min_tokens 1, growth 4; runner/cpu_defaults.py)."""
+        if growth < 2:
+            raise ValueError(f"bucket growth must be >= 2, got {growth}")
         sizes = []
         t = max(min_tokens, 1)
         while t < max_num_batched_tokens:
             sizes.append(t)
-            t *= 2
+            t *= growth
         sizes.append(max_num_batched_tokens)
         pages = math.ceil(max_model_len / page_size)
         width = math.ceil(pages / kv_chunk_pages) * kv_chunk_pages

@@ -24,6 +24,7 @@ from jaxinfer.weights.loader import LoadedModel
 from jaxinfer.outputs import RunnerOutput, SeqInput
 from jaxinfer.runner.batch import _TOKEN_IDS, pack
 from jaxinfer.runner.buckets import BucketLadder
+from jaxinfer.runner.cpu_defaults import cpu_kv_pages, ladder_args
 from jaxinfer.runner.penalties import host_row, write_row
 from jaxinfer.runner.sampler import GREEDY_EPS
 from jaxinfer.models.attention import AttentionOptions, device_num_sms
@@ -32,7 +33,6 @@ from pallas_kernels.paged_attention import kv_quant
 
 log = logging.getLogger("jaxinfer")
 
-_CPU_KV_BUDGET_BYTES = 1 << 30  # without device memory statistics (CPU) size the cache at 1 GiB
 # per-sequence fields read with map(attrgetter): no Python-level loop over every sequence of a step
 _PENALTY_INIT = operator.attrgetter("penalty_init")
 # XLA's command buffers (CUDA graphs): with them the step's call is one graph launch (plus an update of the graph's
@@ -118,7 +118,7 @@ class ModelRunner:
         self.ladder = BucketLadder.build(
             max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs,
             max_model_len=max_model_len, page_size=self.page_size, query_tile=config.kernels.query_tile,
-            kv_chunk_pages=kv_chunk, **_spec_ladder_args(config))
+            kv_chunk_pages=kv_chunk, **_spec_ladder_args(config), **ladder_args())
         # auto: the Pallas kernel on GPU (faster than the reference everywhere it was measured on the H200:
         # benchmarks/results/step-breakdown-*.json, throughput-*.json), the jnp reference elsewhere.
         backend = config.kernels.attention_backend
@@ -131,7 +131,9 @@ class ModelRunner:
         self.attention_options = opts
         self._step = make_step_fn(loaded, opts, config.scheduler.max_num_seqs, kv_shardings)
         self._no_prev = jax.device_put(np.zeros((config.scheduler.max_num_seqs,), np.int32), self._replicated)
-        self._compiled: dict = {}  # Bucket -> (step, prompt_logprobs) executables
+        self._compiled: dict = {}  # Bucket -> step executable
+        self._compiled_prompt: dict = {}  # Bucket -> prompt_logprobs executable
+        self._pending: dict = {}  # Bucket -> Future of a step executable (compile_in_background)
         # GPU: a second step program per bucket for steps whose rows are all greedy, unpenalised and ask no top
         # logprobs (runner/sampler.py greedy_only): the general program's sampler work is all selects there
         # (runner/branches.py), which cost ~0.6 ms at batch 1 on the H200. CPU: the general program only (its
@@ -167,9 +169,10 @@ class ModelRunner:
             act = 8 * T * (cfg.hidden_size + 2 * cfg.intermediate_size + cfg.qkv_size) + 16 * S * cfg.vocab_size
             budget = (stats["bytes_limit"] * self.config.cache.gpu_memory_utilization - stats.get("bytes_in_use", 0)
                       - act)
-        else:
-            budget = _CPU_KV_BUDGET_BYTES
-        pages = int(budget // per_page)
+            pages = int(budget // per_page)
+        else:  # CPU: no memory statistics; size the pool for the request limits (runner/cpu_defaults.py)
+            pages = cpu_kv_pages(per_page, self.config.scheduler.max_num_seqs, self.max_model_len, self.page_size)
+            budget = pages * per_page
         need = math.ceil(self.max_model_len / self.page_size) + 1
         if pages < need:
             raise MemoryError(
@@ -186,6 +189,9 @@ class ModelRunner:
         request's time to first token (measured on the H200: 273 ms TTFT at batch 1 vs 45 ms at batch 64)."""
         t0 = time.perf_counter()
         out = None
+        # step programs on two worker threads while this one compiles the prompt-logprob programs: XLA compiles
+        # outside the GIL, so a 2-core CPU compiles about twice as fast
+        self.compile_in_background(self.ladder.buckets, workers=2)
         for b in tqdm(self.ladder.buckets, desc="compiling buckets", disable=not progress, leave=False):
             steps = [self._programs(b)[0]] + ([self.greedy_program(b)] if self._has_greedy(b) else [])
             if jax.default_backend() != "cpu":  # CPU programs have no kernels to load; keep CPU start-up short
@@ -208,15 +214,35 @@ class ModelRunner:
         """Packed (ints, floats) of a one-token step in `bucket`: the shapes a bucket's programs are lowered at."""
         return pack([SeqInput(token_ids=[0], start_pos=0, page_table=[0])], bucket, self.page_size).flat()
 
-    def compile_step(self, bucket, compiler_options: dict | None = None, greedy_only: bool = False):
+    def compile_step(self, bucket, compiler_options: dict | None = None, state_specs=None, greedy_only: bool = False):
         """The step executable of a bucket, compiled ahead of time (compiler_options: per-executable XLA options,
-        e.g. {"xla_gpu_enable_command_buffer": ""}; the probes in benchmarks/probes use them). greedy_only: the
-        variant for steps whose rows are all greedy, unpenalised and ask no top logprobs."""
+        e.g. {"xla_gpu_enable_command_buffer": ""}; the probes in benchmarks/probes use them). state_specs: the
+        (kv_caches, penalty_table) shapes to lower at (default: the current arrays). greedy_only: the variant for
+        steps whose rows are all greedy, unpenalised and ask no top logprobs."""
         ints, floats = self.placeholder_batch(bucket)
         spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self._replicated)  # noqa: E731
-        lowered = self._step.lower(self.loaded.params, self.kv_caches, spec(ints), spec(floats), self._no_prev,
-                                   self.penalty_table, bucket=bucket, greedy_only=greedy_only)
+        kv, table = state_specs or (self.kv_caches, self.penalty_table)
+        lowered = self._step.lower(self.loaded.params, kv, spec(ints), spec(floats), self._no_prev, table,
+                                   bucket=bucket, greedy_only=greedy_only)
         return compile_lowered(lowered, compiler_options)
+
+    def compile_in_background(self, buckets, workers: int = 1) -> None:
+        """Start compiling (or loading from the persistent cache) these buckets' step programs on a worker thread,
+        so they overlap with the caller's own work: XLA compiles outside the GIL, and on a 2-core CPU the decode
+        bucket compiled beside the prompt's cost ~one compile of wall time instead of two (`jaxinfer generate`).
+        A dispatch that needs one of them waits for it. The donated state is lowered from its shapes (specs taken
+        here), never from the arrays, which a running step may have consumed."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        specs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                             (self.kv_caches, self.penalty_table))
+        todo = [b for b in dict.fromkeys(buckets) if b not in self._compiled and b not in self._pending]
+        if not todo:
+            return
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="jaxinfer-compile")
+        for b in todo:
+            self._pending[b] = pool.submit(self.compile_step, b, step_compiler_options(b), specs)
+        pool.shutdown(wait=False)
 
     def greedy_program(self, bucket):
         """The greedy-only step executable of a bucket, compiled on first use (warm-up does all on GPU)."""
@@ -235,20 +261,39 @@ class ModelRunner:
         if (self._has_greedy(batch.bucket) and not a["want_logprobs"].any() and bool((a["temperature"] < GREEDY_EPS).all())
                 and bool((a["penalty_slot"] < 0).all())):
             return self.greedy_program(batch.bucket)
-        return self._programs(batch.bucket)[0]
+        return self._step_program(batch.bucket)
 
     def _programs(self, bucket):
         """(step, prompt_logprobs) executables of a bucket, compiled on first use (warm-up does all)."""
-        progs = self._compiled.get(bucket)
-        if progs is None:
+        return self._step_program(bucket), self._prompt_program(bucket)
+
+    def _step_program(self, bucket):
+        """The step executable of a bucket, compiled on first use."""
+        step = self._compiled.get(bucket)
+        if step is None:
+            t0 = time.perf_counter()
+            pending = self._pending.pop(bucket, None)  # compile_in_background's, maybe still running
+            if pending is not None:
+                step = pending.result()
+            else:
+                step = self.compile_step(bucket, step_compiler_options(bucket))
+            self._compiled[bucket] = step
+            log.debug("step of %d tokens / %d sequences compiled (or loaded from the cache) in %.2f s",
+                      bucket.num_tokens, bucket.num_seqs, time.perf_counter() - t0)
+        return step
+
+    def _prompt_program(self, bucket):
+        """The prompt-logprob executable of a bucket, compiled on first use (warm-up does all): a lazy start
+        (`jaxinfer generate`) compiles only the step programs it runs."""
+        prompt = self._compiled_prompt.get(bucket)
+        if prompt is None:
             rep = self._replicated
-            step = self.compile_step(bucket, step_compiler_options(bucket))
             hidden = jax.ShapeDtypeStruct((bucket.num_tokens, self.loaded.cfg.hidden_size), self.loaded.dtype,
                                           sharding=rep)
             targets = jax.ShapeDtypeStruct((bucket.num_tokens,), jnp.int32, sharding=rep)
-            prompt = self._prompt_logprobs.lower(self.loaded.params, hidden, targets).compile()
-            progs = self._compiled[bucket] = (step, prompt)
-        return progs
+            prompt = self._compiled_prompt[bucket] = self._prompt_logprobs.lower(
+                self.loaded.params, hidden, targets).compile()
+        return prompt
 
     def _penalty_writer(self):
         """The compiled row write of the penalty table (one shape: compiled once, at warm-up)."""
@@ -268,7 +313,7 @@ class ModelRunner:
         n_tok = sum(map(len, map(_TOKEN_IDS, seqs)))
         bucket = self.ladder.pick(n_tok, len(seqs))
         batch = pack(seqs, bucket, self.page_size)
-        step, prompt_fn = self.step_program(batch), self._programs(bucket)[1]
+        step = self.step_program(batch)
         # a penalised sequence starting (or restarting): its counts row, from its known tokens
         for init in [x for x in map(_PENALTY_INIT, seqs) if x is not None]:  # (no Python loop over all seqs)
             slot, prompt_ids, output_ids = init
@@ -286,6 +331,7 @@ class ModelRunner:
             for i, tgt in prompt_logprob_targets.items():
                 a = int(batch.token_offsets[i])
                 targets[a:a + len(tgt)] = tgt
+            prompt_fn = self._prompt_program(bucket)
             prompt = prompt_fn(self.loaded.params, hidden, jax.device_put(targets, self._replicated))
         want_top = bool(batch.arrays["want_logprobs"].any())  # packed already: no second pass over seqs
         verify_row = batch.arrays["verify_row"]  # packed already: verify row r holds sequence spec_seqs[r]

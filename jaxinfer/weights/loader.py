@@ -419,7 +419,9 @@ def _assemble(cfg: ModelConfig, names: registry.WeightNames, tensors, dtype, *, 
         return np.concatenate([q, k, v], axis=1).reshape(cfg.qkv_size)
 
     expected = _hf_shapes(cfg)
-    bar = tqdm(tensors, desc=desc, unit="tensor", disable=not progress, leave=False)
+    # the readers are generators: the total is the tensors the config implies (a file's extra ignored ones aside)
+    total = len(tensors) if hasattr(tensors, "__len__") else _num_hf_tensors(cfg)
+    bar = tqdm(tensors, desc=desc, unit="tensor", total=total, disable=not progress, leave=False)
     for name, arr in bar:
         if name.endswith(_IGNORED):
             continue
@@ -472,6 +474,13 @@ def _assemble(cfg: ModelConfig, names: registry.WeightNames, tensors, dtype, *, 
     if pending:
         raise ValueError(f"checkpoint is incomplete: unmatched fused pieces {sorted(pending)}")
     return _unflatten(flat)
+
+
+def _num_hf_tensors(cfg: ModelConfig) -> int:
+    """Hugging Face tensors of a float checkpoint of this config: per layer 2 norms + q, k, v, o + gate, up, down
+    (+ biases, q/k norms), and the embedding, final norm and an untied LM head (the loading bar's total)."""
+    per_layer = 9 + 3 * bool(cfg.qkv_bias) + bool(cfg.o_bias) + 2 * bool(cfg.qk_norm)
+    return cfg.num_layers * per_layer + 2 + (not cfg.tie_word_embeddings)
 
 
 def _hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -31,6 +31,10 @@ def write_kv_pages(k_pages, v_pages, k, v, slot_mapping):
 
     Padding tokens carry slot -1 and write nothing (`scatter.set_rows`: unique indices, plain stores on the
     GPU). In-place on a donated cache.
+    A one-token step (T = 1: the CPU decode bucket) writes with one dynamic-update-slice of the 4-D pool instead:
+    XLA turns a one-row scatter into a dynamic-update-slice on the flattened pool plus a select for the
+    out-of-range padding index, and that form copied the whole pool twice per layer on XLA:CPU. A padding token
+    there (slot -1) writes into slot 0 of the reserved page 0, which no sequence reads.
     Quantized pages (`kv_quant.QuantizedPages`): each token / head is quantized here, its scale written to the
     parallel scale pool at the same slot.
     """
@@ -41,6 +45,10 @@ def _write(pages, x, slot_mapping):
     if isinstance(pages, QuantizedPages):
         xq, scale = quantize_kv(x, pages.data.dtype)  # [T, kvh, D], f32[T, kvh]
         return QuantizedPages(_write(pages.data, xq, slot_mapping), _write(pages.scale, scale, slot_mapping))
+    if slot_mapping.shape[0] == 1:  # [pages, page_size, ...] <- x[0] at (slot // page_size, slot % page_size)
+        slot = jnp.maximum(slot_mapping[0], 0)
+        start = (slot // pages.shape[1], slot % pages.shape[1]) + (0,) * (pages.ndim - 2)
+        return jax.lax.dynamic_update_slice(pages, x.astype(pages.dtype)[None], start)
     flat = (pages.shape[0] * pages.shape[1],) + pages.shape[2:]
     return set_rows(pages.reshape(flat), slot_mapping, x, slot_mapping < 0).reshape(pages.shape)
 

