@@ -220,9 +220,10 @@ def test_limits_name_their_flags_and_are_counted(tiny):
 
 def test_deadline_ends_with_length(tiny):
     limits = tiny.state["server"].limits
-    limits.request_timeout_s = 0.3
+    limits.request_timeout_s = 0.01
     try:
-        # 230 tokens take well over 0.3 s on CPU (>= 230 engine steps)
+        # 230 tokens take >= 230 engine steps: far more than 10 ms on any machine (a fast CPU path did 230 steps of
+        # the tiny model in under 0.3 s, the deadline this test had before); a slower machine only cuts earlier
         status, _, out = _post(tiny.url + "/v1/completions", {"prompt": [5, 6], "max_tokens": 230, **GREEDY})
         assert status == 200 and out["choices"][0]["finish_reason"] == "length", out
         assert out["usage"]["completion_tokens"] < 230
@@ -285,14 +286,22 @@ def test_plain_request_aborted_when_client_goes_away(tiny):
             return 0.0
 
     aborted0 = aborted()
-    body = json.dumps({"prompt": [5, 6, 7], "max_tokens": 230, "n": 4, **GREEDY}).encode()
+    # Enough work that it cannot finish before the server notices the disconnect (it polls every 0.25 s): 64 prompts
+    # x n=4 = 256 sequences x 230 tokens (one request of 4 sequences finished in < 0.3 s on the fast CPU path).
+    limits = tiny.state["server"].limits
+    saved, limits.max_request_tokens = limits.max_request_tokens, 1 << 20
+    prompts = [[5, 6, 7 + i] for i in range(64)]
+    body = json.dumps({"prompt": prompts, "max_tokens": 230, "n": 4, **GREEDY}).encode()
     s = socket.create_connection(("127.0.0.1", tiny.port))
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
     _wait(lambda: _metric(url, "jaxinfer_num_requests_running") > 0, what="the request to run")
     s.close()
-    _wait(lambda: _idle(url), what="the abandoned request to be aborted")
-    _wait(lambda: aborted() == aborted0 + 1, what="the 499 to be counted")
+    try:
+        _wait(lambda: _idle(url), what="the abandoned request to be aborted")
+        _wait(lambda: aborted() == aborted0 + 1, what="the 499 to be counted")
+    finally:
+        limits.max_request_tokens = saved
 
 
 def test_chat_without_max_tokens_gets_the_server_cap(tiny):
