@@ -13,18 +13,9 @@ from jaxinfer.weights.quant_tensor import QuantizedTensor
 from pallas_kernels.quantized_matmul import kernel as qk
 from pallas_kernels.quantized_matmul import reference as qr
 from pallas_kernels.quantized_matmul import xla as qx
+from tests.kernels.quant_cases import outlier_weights as _weights, rel_err as _rel
 
 
-def _rel(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
-def _weights(K, N, seed=0):
-    rng = np.random.default_rng(seed)
-    # Gaussian weights with a few outlier columns (the case per-channel scales exist for).
-    w = rng.normal(size=(K, N)) * 0.05 * np.where(rng.random(N) < 0.1, 8.0, 1.0)[None, :]
-    return w.astype(np.float32)
 
 
 # ---- RTN ----------------------------------------------------------------------------------------------------

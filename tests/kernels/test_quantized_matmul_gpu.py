@@ -12,15 +12,12 @@ from pallas_kernels.quantized_matmul import kernel as qk
 from pallas_kernels.quantized_matmul import reference as qr
 from pallas_kernels.quantized_matmul import xla as qx
 from pallas_kernels.quantized_matmul import xla_fused as qf
+from tests.kernels.quant_cases import rel_err as _rel
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")]
 
 SHAPES = [(4096, 6144), (4096, 28672), (14336, 4096), (4096, 4096)]  # [K, N]: qkv, gate_up, down, o
 
-
-def _rel(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 def _problem(M, K, N, spec, seed=0):

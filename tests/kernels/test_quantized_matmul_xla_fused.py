@@ -13,19 +13,11 @@ from jaxinfer.weights.quantize import quantize_rtn, tensor_leaves
 from jaxinfer.config import QuantizationError, parse_quantization
 from pallas_kernels.quantized_matmul import reference as qr
 from pallas_kernels.quantized_matmul import xla_fused as qf
+from tests.kernels.quant_cases import outlier_weights as _weights, rel_err as _rel
 
 M_RAGGED = [1, 3, 16, 64, 130, 2048]
 
 
-def _rel(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
-def _weights(K, N, seed=0):
-    rng = np.random.default_rng(seed)
-    w = rng.normal(size=(K, N)) * 0.05 * np.where(rng.random(N) < 0.1, 8.0, 1.0)[None, :]
-    return w.astype(np.float32)
 
 
 def _x(M, K, dtype=jnp.bfloat16, seed=1):
