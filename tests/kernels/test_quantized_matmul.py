@@ -16,8 +16,6 @@ from pallas_kernels.quantized_matmul import xla as qx
 from tests.kernels.quant_cases import outlier_weights as _weights, rel_err as _rel
 
 
-
-
 # ---- RTN ----------------------------------------------------------------------------------------------------
 def test_int8_rtn_error_is_half_a_step():
     w = _weights(256, 96)

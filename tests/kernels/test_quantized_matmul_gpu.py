@@ -19,7 +19,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(jax.default_backend() != "gpu"
 SHAPES = [(4096, 6144), (4096, 28672), (14336, 4096), (4096, 4096)]  # [K, N]: qkv, gate_up, down, o
 
 
-
 def _problem(M, K, N, spec, seed=0):
     k1, k2 = jax.random.split(jax.random.key(seed))
     w = 0.02 * jax.random.normal(k1, (K, N), jnp.float32)

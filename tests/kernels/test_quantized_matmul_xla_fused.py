@@ -18,8 +18,6 @@ from tests.kernels.quant_cases import outlier_weights as _weights, rel_err as _r
 M_RAGGED = [1, 3, 16, 64, 130, 2048]
 
 
-
-
 def _x(M, K, dtype=jnp.bfloat16, seed=1):
     return jnp.asarray(np.random.default_rng(seed).normal(size=(M, K)), dtype)
 
