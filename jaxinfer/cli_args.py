@@ -1,7 +1,7 @@
 """Command-line flags generated from the configuration's fields; shared by `jaxinfer generate`, `jaxinfer serve`
 (serving/server.py) and the benchmarks.
 
-Every field of EngineConfig's groups (config.py: load, scheduler, cache, parallel, kernels) whose metadata does
+Every field of EngineConfig's groups (config/engine.py: load, scheduler, cache, parallel, kernels) whose metadata does
 not say cli=False becomes one flag named after it (max_num_seqs -> --max-num-seqs), with the field's type,
 default, choices and help; booleans get --flag / --no-flag. Speculative decoding is one JSON flag
 (--speculative-config, the fields of SpeculativeConfig), and the multi-host flags come from DistributedConfig.

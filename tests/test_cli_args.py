@@ -1,4 +1,4 @@
-"""One configuration route: grouped, frozen config objects (config.py), flat keywords routed to their group
+"""One configuration route: grouped, frozen config objects (jaxinfer/config/), flat keywords routed to their group
 (EngineConfig.from_options, what LLM(**options) uses), and command-line flags generated from the same fields
 (cli_args.py) for `jaxinfer generate`, `jaxinfer serve` and the benchmarks."""
 import argparse

@@ -1,0 +1,304 @@
+"""The engine's configuration: SpeculativeConfig, then EngineConfig, made of one frozen group per concern (load,
+scheduler, cache, parallel, kernels, speculative) that is handed down whole to the part that reads it. Field
+metadata documents every option; the command-line flags are generated from it (cli_args.py)."""
+from __future__ import annotations
+
+import dataclasses
+
+from jaxinfer.config.model import ConfigError
+from jaxinfer.config.quantization import MATMUL_BACKENDS, KeepGGUFQuantization, QuantSpec, parse_quantization
+
+SPEC_METHODS = ("ngram", "draft", "layer_skip")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (runner/spec_decode.py verifies; engine/spec_control.py drives it).
+
+    method: "ngram" (prompt lookup, no model), "draft" (a smaller model with the same tokenizer, `draft_model`,
+        run by its own runner with its own paged KV cache) or "layer_skip" (the first `num_draft_layers` layers of
+        the target + its final norm and head; shares the weights, has its own KV cache).
+    num_speculative_tokens: k, the most draft tokens verified per request and step (the target scores k + 1
+        positions). With `adaptive`, a request's k shrinks (to 1 at least) while its acceptance rate is below
+        `min_acceptance` and grows back above (1 + min_acceptance) / 2.
+    max_batch_size: speculation switches off while more than this many requests are running (verification
+        costs k extra tokens of compute per request; at large batches decoding is compute-bound and the extra
+        work costs more than it saves). Also the most speculating requests in one step. Default 64: on the H200
+        (8B shape, k = 4, acceptance 0.7, free drafts; results/spec-speed-*2026-12-01.json) speculation was
+        faster than plain decoding at batch 1-64 (1.76x at 1, 1.24x at 64) and slower at 128 (0.95x).
+    ngram_min_n / ngram_max_n: n-gram sizes matched, longest first.
+    draft_model / draft_load_format: the draft checkpoint (path, GGUF, preset with load_format="dummy").
+    num_draft_layers: layer_skip draft depth (default: a quarter of the target's layers, at least 1).
+    draft_num_pages: KV pages of the draft's own cache (default: as many as the target's).
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    max_batch_size: int = 64
+    adaptive: bool = True
+    min_acceptance: float = 0.5
+    ngram_min_n: int = 1
+    ngram_max_n: int = 4
+    draft_model: str | None = None
+    draft_load_format: str = "auto"
+    num_draft_layers: int | None = None
+    draft_num_pages: int | None = None
+
+    def __post_init__(self):
+        if self.method not in SPEC_METHODS:
+            raise ConfigError(f"speculative method {self.method!r} is unknown; use one of {list(SPEC_METHODS)}")
+        if not isinstance(self.num_speculative_tokens, int) or not 1 <= self.num_speculative_tokens <= 16:
+            raise ConfigError(f"num_speculative_tokens={self.num_speculative_tokens!r} must be an int in [1, 16]")
+        if not isinstance(self.max_batch_size, int) or self.max_batch_size < 1:
+            raise ConfigError(f"speculative max_batch_size={self.max_batch_size!r} must be an int >= 1")
+        if not 0.0 <= self.min_acceptance < 1.0:
+            raise ConfigError(f"min_acceptance={self.min_acceptance!r} must be in [0, 1)")
+        if not 1 <= self.ngram_min_n <= self.ngram_max_n:
+            raise ConfigError(f"ngram_min_n={self.ngram_min_n}, ngram_max_n={self.ngram_max_n} must satisfy "
+                              f"1 <= ngram_min_n <= ngram_max_n")
+        if self.method == "draft" and not self.draft_model:
+            raise ConfigError("speculative method 'draft' needs draft_model=PATH (a smaller model with the "
+                              "target's tokenizer); or use method 'ngram' / 'layer_skip'")
+        if self.method != "draft" and self.draft_model:
+            raise ConfigError(f"draft_model={self.draft_model!r} is only used by method 'draft', not "
+                              f"{self.method!r}")
+        if self.num_draft_layers is not None and self.num_draft_layers < 1:
+            raise ConfigError(f"num_draft_layers={self.num_draft_layers} must be >= 1")
+        if self.draft_num_pages is not None and self.draft_num_pages < 2:
+            raise ConfigError(f"draft_num_pages={self.draft_num_pages} must be >= 2 (page 0 is reserved)")
+
+    @classmethod
+    def coerce(cls, value) -> "SpeculativeConfig | None":
+        """None, a SpeculativeConfig, or a dict of its fields (unknown keys are an error naming them)."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            names = {f.name for f in dataclasses.fields(cls)}
+            unknown = sorted(set(value) - names)
+            if unknown:
+                raise ConfigError(f"unknown speculative_config key(s) {unknown}; valid keys are {sorted(names)}")
+            return cls(**value)
+        raise ConfigError(f"speculative_config must be None, a dict or a SpeculativeConfig, got "
+                          f"{type(value).__name__}")
+
+
+# ---- the engine's configuration: one frozen group per concern, handed down whole ----------------------------
+#
+# Each field carries its help text (and choices) in its metadata: jaxinfer/cli_args.py generates the command-line
+# flags of `jaxinfer generate`, `jaxinfer serve` and the benchmarks from them, and LLM(**options) routes each
+# keyword to its group (EngineConfig.from_options). A field's name is its keyword and its flag (--max-num-seqs).
+
+def _opt(default, help: str, *, choices: tuple | None = None, cli: bool = True, aliases: tuple = (),
+         default_factory=None):
+    """A config field with its documentation. cli=False: not a command-line flag (a programmatic option)."""
+    meta = {"help": help, "choices": choices, "cli": cli, "aliases": aliases}
+    if default_factory is not None:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _check_choice(name: str, value, choices: tuple):
+    if value not in choices:
+        raise ConfigError(f"{name} must be {_one_of(choices)}, got {value!r}")
+
+
+def _one_of(choices: tuple) -> str:
+    quoted = [repr(c) for c in choices]
+    return ", ".join(quoted[:-1]) + " or " + quoted[-1]
+
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadConfig:
+    """Which weights, in which dtype, quantized how (jaxinfer/weights/)."""
+
+    model: str | None = _opt(None, "checkpoint dir, *.gguf file, hub id, or preset (with --load-format dummy); "
+                                   "default: SmolLM2-135M-Instruct")
+    load_format: str = _opt("auto", "auto: read the weights; dummy: random weights at the model's shape",
+                            choices=("auto", "dummy"))
+    dtype: str = _opt("auto", "compute dtype (auto: float32 checkpoints stay float32, others run in bfloat16)",
+                      choices=DTYPES)
+    quantization: str | None = _opt(
+        None, "quantize weights on load: int8 | int4 | int4-g64 | int4-g32 | int4-asym | fp8 (W8A8); "
+              "gguf: keep a GGUF file's own Q4_0 / Q4_1 / Q4_K weights quantized")
+    quantize_lm_head: bool | None = _opt(
+        None, "the LM head in the model's quantization (untied models); --no-quantize-lm-head: a float head; "
+              "default: an int8 head for int8 / int4 models")
+
+    def __post_init__(self):
+        _check_choice("load_format", self.load_format, ("auto", "dummy"))
+        _check_choice("dtype", self.dtype, DTYPES)
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    """What one step may hold and how steps follow each other (engine/scheduler.py, engine/engine.py)."""
+
+    max_num_batched_tokens: int = _opt(2048, "token budget of one step")
+    max_num_seqs: int = _opt(256, "sequences in one step")
+    max_model_len: int | None = _opt(None, "context window (default: the model's max_position_embeddings, "
+                                           "capped at 8192 on CPU)")
+    async_scheduling: bool = _opt(True, "schedule and dispatch step n+1 while step n runs on the device")
+    enable_prefix_caching: bool = _opt(
+        True, "reuse the KV of full pages whose (chained) token content matches an earlier request's; requests "
+              "asking for prompt_logprobs bypass it")
+
+    def __post_init__(self):
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheConfig:
+    """The paged KV cache (engine/kv_cache.py pages it; runner/model_runner.py allocates it)."""
+
+    page_size: int = _opt(16, "tokens per KV page (a power of two)")
+    num_pages: int | None = _opt(None, "KV pages (overrides the memory budget)")
+    gpu_memory_utilization: float = _opt(0.9, "fraction of device memory the weights + KV cache may use")
+    kv_cache_dtype: str = _opt(
+        "auto", "KV cache storage: the model dtype, or fp8 (e4m3) / int8 with one float32 scale per token and KV "
+                "head (pallas_kernels/paged_attention/kv_quant.py), ~1.9x the pages of bf16",
+        choices=("auto", "fp8", "int8"))
+
+    def __post_init__(self):
+        if self.page_size < 1 or self.page_size & (self.page_size - 1):
+            raise ConfigError(f"page_size must be a power of two >= 1, got {self.page_size}")
+        if self.num_pages is not None and self.num_pages < 2:
+            raise ConfigError(f"num_pages must be >= 2 (page 0 is reserved), got {self.num_pages}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        _check_choice("kv_cache_dtype", self.kv_cache_dtype, ("auto", "fp8", "int8"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelConfig:
+    """Devices of one host (jaxinfer/parallel.py). Several hosts: DistributedConfig."""
+
+    tensor_parallel_size: int = _opt(1, "devices one model is split over", aliases=("-tp",))
+    data_parallel_size: int = _opt(1, "model replicas on disjoint devices; requests go to the least-loaded one",
+                                   aliases=("-dp",))
+
+    def __post_init__(self):
+        for name in ("tensor_parallel_size", "data_parallel_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """A multi-host job, joined before the engine starts (parallel.initialize_distributed; command line only)."""
+
+    coordinator_address: str | None = _opt(None, "multi-host: HOST:PORT of process 0 (env "
+                                                 "JAXINFER_COORDINATOR_ADDRESS)")
+    num_processes: int | None = _opt(None, "multi-host: env JAXINFER_NUM_PROCESSES")
+    process_id: int | None = _opt(None, "multi-host: env JAXINFER_PROCESS_ID")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """Which implementation computes attention and the quantized matmuls, and how they tile."""
+
+    # auto: inside the engine on the H200 the kernel took batch-1 decode from 136 to 186 tok/s and offline
+    # throughput from 2,088 to 6,349 output tok/s over the reference.
+    attention_backend: str = _opt(
+        "auto", "reference (jnp), pallas (the Pallas kernel; interpret mode on CPU, slow) or auto (the kernel on "
+                "GPU, the reference elsewhere)", choices=("auto", "reference", "pallas"))
+    kv_loop: str = _opt("auto", "reference attention: static (unrolled over the page-table width; no "
+                                "device-to-host syncs: GPU), dynamic (while loop up to the longest context: CPU)",
+                        choices=("auto", "static", "dynamic"))
+    query_tile: int = _opt(16, "reference attention: tokens of one sequence per query tile")
+    kv_chunk_pages: int | None = _opt(None, "reference attention: KV pages per loop iteration (default: 128 "
+                                            "with the static loop, 16 with the dynamic one)")
+    quantized_matmul: str = _opt("auto", "quantized layers: auto (on GPU the per-M table of models/quant_paths.py "
+                                         "for int8/int4, XLA's fp8 dot for fp8; the jnp reference on CPU) | "
+                                         "reference | xla | pallas | w8a8 (int8 only, activations quantized) | "
+                                         "xla-int4 (int4 only)",
+                                 choices=MATMUL_BACKENDS)
+    compilation_cache_dir: str | None = _opt(None, "JAX's persistent compilation cache (default: "
+                                                   "$JAXINFER_CACHE/xla, ~/.cache/jaxinfer/xla)")
+
+    def __post_init__(self):
+        _check_choice("attention_backend", self.attention_backend, ("auto", "reference", "pallas"))
+        _check_choice("kv_loop", self.kv_loop, ("auto", "static", "dynamic"))
+
+
+# keyword (and flag) -> the EngineConfig group that holds it; "speculative_config" and "seed" are its own fields
+GROUPS = {"load": LoadConfig, "scheduler": SchedulerConfig, "cache": CacheConfig, "parallel": ParallelConfig,
+          "kernels": KernelConfig}
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs, in groups handed down whole: load (weights), scheduler, cache, parallel,
+    kernels, speculative (None: no speculation). Build it from flat keywords with `from_options` (what
+    LLM(**options) does) or group by group; every group validates itself, this checks their combinations."""
+
+    load: LoadConfig = dataclasses.field(default_factory=LoadConfig)
+    scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
+    cache: CacheConfig = dataclasses.field(default_factory=CacheConfig)
+    parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
+    kernels: KernelConfig = dataclasses.field(default_factory=KernelConfig)
+    speculative: SpeculativeConfig | None = None  # a dict of its fields is accepted too
+    seed: int = 0  # random weights of dummy models (the draft: seed + 1) and the engine's default sampling seed
+
+    def __post_init__(self):
+        object.__setattr__(self, "speculative", SpeculativeConfig.coerce(self.speculative))
+        if self.speculative is not None and (self.parallel.tensor_parallel_size > 1
+                                             or self.parallel.data_parallel_size > 1):
+            raise ConfigError("speculative_config with tensor_parallel_size / data_parallel_size > 1 is not supported "
+                              "yet; run speculative decoding on one device")
+        if self.scheduler.max_num_batched_tokens < self.kernels.query_tile:
+            raise ConfigError(
+                f"max_num_batched_tokens ({self.scheduler.max_num_batched_tokens}) must be >= query_tile "
+                f"({self.kernels.query_tile})")
+        self.quant_spec  # validates the quantization options together with the matmul backend
+
+    @classmethod
+    def option_names(cls) -> dict[str, str]:
+        """Flat keyword -> the group holding it ("" for EngineConfig's own fields)."""
+        names = {f.name: group for group, g in GROUPS.items() for f in dataclasses.fields(g)}
+        names.update(speculative_config="", seed="")
+        return names
+
+    @classmethod
+    def _by_group(cls, options: dict) -> dict[str, dict]:
+        """Flat keywords -> {group ("" for EngineConfig's own fields): {name: value}}; unknown keywords are a
+        ConfigError naming them and listing the valid ones (less LLM's own model / load_format / dtype)."""
+        names = cls.option_names()
+        unknown = sorted(set(options) - set(names))
+        if unknown:
+            raise ConfigError(f"unknown option(s) {unknown}; valid engine options are "
+                              f"{sorted(set(names) - {'model', 'load_format', 'dtype'})}")
+        out: dict[str, dict] = {}
+        for k, v in options.items():
+            out.setdefault(names[k], {})[k] = v
+        return out
+
+    @classmethod
+    def from_options(cls, **options) -> "EngineConfig":
+        """EngineConfig from flat keywords (LLM(model=..., max_num_seqs=..., speculative_config=...)): each goes
+        to its group."""
+        by = cls._by_group(options)
+        own = by.pop("", {})
+        return cls(**{g: GROUPS[g](**by.get(g, {})) for g in GROUPS},
+                   speculative=own.get("speculative_config"), seed=own.get("seed", 0))
+
+    def replace(self, **options) -> "EngineConfig":
+        """A copy with some flat keywords changed (e.g. replace(num_pages=64, speculative_config=None))."""
+        by = self._by_group(options)
+        own = by.pop("", {})
+        changes = {g: dataclasses.replace(getattr(self, g), **kw) for g, kw in by.items()}
+        if "speculative_config" in own:
+            changes["speculative"] = own["speculative_config"]
+        if "seed" in own:
+            changes["seed"] = own["seed"]
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def quant_spec(self):
+        """QuantSpec (or KeepGGUFQuantization) of the quantization options, or None."""
+        return parse_quantization(self.load.quantization, quantize_lm_head=self.load.quantize_lm_head,
+                                  backend=self.kernels.quantized_matmul)
