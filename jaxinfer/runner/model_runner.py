@@ -44,7 +44,11 @@ _PENALTY_INIT = operator.attrgetter("penalty_init")
 # is why buckets above 128 tokens compiled without them.) Larger (prefill) buckets are not measured: they keep the
 # launches, whose cost is small beside their compute.
 COMMAND_BUFFER_MAX_TOKENS = 256
-GREEDY_PROGRAM_MAX_TOKENS = 256  # buckets up to this many tokens also get a greedy-only program on GPU (see __init__)
+# With greedy-only programs (GPU), buckets of more tokens than this compile their general step program in the
+# background after warm-up (their greedy-only one at warm-up): cold start-up of the 8B shape was ~15 s per bucket
+# with both programs eager (about 120 s for 8 buckets) and 44.7 s with 12 eager programs (results/startup-cold-
+# 2026-12-02.json), while the general program of a large bucket is only needed once a sampling request runs there.
+EAGER_GENERAL_MAX_TOKENS = 256
 
 
 def step_compiler_options(bucket) -> dict | None:
@@ -138,9 +142,9 @@ class ModelRunner:
         # logprobs (runner/sampler.py greedy_only): the general program's sampler work is all selects there
         # (runner/branches.py), which cost ~0.6 ms at batch 1 on the H200. CPU: the general program only (its
         # lax.conds skip that work already, and a second compile per bucket would double CPU start-up).
-        # Only decode-sized buckets get it: there the sampler is a large share of the step (batch 64 on the H200:
-        # device step 8.5 ms general vs 6.8 ms greedy-only, results/step-dispatch-2026-12-02.json), while each extra
-        # program costs ~7 s of cold compile (15 s per bucket with both, 8B shape).
+        # The sampler is a large share of a decode step (H200, results/step-dispatch-2026-12-02.json: batch 64
+        # device step 8.5 ms general vs 6.8 ms greedy-only; batch 256 16.7 vs 13.5 ms). Each extra program costs
+        # ~7 s of cold compile (8B shape): see EAGER_GENERAL_MAX_TOKENS for which are compiled when.
         self.greedy_programs = jax.default_backend() == "gpu"
         self._greedy: dict = {}  # Bucket -> greedy-only step executable
         self._prompt_logprobs = make_prompt_logprobs_fn(loaded)
@@ -186,18 +190,26 @@ class ModelRunner:
         """Compile (or load from the persistent cache) the step and prompt-logprob programs of every bucket,
         then run each step program once on an empty batch (its one dummy token writes into the reserved page 0):
         the first execution of a program loads its kernels onto the GPU, which otherwise landed in the first
-        request's time to first token (measured on the H200: 273 ms TTFT at batch 1 vs 45 ms at batch 64)."""
+        request's time to first token (measured on the H200: 273 ms TTFT at batch 1 vs 45 ms at batch 64).
+        With greedy-only programs (GPU) the general programs of buckets above EAGER_GENERAL_MAX_TOKENS are compiled
+        in the background once this returns; a step that needs one first waits for it."""
         t0 = time.perf_counter()
         out = None
         # step programs on two worker threads while this one compiles the prompt-logprob programs: XLA compiles
         # outside the GIL, so a 2-core CPU compiles about twice as fast
-        self.compile_in_background(self.ladder.buckets, workers=2)
+        deferred = [b for b in self.ladder.buckets if self._general_deferred(b)]
+        self.compile_in_background([b for b in self.ladder.buckets if b not in deferred], workers=2)
         for b in tqdm(self.ladder.buckets, desc="compiling buckets", disable=not progress, leave=False):
-            steps = [self._programs(b)[0]] + ([self.greedy_program(b)] if self._has_greedy(b) else [])
+            self._prompt_program(b)
+            steps = [] if b in deferred else [self._step_program(b)]
+            if self.greedy_programs:
+                steps.append(self.greedy_program(b))
             if jax.default_backend() != "cpu":  # CPU programs have no kernels to load; keep CPU start-up short
                 ints, floats = jax.device_put(self.placeholder_batch(b), self._replicated)
                 for step in steps:
                     out, _ = self.run_compiled(step, ints, floats)
+        if deferred:  # general programs of the large buckets: after warm-up, on one thread (a step waits for one)
+            self.compile_in_background(deferred, workers=1)
         self._penalty_writer()
         jax.block_until_ready(out)
         log.info("compiled %d buckets in %.1f s", len(self.ladder.buckets), time.perf_counter() - t0)
@@ -251,14 +263,15 @@ class ModelRunner:
             step = self._greedy[bucket] = self.compile_step(bucket, step_compiler_options(bucket), greedy_only=True)
         return step
 
-    def _has_greedy(self, bucket) -> bool:
-        return self.greedy_programs and bucket.num_tokens <= GREEDY_PROGRAM_MAX_TOKENS
+    def _general_deferred(self, bucket) -> bool:
+        """Warm-up leaves this bucket's general step program to a background compile (EAGER_GENERAL_MAX_TOKENS)."""
+        return self.greedy_programs and bucket.num_tokens > EAGER_GENERAL_MAX_TOKENS
 
     def step_program(self, batch) -> Any:
         """The step executable for a packed batch: the greedy-only one when it has one and every row qualifies
         (padding rows are greedy and unpenalised)."""
         a = batch.arrays
-        if (self._has_greedy(batch.bucket) and not a["want_logprobs"].any() and bool((a["temperature"] < GREEDY_EPS).all())
+        if (self.greedy_programs and not a["want_logprobs"].any() and bool((a["temperature"] < GREEDY_EPS).all())
                 and bool((a["penalty_slot"] < 0).all())):
             return self.greedy_program(batch.bucket)
         return self._step_program(batch.bucket)

@@ -89,3 +89,27 @@ def test_engine_greedy_program_gives_the_same_outputs():
     assert r.step_program(greedy) is r.greedy_program(greedy.bucket)
     assert r.step_program(sampling) is r._programs(sampling.bucket)[0]
     assert r.step_program(logprobs) is r._programs(logprobs.bucket)[0]
+
+
+def test_warmup_defers_large_general_programs_and_sampling_still_matches():
+    """With greedy-only programs, warm-up compiles the general programs of large buckets in the background; a
+    sampling request that lands in such a bucket waits for it and samples what a runner without the greedy
+    programs samples (same seed)."""
+    from jaxinfer import LLM, SamplingParams
+    from jaxinfer.runner.model_runner import EAGER_GENERAL_MAX_TOKENS
+
+    prompt = [int(t) for t in np.random.default_rng(3).integers(3, 500, EAGER_GENERAL_MAX_TOKENS + 40)]
+    sp = SamplingParams(max_tokens=6, temperature=0.9, top_p=0.8, seed=11, ignore_eos=True)
+    outs = []
+    for greedy_programs in (False, True):
+        llm = LLM("tiny-llama", load_format="dummy", max_model_len=512, max_num_seqs=4, max_num_batched_tokens=512,
+                  warmup=False, progress=False)
+        r = llm.runner
+        r.greedy_programs = greedy_programs
+        r.warmup(progress=False)
+        large = [b for b in r.ladder.buckets if b.num_tokens > EAGER_GENERAL_MAX_TOKENS]
+        assert large
+        if greedy_programs:
+            assert all(b in r._pending or b in r._compiled for b in large) and all(b in r._greedy for b in large)
+        outs.append(llm.generate([prompt], sp)[0].outputs[0].token_ids)
+    assert outs[0] == outs[1]
