@@ -46,8 +46,9 @@ _PENALTY_INIT = operator.attrgetter("penalty_init")
 COMMAND_BUFFER_MAX_TOKENS = 256
 # With greedy-only programs (GPU), buckets of more tokens than this compile their general step program in the
 # background after warm-up (their greedy-only one at warm-up): cold start-up of the 8B shape was ~15 s per bucket
-# with both programs eager (about 120 s for 8 buckets) and 44.7 s with 13 (8 general, 5 greedy-only) (results/startup-cold-
-# 2026-12-02.json), while the general program of a large bucket is only needed once a sampling request runs there.
+# with both programs eager (about 120 s for 8 buckets), and 44.7 s with 13 eager programs (8 general, 5 greedy-only;
+# results/startup-cold-2026-12-02.json), while the general program of a large bucket is only needed once a sampling
+# request runs there.
 EAGER_GENERAL_MAX_TOKENS = 256
 
 
