@@ -2,8 +2,9 @@
     -> (kv_caches, sampled tokens + logprobs, hidden, penalty_table).
 
 One program per bucket (on GPU two: `greedy_only=True` for steps whose rows are all greedy, unpenalised and ask
-no top logprobs, and the general one; runner/sampler.py). The KV cache (a list of per-layer (k_pages, v_pages)) and the penalty token-count table
-(runner/penalties.py) are donated and updated in place; nothing else is donated. Only small arrays (token ids, logprobs) are meant to travel back to the host; the
+no top logprobs, and the general one; runner/sampler.py). The KV cache (a list of per-layer (k_pages, v_pages))
+and the penalty token-count table (runner/penalties.py) are donated and updated in place; nothing else is donated.
+Only small arrays (token ids, logprobs) are meant to travel back to the host; the
 final hidden states stay on the device for the (rare) prompt-logprob pass.
 
 Pipelining: decode tokens sampled by the previous step (still in flight when this step was packed) are taken
