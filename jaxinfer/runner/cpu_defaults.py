@@ -8,7 +8,7 @@ benchmarks/cpu_decode.py, benchmarks/results/cpu-decode-cpu-*.json:
     gemv chain of bf16 or int8 weights converted in the step was ~10x slower than float32 weights).
   * decode buckets of 1 and 4 tokens, then x4 steps (1, 4, 16, 64, ...): on a compute-bound CPU a 16-token
     bucket did 16x the matmul work of a one-token decode; x4 keeps the ladder (and warm-up compiles) short.
-  * a KV pool sized for the request limits (max_num_seqs full-length sequences), at most _CPU_KV_BUDGET_BYTES,
+  * a KV pool sized for the request limits (max_num_seqs full-length sequences), at most CPU_KV_BUDGET_BYTES,
     instead of a fixed share of host RAM: zero-filling and holding a pool the requests cannot use is waste.
 Other backends get none of this (None / {} from every function here).
 """

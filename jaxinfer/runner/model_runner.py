@@ -136,9 +136,9 @@ class ModelRunner:
         self.attention_options = opts
         self._step = make_step_fn(loaded, opts, config.scheduler.max_num_seqs, kv_shardings)
         self._no_prev = jax.device_put(np.zeros((config.scheduler.max_num_seqs,), np.int32), self._replicated)
-        self._compiled: dict = {}  # Bucket -> step executable
+        self._compiled: dict = {}  # (Bucket, greedy_only) -> step executable
         self._compiled_prompt: dict = {}  # Bucket -> prompt_logprobs executable
-        self._pending: dict = {}  # Bucket -> Future of a step executable (compile_in_background)
+        self._pending: dict = {}  # (Bucket, greedy_only) -> Future of a step executable (compile_in_background)
         # GPU: a second step program per bucket for steps whose rows are all greedy, unpenalised and ask no top
         # logprobs (runner/sampler.py greedy_only): the general program's sampler work is all selects there
         # (runner/branches.py), which cost ~0.6 ms at batch 1 on the H200. CPU: the general program only (its
@@ -147,7 +147,6 @@ class ModelRunner:
         # device step 8.5 ms general vs 6.8 ms greedy-only; batch 256 16.7 vs 13.5 ms). Each extra program costs
         # ~7 s of cold compile (8B shape): see EAGER_GENERAL_MAX_TOKENS for which are compiled when.
         self.greedy_programs = jax.default_backend() == "gpu"
-        self._greedy: dict = {}  # Bucket -> greedy-only step executable
         self._prompt_logprobs = make_prompt_logprobs_fn(loaded)
 
     # ---- memory -------------------------------------------------------------------------------------------
@@ -204,7 +203,7 @@ class ModelRunner:
             self._prompt_program(b)
             steps = [] if b in deferred else [self._step_program(b)]
             if self.greedy_programs:
-                steps.append(self.greedy_program(b))
+                steps.append(self._step_program(b, greedy_only=True))
             if jax.default_backend() != "cpu":  # CPU programs have no kernels to load; keep CPU start-up short
                 ints, floats = jax.device_put(self.placeholder_batch(b), self._replicated)
                 for step in steps:
@@ -239,7 +238,7 @@ class ModelRunner:
                                    bucket=bucket, greedy_only=greedy_only)
         return compile_lowered(lowered, compiler_options)
 
-    def compile_in_background(self, buckets, workers: int = 1) -> None:
+    def compile_in_background(self, buckets, workers: int = 1, greedy_only: bool = False) -> None:
         """Start compiling (or loading from the persistent cache) these buckets' step programs on a worker thread,
         so they overlap with the caller's own work: XLA compiles outside the GIL, and on a 2-core CPU the decode
         bucket compiled beside the prompt's cost ~one compile of wall time instead of two (`jaxinfer generate`).
@@ -249,20 +248,14 @@ class ModelRunner:
 
         specs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                              (self.kv_caches, self.penalty_table))
-        todo = [b for b in dict.fromkeys(buckets) if b not in self._compiled and b not in self._pending]
+        todo = [(b, greedy_only) for b in dict.fromkeys(buckets)]
+        todo = [k for k in todo if k not in self._compiled and k not in self._pending]
         if not todo:
             return
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="jaxinfer-compile")
-        for b in todo:
-            self._pending[b] = pool.submit(self.compile_step, b, step_compiler_options(b), specs)
+        for b, g in todo:
+            self._pending[b, g] = pool.submit(self.compile_step, b, step_compiler_options(b), specs, g)
         pool.shutdown(wait=False)
-
-    def greedy_program(self, bucket):
-        """The greedy-only step executable of a bucket, compiled on first use (warm-up does all on GPU)."""
-        step = self._greedy.get(bucket)
-        if step is None:
-            step = self._greedy[bucket] = self.compile_step(bucket, step_compiler_options(bucket), greedy_only=True)
-        return step
 
     def _general_deferred(self, bucket) -> bool:
         """Warm-up leaves this bucket's general step program to a background compile (EAGER_GENERAL_MAX_TOKENS)."""
@@ -274,24 +267,26 @@ class ModelRunner:
         a = batch.arrays
         if (self.greedy_programs and not a["want_logprobs"].any() and bool((a["temperature"] < GREEDY_EPS).all())
                 and bool((a["penalty_slot"] < 0).all())):
-            return self.greedy_program(batch.bucket)
+            return self._step_program(batch.bucket, greedy_only=True)
         return self._step_program(batch.bucket)
 
     def _programs(self, bucket):
         """(step, prompt_logprobs) executables of a bucket, compiled on first use (warm-up does all)."""
         return self._step_program(bucket), self._prompt_program(bucket)
 
-    def _step_program(self, bucket):
-        """The step executable of a bucket, compiled on first use."""
-        step = self._compiled.get(bucket)
+    def _step_program(self, bucket, greedy_only: bool = False):
+        """The step executable of a bucket (greedy_only: the variant for all-greedy steps), compiled on first use
+        or taken from compile_in_background (waiting for it if it is still compiling)."""
+        key = (bucket, greedy_only)
+        step = self._compiled.get(key)
         if step is None:
             t0 = time.perf_counter()
-            pending = self._pending.pop(bucket, None)  # compile_in_background's, maybe still running
+            pending = self._pending.pop(key, None)  # compile_in_background's, maybe still running
             if pending is not None:
                 step = pending.result()
             else:
-                step = self.compile_step(bucket, step_compiler_options(bucket))
-            self._compiled[bucket] = step
+                step = self.compile_step(bucket, step_compiler_options(bucket), greedy_only=greedy_only)
+            self._compiled[key] = step
             log.debug("step of %d tokens / %d sequences compiled (or loaded from the cache) in %.2f s",
                       bucket.num_tokens, bucket.num_seqs, time.perf_counter() - t0)
         return step

@@ -80,13 +80,14 @@ def test_engine_greedy_program_gives_the_same_outputs():
         llm.runner.greedy_programs = greedy_programs
         res = llm.generate(prompts, sp)
         outs.append([(o.outputs[0].token_ids, o.outputs[0].cumulative_logprob) for o in res])
-        assert bool(llm.runner._greedy) == greedy_programs  # the greedy program ran (or was never built)
+        greedy_built = [k for k in llm.runner._compiled if k[1]]
+        assert bool(greedy_built) == greedy_programs  # the greedy program ran (or was never built)
     assert outs[0] == outs[1]
     r = llm.runner
     greedy = pack([SeqInput([1], 0, [1])], r.ladder.pick(1, 1), r.page_size)
     sampling = pack([SeqInput([1], 0, [1], temperature=0.7)], r.ladder.pick(1, 1), r.page_size)
     logprobs = pack([SeqInput([1], 0, [1], want_logprobs=True)], r.ladder.pick(1, 1), r.page_size)
-    assert r.step_program(greedy) is r.greedy_program(greedy.bucket)
+    assert r.step_program(greedy) is r._step_program(greedy.bucket, greedy_only=True)
     assert r.step_program(sampling) is r._programs(sampling.bucket)[0]
     assert r.step_program(logprobs) is r._programs(logprobs.bucket)[0]
 
@@ -110,6 +111,7 @@ def test_warmup_defers_large_general_programs_and_sampling_still_matches():
         large = [b for b in r.ladder.buckets if b.num_tokens > EAGER_GENERAL_MAX_TOKENS]
         assert large
         if greedy_programs:
-            assert all(b in r._pending or b in r._compiled for b in large) and all(b in r._greedy for b in large)
+            assert all((b, False) in r._pending or (b, False) in r._compiled for b in large)
+            assert all((b, True) in r._compiled for b in large)
         outs.append(llm.generate([prompt], sp)[0].outputs[0].token_ids)
     assert outs[0] == outs[1]
