@@ -53,14 +53,15 @@ def measure_matmul_rate(n: int = 8192, iters: int = 10) -> float:
     return 2 * n ** 3 * iters / (time.perf_counter() - t0)
 
 
-def build(chunk: int, seed: int = 0):
-    """Dense q/k/v [chunk, heads, D] and the same K/V scattered over shuffled pages + the packed prefill step."""
+def build(chunk: int, seed: int = 0, query_tile: int = 16):
+    """Dense q/k/v [chunk, heads, D] and the same K/V scattered over shuffled pages + the packed prefill step
+    (tiles of `query_tile` tokens: the engine's KernelConfig.query_tile of large buckets)."""
     rng = np.random.default_rng(seed)
     n_pages = math.ceil(chunk / PS)
     perm = rng.permutation(np.arange(1, n_pages + 1))  # page 0 stays the engine's reserved page
     seq = SeqInput(token_ids=[1] * chunk, start_pos=0, page_table=perm.tolist())
     ladder = BucketLadder.build(max_num_batched_tokens=max(chunk, 16), max_num_seqs=16, max_model_len=chunk + PS,
-                                page_size=PS, query_tile=16, kv_chunk_pages=min(128, n_pages + 1))
+                                page_size=PS, query_tile=query_tile, kv_chunk_pages=min(128, n_pages + 1))
     hb = pack([seq], ladder.pick(chunk, 1), PS)
     k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
     q = jax.random.normal(k1, (chunk, H, D), DTYPE)
@@ -92,6 +93,9 @@ def main():
     ap.add_argument("--inner", type=int, default=10)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--budget-s", type=float, default=150.0)
+    ap.add_argument("--variants", nargs="+", default=["16:4:4", "16:8:4", "32:4:4", "32:4:8", "64:4:8", "64:8:8"],
+                    help="kernel variants query_tile:pages_per_block:num_warps (R = query_tile x 4 q heads rows "
+                         "per program for the 8B shape)")
     ap.add_argument("--interpret", action="store_true", help="kernel in interpret mode (CPU smoke test only)")
     add_profile_arg(ap)
     a = ap.parse_args()
@@ -111,19 +115,23 @@ def main():
         q, k, v, q_pad, kp, vp, hb = build(chunk)
         ref = dense_reference(q, k, v)
         flops = 4 * (chunk * (chunk + 1) / 2) * H * D
-        md = tuple(jnp.asarray(hb.arrays[n]) for n in
-                   ("positions", "tile_tokens", "tile_seq", "tile_kv_len", "page_tables"))
-        impls = {}
-        for ppb in (1, 4, 8):
-            impls[f"kernel_p{ppb}"] = ((q_pad, kp, vp, *md), lambda x, kk, vv, *m, ppb=ppb: ragged_paged_attention(
-                x, kk, vv, *m, sm_scale=sm_scale, pages_per_block=ppb, interpret=a.interpret))
+        impls, buckets = {}, {}
+        for var in a.variants:
+            qt, ppb, nw = (int(x) for x in var.split(":"))
+            _, _, _, qp, _, _, hbv = build(chunk, query_tile=qt)
+            md = tuple(jnp.asarray(hbv.arrays[n]) for n in
+                       ("positions", "tile_tokens", "tile_seq", "tile_kv_len", "page_tables"))
+            name = f"kernel_q{qt}_p{ppb}_w{nw}"
+            buckets[name] = str(hbv.bucket)
+            impls[name] = ((qp, kp, vp, *md), lambda x, kk, vv, *m, ppb=ppb, nw=nw: ragged_paged_attention(
+                x, kk, vv, *m, sm_scale=sm_scale, pages_per_block=ppb, num_warps=nw, interpret=a.interpret))
         peers = ["cudnn", "xla"] if on_gpu else ["xla"]
         for impl in peers:
             impls[impl] = ((q[None], k[None], v[None]), lambda x, kk, vv, impl=impl: jax.nn.dot_product_attention(
                 x, kk, vv, is_causal=True, scale=sm_scale, implementation=impl))
         res = {}
         for name, (args, fn) in impls.items():
-            row = dict(chunk=chunk, impl=name, bucket=str(hb.bucket) if name.startswith("kernel") else None)
+            row = dict(chunk=chunk, impl=name, bucket=buckets.get(name))
             try:
                 timing, first = measure(fn, args, a.inner, a.reps, warmup=2)
                 us = timing["us"]

@@ -1,0 +1,178 @@
+"""Where does the device time of one engine step go? Whole-step times of the engine's own compiled programs for a
+few step shapes, each beside its FLOP / byte roofline and a same-process peer (the step's plain matmuls), and a
+per-kernel table of the device time from a jax.profiler trace of the same steps (issue 17 items 3 and 4).
+
+Step shapes (Llama-3-8B dummy weights, bf16; every token of a prefill chunk is new, context = cached tokens):
+  decode-b1       1 sequence, 1 token, context 512            (batch-1 latency: the plain-XLA gap)
+  decode-b64      64 sequences x 1 token, context 704          (the <= 7.2 ms device-only target)
+  prefill-256     1 sequence, 256 tokens after 256 cached      (TTFT's unit; issue: 9.88 ms, ~53% matmul rate)
+  prefill-2048    8 sequences x 256 tokens after 256 cached    (a large chunked-prefill step: >= 60% target)
+For each: median of --iters back-to-back calls with fresh-donated KV (device time: the host call returns at once
+since the dispatch fix), the FLOPs of the step (2 x non-embedding params x tokens + causal attention + LM head on the
+sampled rows) over the bf16 matmul rate measured first (an 8192^3 XLA dot), the weight bytes over the measured HBM
+bandwidth, and the peer: the same M through the 4 matmuls of each layer x layers + LM head as plain XLA dots.
+
+Profile table: per step shape, the device kernels' time per step grouped by XLA op name (the trace's "XLA Ops"
+line of the GPU plane), top --top. Read it as: what is neither a weight matmul nor attention is the overhead.
+
+  python benchmarks/probes/step_profile.py [--shapes decode-b1 prefill-256 ...] [--iters 20] [--no-trace]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks.common import add_engine_flags, engine_config, measure_hbm_bandwidth, write_result  # noqa: E402
+from jaxinfer import LLM  # noqa: E402
+from jaxinfer.outputs import SeqInput  # noqa: E402
+from jaxinfer.runner.batch import pack  # noqa: E402
+
+# name -> (sequences, new tokens per sequence, cached context per sequence)
+SHAPES = {"decode-b1": (1, 1, 512), "decode-b64": (64, 1, 704), "prefill-256": (1, 256, 256),
+          "prefill-2048": (8, 256, 256)}
+
+
+def matmul_rate(n: int = 8192, iters: int = 10) -> float:
+    x = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
+    f = jax.jit(lambda a: a @ a)
+    f(x).block_until_ready()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        y = f(x)
+    y.block_until_ready()
+    return 2 * n ** 3 * iters / (time.perf_counter() - t0)
+
+
+def device_op_times(trace_dir: str, steps: int) -> dict[str, float]:
+    """µs per step by XLA op name, summed over the GPU planes' "XLA Ops" lines of the trace in trace_dir."""
+    files = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+    if not files:
+        return {}
+    prof = jax.profiler.ProfileData.from_file(max(files, key=os.path.getmtime))
+    tot = collections.Counter()
+    for plane in prof.planes:
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        for line in plane.lines:
+            if line.name != "XLA Ops":
+                continue
+            for ev in line.events:
+                tot[ev.name] += ev.duration_ns / 1e3 / steps
+    return dict(tot)
+
+
+def op_family(name: str) -> str:
+    """Coarse family of an XLA op name, for the summary line."""
+    n = name.lower()
+    for key, fam in (("triton", "pallas/triton kernels"), ("gemm", "matmul (cublas/triton gemm)"),
+                     ("dot", "matmul (cublas/triton gemm)"), ("cublas", "matmul (cublas/triton gemm)"),
+                     ("scatter", "scatter"), ("gather", "gather"), ("sort", "sort/top-k"),
+                     ("reduce", "reduce"), ("fusion", "other fusions"), ("copy", "copy")):
+        if key in n:
+            return fam
+    return "other"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--top", type=int, default=14)
+    ap.add_argument("--no-trace", action="store_true")
+    add_engine_flags(ap, model="llama3-8b", load_format="dummy", max_model_len=2048, max_num_batched_tokens=2048,
+                     max_num_seqs=256, gpu_memory_utilization=0.85)
+    a = ap.parse_args()
+    gpu = jax.default_backend() == "gpu"
+    rate = matmul_rate() if gpu else matmul_rate(512, 2)
+    hbm = measure_hbm_bandwidth()
+    llm = LLM(config=engine_config(a))
+    r, cfg = llm.runner, llm.model_config
+    m = r.loaded.module()
+    lay = m.layers[0]
+    ws = [lay.attn.qkv.w[...], lay.attn.o.w[...], lay.mlp.gate_up.w[...], lay.mlp.down.w[...]]
+    layer_params = sum(int(np.prod(w.shape)) for w in ws)
+    head_params = cfg.vocab_size * cfg.hidden_size
+    weight_bytes = (layer_params * cfg.num_layers + head_params) * 2
+    print(f"bf16 matmul rate {rate / 1e12:.0f} TFLOP/s, HBM {hbm / 1e12:.2f} TB/s, weights {weight_bytes / 1e9:.2f} GB")
+
+    def mats(x, a_, b_, c_, d_):  # the layer's 4 dots at this M (slices as in the model: q|k|v, gate|up)
+        h = (x @ a_)[:, :cfg.hidden_size] @ b_
+        return h + (x @ c_)[:, :cfg.intermediate_size] @ d_
+    mats = jax.jit(mats)
+
+    rows = []
+    for name in a.shapes:
+        n_seq, n_new, ctx = SHAPES[name]
+        per = (ctx + n_new) // r.page_size + 1
+        seqs = [SeqInput(token_ids=[1] * n_new, start_pos=ctx, page_table=list(range(1 + i * per, 1 + (i + 1) * per)))
+                for i in range(n_seq)]
+        hb = pack(seqs, r.ladder.pick(n_seq * n_new, n_seq), r.page_size)
+        step = r.step_program(hb)
+        ints, floats = jax.device_put(hb.flat())
+        o, _ = r.run_compiled(step, ints, floats)
+        jax.block_until_ready(o)
+        times = []
+        for _ in range(a.iters):
+            t0 = time.perf_counter()
+            o, _ = r.run_compiled(step, ints, floats)
+            jax.block_until_ready(o)
+            times.append(time.perf_counter() - t0)
+        step_ms = float(np.median(times)) * 1e3
+        M = hb.bucket.num_tokens
+        x = jax.random.normal(jax.random.key(3), (M, cfg.hidden_size), jnp.bfloat16)
+        mats(x, *ws).block_until_ready()
+        t0 = time.perf_counter()
+        for _ in range(a.iters):
+            y = mats(x, *ws)
+        y.block_until_ready()
+        peer_ms = (time.perf_counter() - t0) / a.iters * 1e3 * cfg.num_layers
+        tokens = n_seq * n_new
+        attn_flops = 4 * cfg.num_heads * cfg.head_dim * n_seq * (n_new * ctx + n_new * (n_new + 1) / 2) * cfg.num_layers
+        flops = 2 * layer_params * cfg.num_layers * tokens + attn_flops + 2 * head_params * n_seq
+        kv_bytes = n_seq * (ctx + n_new) * cfg.num_kv_heads * cfg.head_dim * 2 * 2 * cfg.num_layers
+        floor_ms = max(flops / rate, (weight_bytes + kv_bytes) / hbm) * 1e3
+        row = dict(shape=name, bucket=str(hb.bucket), tokens=tokens, step_ms=step_ms,
+                   pct_matmul_rate=100 * flops / rate / (step_ms / 1e3),
+                   pct_hbm=100 * (weight_bytes + kv_bytes) / hbm / (step_ms / 1e3),
+                   floor_ms=floor_ms, x_floor=step_ms / floor_ms, peer_matmuls_ms_at_bucket_M=peer_ms)
+        if gpu and not a.no_trace:
+            d = tempfile.mkdtemp(prefix=f"trace-{name}-")
+            jax.profiler.start_trace(d)
+            for _ in range(5):
+                o, _ = r.run_compiled(step, ints, floats)
+            jax.block_until_ready(o)
+            jax.profiler.stop_trace()
+            ops = device_op_times(d, 5)
+            fam = collections.Counter()
+            for k, v in ops.items():
+                fam[op_family(k)] += v
+            row["device_us_per_step"] = sum(ops.values())
+            row["families_us"] = dict(fam.most_common())
+            row["top_ops_us"] = dict(collections.Counter(ops).most_common(a.top))
+        rows.append(row)
+        print(f"--- {name}: bucket {hb.bucket}")
+        print(f"  step {step_ms:.3f} ms = {row['pct_matmul_rate']:.0f}% of the matmul rate, {row['pct_hbm']:.0f}% of HBM;"
+              f" floor {floor_ms:.3f} ms (x{row['x_floor']:.2f}); peer: the layer dots at M={M} x{cfg.num_layers}"
+              f" = {peer_ms:.3f} ms")
+        if "top_ops_us" in row:
+            print(f"  traced device time {row['device_us_per_step']:.0f} µs/step; by family: "
+                  + ", ".join(f"{k} {v:.0f}" for k, v in row["families_us"].items()))
+            for k, v in row["top_ops_us"].items():
+                print(f"    {v:9.1f} µs  {k[:110]}")
+    write_result("step-profile", dict(model=a.model, matmul_tflops=rate / 1e12, hbm_tbps=hbm / 1e12,
+                                      weight_gb=weight_bytes / 1e9, rows=rows))
+
+
+if __name__ == "__main__":
+    main()
