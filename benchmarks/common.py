@@ -31,6 +31,22 @@ def git_commit() -> str:
         return os.environ.get("JAXINFER_COMMIT", "unknown")
 
 
+def measure_matmul_rate(n: int | None = None, iters: int | None = None) -> float:
+    """FLOP/s of an XLA bf16 n x n x n dot on random inputs: the practical tensor-core ceiling.
+    Defaults: 8192 x 10 on an accelerator, 512 x 2 on the CPU (a smoke run, not a figure)."""
+    cpu = jax.default_backend() == "cpu"
+    n = n or (512 if cpu else 8192)
+    iters = iters or (2 if cpu else 10)
+    x = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
+    f = jax.jit(lambda a: a @ a)
+    f(x).block_until_ready()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        y = f(x)
+    y.block_until_ready()
+    return 2 * n ** 3 * iters / (time.perf_counter() - t0)
+
+
 def measure_hbm_bandwidth(gib: float | None = None, iters: int | None = None) -> float:
     """Bytes/s of an XLA elementwise pass (read + write) over `gib` GiB: the practical memory ceiling.
     Defaults: 2 GiB x 20 passes on an accelerator, 0.125 GiB x 3 on the CPU (a smoke run, not a figure)."""

@@ -30,7 +30,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.common import add_profile_arg, start_profile, write_result  # noqa: E402
+from benchmarks.common import add_profile_arg, measure_matmul_rate, start_profile, write_result  # noqa: E402
 from benchmarks.kernels.paged_attention import measure, rel_norm  # noqa: E402
 from jaxinfer.outputs import SeqInput  # noqa: E402
 from jaxinfer.runner.batch import pack  # noqa: E402
@@ -39,18 +39,6 @@ from pallas_kernels.paged_attention.kernel import ragged_paged_attention  # noqa
 
 H, KVH, D, PS = 32, 8, 128, 16
 DTYPE = jnp.bfloat16
-
-
-def measure_matmul_rate(n: int = 8192, iters: int = 10) -> float:
-    """FLOP/s of an XLA bf16 n x n x n dot: the practical tensor-core ceiling."""
-    x = jnp.ones((n, n), DTYPE)
-    f = jax.jit(lambda a: a @ a)
-    f(x).block_until_ready()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        y = f(x)
-    y.block_until_ready()
-    return 2 * n ** 3 * iters / (time.perf_counter() - t0)
 
 
 def build(chunk: int, seed: int = 0, query_tile: int = 16):
@@ -102,7 +90,7 @@ def main():
     start_profile(a.profile)
     t_start = time.perf_counter()
     on_gpu = jax.default_backend() == "gpu"
-    rate = measure_matmul_rate(8192 if on_gpu else 512, 10 if on_gpu else 2)
+    rate = measure_matmul_rate()
     print(f"jax {jax.__version__} on {jax.devices()[0]}; bf16 matmul rate {rate / 1e12:.0f} TFLOP/s", flush=True)
     print(f"{'chunk':>5} {'impl':<14} {'us':>9} {'TFLOP/s':>8} {'%mm':>6} {'x cudnn':>8} {'rel_err':>9}", flush=True)
     rows = []

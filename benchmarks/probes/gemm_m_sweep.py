@@ -25,7 +25,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.common import measure_hbm_bandwidth, write_result  # noqa: E402
+from benchmarks.common import measure_hbm_bandwidth, measure_matmul_rate, write_result  # noqa: E402
 
 SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096),
           "lm_head": (4096, 128256)}
@@ -51,9 +51,7 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     a = ap.parse_args()
     gpu = jax.default_backend() == "gpu"
-    n = 8192 if gpu else 256
-    x = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
-    rate = 2 * n ** 3 / timed(jax.jit(lambda x: x @ x), (x,), 5)
+    rate = measure_matmul_rate()
     hbm = measure_hbm_bandwidth()
     print(f"bf16 matmul rate {rate / 1e12:.0f} TFLOP/s, HBM {hbm / 1e12:.2f} TB/s")
     rows = []

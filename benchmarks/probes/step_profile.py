@@ -7,10 +7,10 @@ Step shapes (Llama-3-8B dummy weights, bf16; every token of a prefill chunk is n
   decode-b64      64 sequences x 1 token, context 704          (the <= 7.2 ms device-only target)
   prefill-256     1 sequence, 256 tokens after 256 cached      (TTFT's unit; issue: 9.88 ms, ~53% matmul rate)
   prefill-2048    8 sequences x 256 tokens after 256 cached    (a large chunked-prefill step: >= 60% target)
-For each: median of --iters back-to-back calls with fresh-donated KV (device time: the host call returns at once
-since the dispatch fix), the FLOPs of the step (2 x non-embedding params x tokens + causal attention + LM head on the
+For each: the mean of --iters back-to-back calls (device time: the host call returns at once since the dispatch
+fix) beside the median of --iters single calls each waited for (call + wait), the FLOPs of the step (2 x non-embedding params x tokens + causal attention + LM head on the
 sampled rows) over the bf16 matmul rate measured first (an 8192^3 XLA dot), the weight bytes over the measured HBM
-bandwidth, and the peer: the same M through the 4 matmuls of each layer x layers + LM head as plain XLA dots.
+bandwidth, and the peer: the same M through the 4 matmuls of one layer as plain XLA dots, x layers (no LM head).
 
 Profile table: per step shape, the device kernels' time per step grouped by XLA op name (the trace's "XLA Ops"
 line of the GPU plane), top --top. Read it as: what is neither a weight matmul nor attention is the overhead.
@@ -33,7 +33,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.common import add_engine_flags, engine_config, measure_hbm_bandwidth, write_result  # noqa: E402
+from benchmarks.common import (add_engine_flags, engine_config, measure_hbm_bandwidth, measure_matmul_rate,  # noqa: E402
+                               write_result)
 from jaxinfer import LLM  # noqa: E402
 from jaxinfer.outputs import SeqInput  # noqa: E402
 from jaxinfer.runner.batch import pack  # noqa: E402
@@ -41,17 +42,6 @@ from jaxinfer.runner.batch import pack  # noqa: E402
 # name -> (sequences, new tokens per sequence, cached context per sequence)
 SHAPES = {"decode-b1": (1, 1, 512), "decode-b64": (64, 1, 704), "prefill-256": (1, 256, 256),
           "prefill-2048": (8, 256, 256)}
-
-
-def matmul_rate(n: int = 8192, iters: int = 10) -> float:
-    x = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
-    f = jax.jit(lambda a: a @ a)
-    f(x).block_until_ready()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        y = f(x)
-    y.block_until_ready()
-    return 2 * n ** 3 * iters / (time.perf_counter() - t0)
 
 
 def device_op_times(trace_dir: str, steps: int) -> tuple[dict[str, float], list[str]]:
@@ -94,7 +84,7 @@ def main():
                      max_num_seqs=256, gpu_memory_utilization=0.85)
     a = ap.parse_args()
     gpu = jax.default_backend() == "gpu"
-    rate = matmul_rate() if gpu else matmul_rate(512, 2)
+    rate = measure_matmul_rate()
     hbm = measure_hbm_bandwidth()
     llm = LLM(config=engine_config(a))
     r, cfg = llm.runner, llm.model_config
