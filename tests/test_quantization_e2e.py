@@ -261,3 +261,30 @@ def test_orbax_checkpoint_quantized_on_load(tiny_llama_dir, float_llm, tmp_path)
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     with pytest.raises(ValueError, match="saving a quantized model \\(int8\\) is not supported"):
         a.save(str(tmp_path / "again"))
+
+
+def test_xla_nk_backend_in_engine(tiny_llama_dir, float_llm, monkeypatch):
+    """quantized_matmul='xla-nk' (int8 [out, in] weights) through the loader and the engine: with every weight
+    below LARGE_WEIGHT (the tiny model's are) the numerics are weight-only int8, so prompt log-probs equal the
+    'reference' int8 model's to float32 rounding and greedy continuations agree; with LARGE_WEIGHT = 1 every
+    projection runs W8A8 and stays within the w8a8 bound of the float model."""
+    from jaxinfer.models import quant_paths
+
+    ref = jaxinfer.LLM(tiny_llama_dir, quantization="int8", quantized_matmul="reference", **OPTS)
+    nk = jaxinfer.LLM(tiny_llama_dir, quantization="int8", quantized_matmul="xla-nk", **OPTS)
+    down = nk.model.module().layers[0].mlp.down
+    assert down.backend == "xla-nk" and down.q[...].shape == (down.scale[...].shape[0], down.q[...].shape[1])
+    np.testing.assert_array_equal(np.asarray(down.q[...]).T,
+                                  np.asarray(ref.model.module().layers[0].mlp.down.q[...]))
+    prompt = _prompt()
+    np.testing.assert_allclose(_prompt_logprobs(nk, prompt), _prompt_logprobs(ref, prompt), atol=1e-4, rtol=0)
+    prompts = [_prompt(seed=s, n=10) for s in range(2)]
+    assert _greedy(nk, prompts, n=4) == _greedy(ref, prompts, n=4)
+    monkeypatch.setattr(quant_paths, "LARGE_WEIGHT", 1)
+    w8a8 = jaxinfer.LLM(tiny_llama_dir, quantization="int8", quantized_matmul="xla-nk", **OPTS)
+    prompt = _prompt(n=120)
+    want, got = _prompt_logprobs(float_llm, prompt), _prompt_logprobs(w8a8, prompt)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.04
+    np.testing.assert_allclose(
+        got, _prompt_logprobs(jaxinfer.LLM(tiny_llama_dir, quantization="int8", quantized_matmul="w8a8", **OPTS),
+                              prompt), atol=1e-4, rtol=0)

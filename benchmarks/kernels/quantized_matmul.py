@@ -78,8 +78,13 @@ def _families():
         L = quantized_leaves(w, i8, jnp.bfloat16)
         return {"q": jnp.asarray(L["q"].T), "scale": L["scale"]}
 
+    def int4_native_nk(w):  # q int4 [N, K], scale / offset [N, G]: K contiguous, as int8_nk
+        L = quantized_leaves(w, i4, jnp.bfloat16, layout="native")
+        return {k: jnp.asarray(v.T) for k, v in L.items()}
+
     return {
         "bf16": (lambda w: {"w": w.astype(jnp.bfloat16)}, nbytes),
+        "int4_native_nk": (int4_native_nk, nbytes),
         "fp8": (lambda w: quantized_leaves(w, f8, jnp.bfloat16), nbytes),
         "int8_kn": (lambda w: quantized_leaves(w, i8, jnp.bfloat16), nbytes),
         "int8_nk": (int8_nk, nbytes),
@@ -108,11 +113,11 @@ def variants(interpret: bool):
         "int8_w8a8_kn": ("int8_kn", lambda x, w: qf.int8_w8a8_xla(x, w["q"], w["scale"]), "w8a8",
                          ("int8", "w8a8")),
         "int8_w8a8_nk": ("int8_nk", lambda x, w: qf.int8_w8a8_xla(x, w["q"], w["scale"], layout="nk"), "w8a8",
-                         None),
+                         ("int8nk", "w8a8-nk")),
         "int8_mixed_nk": ("int8_nk", lambda x, w: qf.int8_mixed_xla(x, w["q"], w["scale"], layout="nk"), "int8",
-                          None),
+                          ("int8nk", "mixed-nk")),
         "int8_convert_nk": ("int8_nk", lambda x, w: qf.int8_convert_xla(x, w["q"], w["scale"], layout="nk"),
-                            "int8", None),
+                            "int8", ("int8nk", "convert-nk")),
         "int4_pallas": ("int4_packed", lambda x, w: qk.int4_matmul(x, w["q"], w["scale"], w["offset"],
                                                                    group_size=g, interpret=interpret),
                         "int4", ("int4", "pallas")),
@@ -123,15 +128,30 @@ def variants(interpret: bool):
         "int4n_grouped_mixed": ("int4_native", lambda x, w: qf.int4_native_grouped_xla(
             x, w["q"], w["scale"], w.get("offset"), group_size=g, mixed=True), "int4n",
             ("int4n", "int4-grouped-mixed")),
+        "int4n_dequant_nk": ("int4_native_nk", lambda x, w: _int4_nk_dequant(x, w, g), "int4n", None),
         "int4_xla_packed": ("int4_packed", lambda x, w: qx.int4_matmul_xla(x, w["q"], w["scale"], w["offset"],
                                                                            group_size=g), "int4", ("int4", "xla")),
     }
+
+
+def _int4_nk_dequant(x, w, g):
+    """Experiment (not an engine path yet): native int4 [N, K] weights, the dequantization (q * scale + offset per
+    group along K) as the dot's operand prologue, contracted over the contiguous K."""
+    N, K = w["q"].shape
+    deq = w["q"].astype(x.dtype).reshape(N, K // g, g) * w["scale"][:, :, None]
+    if w.get("offset") is not None:
+        deq = deq + w["offset"][:, :, None]
+    y = jax.lax.dot_general(x, deq.reshape(N, K), (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    return y.astype(x.dtype)
 
 
 def reference(kind, fam, x, w):
     from pallas_kernels.quantized_matmul import reference as qr
 
     f32 = jnp.float32
+    if fam == "int4_native_nk":
+        w = {k: v.T for k, v in w.items()}
+        fam = "int4_native"
     q = w.get("q")
     if fam.endswith("_nk"):  # compare in the [K, N] layout of the references
         q = q.T
@@ -285,12 +305,18 @@ def run_configs(a, configs, result_name, t_start) -> list[dict]:
 def suggest(rows) -> dict:
     """Per M: geomean speed-up vs bf16 over the shapes measured, for each variant the model can run; the winners
     of each layout as quant_paths.PATHS rows, and whether int4 should move to the native layout."""
+    from jaxinfer.models.quant_paths import LARGE_WEIGHT
+
     by = {}
     for r in rows:
         if r.get("speedup_vs_bf16") and r.get("path"):
-            by.setdefault((tuple(r["path"]), r["M"]), []).append(r["speedup_vs_bf16"])
+            lay = r["path"][0]
+            if lay == "int8nk":  # the 'xla-nk' backend has one table per weight size class
+                lay += "-large" if r["K"] * r["N"] >= LARGE_WEIGHT else "-small"
+            by.setdefault(((lay, r["path"][1]), r["M"]), []).append(r["speedup_vs_bf16"])
     geo = {k: float(np.exp(np.mean(np.log(v)))) for k, v in by.items()}
-    layouts = {("int8", "auto"): "int8", ("int4", "auto"): "int4", ("int4", "xla-int4"): "int4n"}
+    layouts = {("int8", "auto"): "int8", ("int4", "auto"): "int4", ("int4", "xla-int4"): "int4n",
+               ("int8", "xla-nk"): "int8nk-small", ("int8", "xla-nk", "large"): "int8nk-large"}
     out = {"geomean_speedup": {f"{p[0]}:{p[1]}@M={m}": s for (p, m), s in sorted(geo.items())}}
     for table_key, layout in layouts.items():
         ms = sorted({m for (p, m) in geo if p[0] == layout})

@@ -55,14 +55,14 @@ def resolve_backend(spec: QuantSpec, platform: str | None = None) -> str:
 
 def weight_layout(spec: QuantSpec, platform: str | None = None) -> str:
     """The device layout of this spec's QuantLinear leaves: int4 'native' (jnp.int4 [K, N]) or 'packed'
-    (uint8 [K/2, N]); int8 'kn'; fp8 'nk'."""
+    (uint8 [K/2, N]); int8 'kn' ('nk' for 'xla-nk'); fp8 'nk'."""
     return quant_paths.weight_layout_of(spec.method, resolve_backend(spec, platform))
 
 
 class QuantLinear(nnx.Module):
     """y = x @ dequantize(W) (+ b), W quantized in one of the layouts of quantized_matmul/reference.py.
 
-    Leaves: q (int8 [in, out] | packed uint8 [in/2, out] | int4 [in, out] | e4m3 [out, in]), scale, offset
+    Leaves: q (int8 [in, out] | int8 [out, in] ('xla-nk') | packed uint8 [in/2, out] | int4 [in, out] | e4m3 [out, in]), scale, offset
     (int4 only; none for symmetric weights in the native int4 layout), b.
     `backend` is static (resolve_backend); with 'auto' / 'xla-int4' the path is picked per call from the
     static token count M (models/quant_paths.py).
@@ -80,7 +80,11 @@ class QuantLinear(nnx.Module):
             log.info("%s [%d, %d]: shape not supported by the Pallas kernel; using the XLA path", name, K, N)
             backend = "xla" if backend == "pallas" else "reference"
         self.backend = backend
-        if spec.method == "int8":
+        if spec.method == "int8" and quant_paths.weight_layout_of("int8", backend) == "nk":
+            self.q = nnx.Param(jnp.zeros((N, K), jnp.int8), logical_axes=(ax_out, ax_in))
+            self.scale = nnx.Param(jnp.zeros((N,), jnp.float32), logical_axes=(ax_out,))
+            self.offset = None
+        elif spec.method == "int8":
             self.q = nnx.Param(jnp.zeros((K, N), jnp.int8), logical_axes=(ax_in, ax_out))
             self.scale = nnx.Param(jnp.zeros((N,), jnp.float32), logical_axes=(ax_out,))
             self.offset = None

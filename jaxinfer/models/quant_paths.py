@@ -10,6 +10,10 @@ Model backends (the `quantized_matmul` option after quant.resolve_backend) and t
   'xla'                      XLA dequantize + dot at every M                            int8 [K, N] / int4 packed
   'w8a8'                     int8 only: W8A8 through XLA's int8 dot at every M (activations quantized per token:
                              different numerics from weight-only int8)                  int8 [K, N]
+  'xla-nk'                   int8 only: int8 [N, K] weights (K contiguous, like fp8's); the formulation per weight
+                             size and M from PATHS[('int8', 'xla-nk')] (weights of fewer than LARGE_WEIGHT
+                             elements) / PATHS[('int8', 'xla-nk', 'large')]: W8A8 on the large ones (different
+                             numerics from weight-only int8, bounded in benchmarks/quality.py)      int8 [N, K]
   'xla-int4'                 int4 only: XLA-native int4 [K, N] (packed s4) weights; the formulation per M from
                              PATHS[('int4', 'xla-int4')]                                int4 native
   'auto'                     the GPU default for int8 / int4: PATHS[(method, 'auto')] picks per M among the
@@ -34,12 +38,22 @@ PATHS = {
     ("int8", "auto"): ((ANY_M, "xla"),),
     ("int4", "auto"): ((ANY_M, "pallas"),),
     ("int4", "xla-int4"): ((16, "int4-grouped"), (ANY_M, "int4-dequant")),
+    # int8 [N, K], same sweep (speed-up vs bf16 at M=1 / 16): qkv mixed 1.55 / convert 1.18, o convert 1.21 / 0.88;
+    # the large projections W8A8: gate_up 1.96 / 1.55 (1.36 at M=256), down 1.32 / 1.41, lm_head 1.87 / 1.62.
+    ("int8", "xla-nk"): ((1, "mixed-nk"), (ANY_M, "convert-nk")),
+    ("int8", "xla-nk", "large"): ((ANY_M, "w8a8-nk"),),
 }
+# Weights of at least this many elements take the 'large' table: 32M int8 weights are 32 MB, so past it a weight
+# no longer sits in the 50 MB L2 beside the activations (the 8B shapes: qkv 25M and o 17M below, down 59M,
+# gate_up 117M and lm_head 525M above), and the per-token activation quantization (one small fusion) is worth
+# the int8 GEMM's bandwidth.
+LARGE_WEIGHT = 32 << 20
 GPU_DEFAULT = {"int8": "auto", "int4": "auto", "fp8": "xla"}
 
 # Paths each weight layout can run (a table row naming another layout's path is an error, check_tables).
 LAYOUT_PATHS = {
     ("int8", "kn"): ("reference", "pallas", "pallas-interpret", "xla", "xla-mixed", "w8a8"),
+    ("int8", "nk"): ("reference-nk", "convert-nk", "mixed-nk", "w8a8-nk"),
     ("int4", "packed"): ("reference", "pallas", "pallas-interpret", "xla"),
     ("int4", "native"): ("reference-native", "int4-dequant", "int4-grouped", "int4-grouped-mixed"),
 }
@@ -47,10 +61,12 @@ LAYOUT_PATHS = {
 
 def weight_layout_of(method: str, backend: str) -> str:
     """The device layout a resolved model backend runs on: int4 'native' for 'xla-int4', else int4 'packed';
-    int8 'kn'; fp8 'nk' (e4m3 [N, K])."""
+    int8 'nk' for 'xla-nk', else 'kn'; fp8 'nk' (e4m3 [N, K])."""
     if method == "int4":
         return "native" if backend == "xla-int4" else "packed"
-    return "kn" if method == "int8" else "nk"
+    if method == "int8":
+        return "nk" if backend == "xla-nk" else "kn"
+    return "nk"
 
 
 def path_for(method: str, backend: str, M: int, K: int | None = None, N: int | None = None,
@@ -61,6 +77,9 @@ def path_for(method: str, backend: str, M: int, K: int | None = None, N: int | N
         return "reference" if backend == "reference" else "xla"
     if backend == "xla-int4":
         path = _lookup(PATHS[("int4", "xla-int4")], M)
+    elif backend == "xla-nk":
+        large = K is not None and N is not None and K * N >= LARGE_WEIGHT
+        path = _lookup(PATHS[("int8", "xla-nk", "large") if large else ("int8", "xla-nk")], M)
     elif backend == "auto":
         path = _lookup(PATHS[(method, "auto")], M)
     elif backend == "reference" and method == "int4":
@@ -81,14 +100,14 @@ def _lookup(rows, M: int) -> str:
 
 def check_tables():
     """Every table row names a path of its backend's layout, and ends with an ANY_M row (ValueError if not)."""
-    for (method, backend), rows in PATHS.items():
+    for (method, backend, *_), rows in PATHS.items():
         allowed = LAYOUT_PATHS[(method, weight_layout_of(method, backend))]
         bad = [p for _, p in rows if p not in allowed]
         if bad:
-            raise ValueError(f"PATHS[{(method, backend)}] names {bad}, not paths of the {method} "
+            raise ValueError(f"PATHS[{(method, backend, *_)}] names {bad}, not paths of the {method} "
                              f"{weight_layout_of(method, backend)} layout {allowed}")
         if rows[-1][0] < ANY_M or list(rows) != sorted(rows):
-            raise ValueError(f"PATHS[{(method, backend)}] must be sorted by max_m and end with ANY_M, got {rows}")
+            raise ValueError(f"PATHS[{(method, backend, *_)}] must be sorted by max_m and end with ANY_M, got {rows}")
 
 
 def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, backend="reference",
@@ -96,12 +115,20 @@ def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, 
     """One entry point over every implementation (see the module docstring); x [..., K] -> [..., N]."""
     M = x.size // x.shape[-1]
     K = x.shape[-1]
-    N = q.shape[0] if method == "fp8" else q.shape[-1]
+    nk = method == "fp8" or (method == "int8" and weight_layout_of("int8", backend) == "nk")
+    N = q.shape[0] if nk else q.shape[-1]
     path = path_for(method, backend, M, K, N, group_size)
     if method == "fp8":
         fn = qmm_ref.fp8_matmul_reference if path == "reference" else qmm_xla.fp8_matmul_xla
         return fn(x, q, scale, out_dtype=out_dtype)
-    if method == "int8":
+    if method == "int8" and nk:
+        if path == "reference-nk":
+            return qmm_ref.int8_matmul_reference(x, q.T, scale, out_dtype=out_dtype)
+        if path in ("convert-nk", "mixed-nk", "w8a8-nk"):
+            fn = {"convert-nk": qmm_fused.int8_convert_xla, "mixed-nk": qmm_fused.int8_mixed_xla,
+                  "w8a8-nk": qmm_fused.int8_w8a8_xla}[path]
+            return fn(x, q, scale, layout="nk", out_dtype=out_dtype)
+    elif method == "int8":
         if path == "reference":
             return qmm_ref.int8_matmul_reference(x, q, scale, out_dtype=out_dtype)
         if path == "xla":

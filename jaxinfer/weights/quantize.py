@@ -96,8 +96,8 @@ def quantize_rtn(w, method: str, *, group_size: int | None = None, symmetric: bo
 @functools.partial(jax.jit, static_argnames=("method", "group_size", "dtype", "layout"))
 def _device_leaves(q, scale, zero, *, method: str, group_size: int | None, dtype, layout: str = "packed"):
     """(q, scale, zero) in QuantizedTensor conventions -> the QuantLinear leaves (reference.py layouts).
-    layout (int4 only): 'packed' (uint8 [K/2, N], the Pallas kernel's) or 'native' (int4 [K, N], XLA's packed s4;
-    no offset leaf for symmetric weights: W = q * scale)."""
+    layout: int4 'packed' (uint8 [K/2, N], the Pallas kernel's) or 'native' (int4 [K, N], XLA's packed s4;
+    no offset leaf for symmetric weights: W = q * scale); int8 'kn' ([K, N]) or 'nk' ([N, K], backend 'xla-nk')."""
     if method == "int4" and layout == "native":
         scale = scale.astype(jnp.float32)
         if zero is None:
@@ -106,7 +106,8 @@ def _device_leaves(q, scale, zero, *, method: str, group_size: int | None, dtype
         offset = (8.0 - zero.astype(jnp.float32)) * scale
         return {"q": q4, "scale": scale.astype(dtype), "offset": offset.astype(dtype)}
     if method == "int8":
-        return {"q": q.astype(jnp.int8), "scale": scale.astype(jnp.float32)}
+        q8 = q.astype(jnp.int8)
+        return {"q": q8.T if layout == "nk" else q8, "scale": scale.astype(jnp.float32)}
     if method == "fp8":
         return {"q": q.astype(qmm_ref.FP8).T, "scale": scale.astype(jnp.float32)}
     scale = scale.astype(jnp.float32)
@@ -270,13 +271,15 @@ class Quantizer:
 
     def input_sharding(self, path: tuple):
         """The sharding the float value at `path` has before `put` (None without a plan): a quantized module's
-        float weight [in, out] is split like its q (fp8's q is [out, in]: reversed)."""
+        float weight [in, out] is split like its q (fp8's and 'xla-nk' int8's q are [out, in]: reversed)."""
         if self.place is None:
             return None
         module, leaf = path[:-1], path[-1]
         if module in self.modules and leaf == "w":
             q = self.place.shardings[module + ("q",)]
-            return q if self._spec(module).method != "fp8" else type(q)(q.mesh, type(q.spec)(*tuple(q.spec)[::-1]))
+            if weight_layout(self._spec(module)) != "nk":
+                return q
+            return type(q)(q.mesh, type(q.spec)(*tuple(q.spec)[::-1]))
         return self.place.shardings[path]
 
     def put(self, path: tuple, value) -> dict[tuple, Any]:

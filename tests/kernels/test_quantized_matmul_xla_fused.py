@@ -204,3 +204,48 @@ def test_backend_method_mismatch_is_a_clear_error():
         parse_quantization("int4", backend="w8a8")
     with pytest.raises(QuantizationError, match="'xla-int4' is for int4 models only"):
         parse_quantization("fp8", backend="xla-int4")
+
+
+# ---- the int8 [N, K] backend 'xla-nk' -----------------------------------------------------------------------
+def test_xla_nk_table_picks_by_weight_size_and_m(monkeypatch):
+    """Small weights take PATHS[('int8', 'xla-nk')] by M, weights of >= LARGE_WEIGHT elements the 'large' table."""
+    monkeypatch.setitem(quant_paths.PATHS, ("int8", "xla-nk"), ((1, "mixed-nk"), (quant_paths.ANY_M, "convert-nk")))
+    monkeypatch.setitem(quant_paths.PATHS, ("int8", "xla-nk", "large"), ((16, "w8a8-nk"),
+                                                                        (quant_paths.ANY_M, "convert-nk")))
+    monkeypatch.setattr(quant_paths, "LARGE_WEIGHT", 4096 * 6144 + 1)
+    quant_paths.check_tables()
+    pick = lambda M, K, N: quant_paths.path_for("int8", "xla-nk", M, K=K, N=N)  # noqa: E731
+    assert [pick(m, 4096, 6144) for m in (1, 2, 16)] == ["mixed-nk", "convert-nk", "convert-nk"]
+    assert [pick(m, 4096, 28672) for m in (1, 16, 17, 2048)] == ["w8a8-nk", "w8a8-nk", "convert-nk", "convert-nk"]
+    assert quant_paths.weight_layout_of("int8", "xla-nk") == "nk" and quant_paths.weight_layout_of("int8", "xla") == "kn"
+    monkeypatch.setitem(quant_paths.PATHS, ("int8", "xla-nk", "large"), ((quant_paths.ANY_M, "xla"),))
+    with pytest.raises(ValueError, match="not paths of the int8 nk layout"):
+        quant_paths.check_tables()
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_quant_linear_xla_nk(monkeypatch, large):
+    """QuantLinear(backend='xla-nk'): q is int8 [N, K] (the transpose of the 'kn' leaves of the same weights) and
+    the output is the weight-only int8 reference for small weights, the W8A8 reference for large ones, at M on
+    both sides of the small table's switch; both within the int8 bound of the float weights."""
+    K, N = 200, 72                                                   # not multiples of any tile
+    monkeypatch.setattr(quant_paths, "LARGE_WEIGHT", 1 if large else K * N + 1)
+    spec = parse_quantization("int8", backend="xla-nk")
+    lin = QuantLinear(K, N, bias=False, dtype=jnp.float32, spec=spec, backend="xla-nk")
+    w = _weights(K, N, seed=3)
+    qt = quantize_rtn(w, "int8")
+    kn = tensor_leaves(qt, jnp.float32, layout="kn")
+    nk = tensor_leaves(qt, jnp.float32, layout="nk")
+    assert lin.q.shape == (N, K) and nk["q"].shape == (N, K) and nk["q"].dtype == jnp.int8
+    np.testing.assert_array_equal(np.asarray(nk["q"]), np.asarray(kn["q"]).T)
+    for k, v in nk.items():
+        getattr(lin, k)[...] = v
+    for M in (1, 5, 64):
+        x = _x(M, K, jnp.float32, seed=M)
+        got = lin(x)
+        if large:
+            ref = qr.int8_w8a8_matmul_reference(x, kn["q"], kn["scale"])
+        else:
+            ref = qr.int8_matmul_reference(x, kn["q"], kn["scale"])
+        assert _rel(got, ref) < 1e-5
+        assert _rel(got, np.asarray(x, np.float64) @ w) < (0.03 if large else 0.02)

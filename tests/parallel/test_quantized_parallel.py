@@ -57,9 +57,10 @@ def _leaves(llm, replica=0):
     return {tuple(p): v[...] for p, v in state if p[-1] in ("q", "scale", "offset")}
 
 
-def _check_sharded_like_single_device(one, par, replica=0):
+def _check_sharded_like_single_device(one, par, replica=0, q_out_in=False):
     """Every quantized leaf of `par` equals the single-device leaf after the TP re-layout, and each device holds
-    exactly its block (its addressable shard shapes are the global shape divided along the split axis)."""
+    exactly its block (its addressable shard shapes are the global shape divided along the split axis).
+    q_out_in: the int8 q leaves are [out, in] ('xla-nk'), like fp8's."""
     lay = par.model.layout
     tp = par.config.parallel.tensor_parallel_size
     a, b = _leaves(one), _leaves(par, replica)
@@ -69,7 +70,7 @@ def _check_sharded_like_single_device(one, par, replica=0):
         y = b[path]
         w_path = path[:-1] + ("w",)
         want = np.asarray(x)
-        if x.dtype == jax.numpy.float8_e4m3fn:  # fp8 q is [out, in]: re-layout the output axis
+        if x.dtype == jax.numpy.float8_e4m3fn or (q_out_in and path[-1] == "q"):  # q [out, in]: the output axis
             want = relayout_for_tp(w_path, want.T, lay).T
         elif want.ndim:
             want = relayout_for_tp(w_path, want, lay)
@@ -205,6 +206,20 @@ def test_w8a8_under_tp(few_kv16_dir):
     assert par.model.module().layers[0].mlp.down.backend == "w8a8"
     _assert_same(_results(par), _results(one))
     _check_sharded_like_single_device(one, par)
+
+
+def test_xla_nk_int8_under_tp(few_kv16_dir):
+    """int8 in the [out, in] layout ('xla-nk'): the leaves are sharded by their swapped logical axes (as fp8's)
+    and the TP=2 model gives the single-device model's results."""
+    from jaxinfer import LLM
+
+    one = LLM(few_kv16_dir, quantization="int8", quantized_matmul="xla-nk", **ENGINE_OPTIONS)
+    par = LLM(few_kv16_dir, quantization="int8", quantized_matmul="xla-nk", tensor_parallel_size=2,
+              **ENGINE_OPTIONS)
+    down = par.model.module().layers[0].mlp.down
+    assert down.backend == "xla-nk" and down.q[...].shape[0] == down.scale[...].shape[0]
+    _assert_same(_results(par), _results(one))
+    _check_sharded_like_single_device(one, par, q_out_in=True)
 
 
 @pytest.mark.parametrize("tp,dp", [(2, 1), (1, 2)])
