@@ -90,10 +90,15 @@ def main():
     r, cfg = llm.runner, llm.model_config
     m = r.loaded.module()
     lay = m.layers[0]
-    ws = [lay.attn.qkv.w[...], lay.attn.o.w[...], lay.mlp.gate_up.w[...], lay.mlp.down.w[...]]
+    def float_weight(lin):  # the peer's bf16 [in, out] weight (a quantized layer: zeros of its float shape)
+        if hasattr(lin, "w"):
+            return lin.w[...]
+        q, N = lin.q[...], lin.scale[...].shape[-1]          # every layout's scale ends in the output dim N
+        return jnp.zeros((q.size * (2 if q.dtype == jnp.uint8 else 1) // N, N), jnp.bfloat16)
+    ws = [float_weight(x) for x in (lay.attn.qkv, lay.attn.o, lay.mlp.gate_up, lay.mlp.down)]
     layer_params = sum(int(np.prod(w.shape)) for w in ws)
     head_params = cfg.vocab_size * cfg.hidden_size
-    weight_bytes = (layer_params * cfg.num_layers + head_params) * 2
+    weight_bytes = llm.model.num_bytes - cfg.vocab_size * cfg.hidden_size * 2   # less the embedding (not read)
     print(f"bf16 matmul rate {rate / 1e12:.0f} TFLOP/s, HBM {hbm / 1e12:.2f} TB/s, weights {weight_bytes / 1e9:.2f} GB")
 
     def mats(x, a_, b_, c_, d_):  # the layer's 4 dots at this M (slices as in the model: q|k|v, gate|up)
