@@ -8,7 +8,8 @@ KV cache dtype and weights a request really uses. CPU figures are valid (quality
 
 Targets (issue 7): weights int8 <= +1%, fp8 <= +2%, int4 (RTN, group 128) <= +8% and AWQ better than RTN;
 KV fp8 <= +1% (int8 KV held to the same). Weight settings: any LLM(quantization=...) value ('int8', 'fp8',
-'int4-g64', 'gguf' = the GGUF file's own Q4 weights kept quantized, ...), plus 'awq-g<N>': AWQ scales searched on
+'int4-g64', 'gguf' = the GGUF file's own Q4 weights kept quantized, ...; 'method:backend' also sets
+quantized_matmul, e.g. 'int8:w8a8' = W8A8 on every projection), plus 'awq-g<N>': AWQ scales searched on
 the shipped calibration text (jaxinfer/weights/awq.py) on the float32 model, folded, RTN-quantized (int4 with zero
 points, group N) and loaded into an 'int4-gN-asym' engine in place of its RTN weights. A setting the model cannot
 take (e.g. 'int4' = group 128 on a 576-wide model) is recorded as a row with its error.
@@ -82,7 +83,10 @@ def measure(model, dtype, kv, quant, ids, prompts, new_tokens, max_len, calib_id
                   max_num_seqs=32, num_pages=(max_len // 16 + 2) + len(prompts) * 8, warmup=False, progress=False)
     awq_group = int(quant[len("awq-g"):]) if quant and quant.startswith("awq-g") else None
     if quant:
-        kwargs["quantization"] = f"int4-g{awq_group}-asym" if awq_group else quant
+        method, _, backend = quant.partition(":")        # 'int8:w8a8': quantization='int8', quantized_matmul='w8a8'
+        kwargs["quantization"] = f"int4-g{awq_group}-asym" if awq_group else method
+        if backend:
+            kwargs["quantized_matmul"] = backend
     t0 = time.perf_counter()
     llm = LLM(model, **kwargs)
     extra = load_awq(llm, model, awq_group, calib_ids) if awq_group else {}
@@ -144,7 +148,7 @@ def main():
             row["greedy_match_fraction"] = sum(g == b for g, b in zip(greedy, base_greedy)) / len(prompts)
             row["mean_common_prefix_tokens"] = float(np.mean([_common_prefix(g, b) for g, b in
                                                               zip(greedy, base_greedy)]))
-            target = None if name.startswith("int4") and name != "int4" else TARGETS.get((what, name.split("-")[0]))
+            target = None if name.startswith("int4") and name != "int4" else TARGETS.get((what, name.split(":")[0].split("-")[0]))
             if target is not None:
                 row["target_increase"] = target
                 row["met"] = row["increase"] <= target

@@ -266,8 +266,8 @@ def test_orbax_checkpoint_quantized_on_load(tiny_llama_dir, float_llm, tmp_path)
 def test_xla_nk_backend_in_engine(tiny_llama_dir, float_llm, monkeypatch):
     """quantized_matmul='xla-nk' (int8 [out, in] weights) through the loader and the engine: with every weight
     below LARGE_WEIGHT (the tiny model's are) the numerics are weight-only int8, so prompt log-probs equal the
-    'reference' int8 model's to float32 rounding and greedy continuations agree; with LARGE_WEIGHT = 1 every
-    projection runs W8A8 and stays within the w8a8 bound of the float model."""
+    'reference' int8 model's to float32 rounding and greedy continuations agree; with LARGE_WEIGHT = 1 and a
+    W8A8 'large' table every projection takes that table: the 'w8a8' backend's results, within its float bound."""
     from jaxinfer.models import quant_paths
 
     ref = jaxinfer.LLM(tiny_llama_dir, quantization="int8", quantized_matmul="reference", **OPTS)
@@ -281,6 +281,7 @@ def test_xla_nk_backend_in_engine(tiny_llama_dir, float_llm, monkeypatch):
     prompts = [_prompt(seed=s, n=10) for s in range(2)]
     assert _greedy(nk, prompts, n=4) == _greedy(ref, prompts, n=4)
     monkeypatch.setattr(quant_paths, "LARGE_WEIGHT", 1)
+    monkeypatch.setitem(quant_paths.PATHS, ("int8", "xla-nk", "large"), ((quant_paths.ANY_M, "w8a8-nk"),))
     w8a8 = jaxinfer.LLM(tiny_llama_dir, quantization="int8", quantized_matmul="xla-nk", **OPTS)
     prompt = _prompt(n=120)
     want, got = _prompt_logprobs(float_llm, prompt), _prompt_logprobs(w8a8, prompt)

@@ -215,7 +215,7 @@ class KernelConfig:
     quantized_matmul: str = _opt("auto", "quantized layers: auto (on GPU the per-M table of models/quant_paths.py "
                                          "for int8/int4, XLA's fp8 dot for fp8; the jnp reference on CPU) | "
                                          "reference | xla | pallas | w8a8 (int8 only, activations quantized) | "
-                                         "xla-nk (int8 only, [out, in] weights, W8A8 on large projections) | "
+                                         "xla-nk (int8 only, [out, in] weights, weight-only) | "
                                          "xla-int4 (int4 only)",
                                  choices=MATMUL_BACKENDS)
     compilation_cache_dir: str | None = _opt(None, "JAX's persistent compilation cache (default: "

@@ -23,9 +23,8 @@ from jaxinfer.config.model import ConfigError
 #                at every M until the GPU sweep fills it — and XLA's native fp8 dot for fp8; the jnp reference on
 #                CPU), "reference", "xla", "pallas" (interpret mode on CPU: slow, for tests), "w8a8" (int8 only:
 #                activations quantized per token to int8, XLA's int8 dot; changes numerics), "xla-nk" (int8 only:
-#                [out, in] weights, formulation per weight size and M from the table: W8A8 on the large
-#                projections, weight-only on the small ones) or "xla-int4" (int4 only: XLA-native int4 weights,
-#                formulation per M from the table).
+#                [out, in] weights, weight-only, formulation per weight size and M from the table) or
+#                "xla-int4" (int4 only: XLA-native int4 weights, formulation per M from the table).
 
 QUANT_METHODS = ("int8", "int4", "fp8")
 INT4_GROUP_SIZES = (32, 64, 128)

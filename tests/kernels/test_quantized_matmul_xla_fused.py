@@ -226,10 +226,12 @@ def test_xla_nk_table_picks_by_weight_size_and_m(monkeypatch):
 @pytest.mark.parametrize("large", [False, True])
 def test_quant_linear_xla_nk(monkeypatch, large):
     """QuantLinear(backend='xla-nk'): q is int8 [N, K] (the transpose of the 'kn' leaves of the same weights) and
-    the output is the weight-only int8 reference for small weights, the W8A8 reference for large ones, at M on
+    the output is the weight-only int8 reference for small weights, the W8A8 reference for large ones (a W8A8
+    'large' table set here: the shipped one is weight-only), at M on
     both sides of the small table's switch; both within the int8 bound of the float weights."""
     K, N = 200, 72                                                   # not multiples of any tile
     monkeypatch.setattr(quant_paths, "LARGE_WEIGHT", 1 if large else K * N + 1)
+    monkeypatch.setitem(quant_paths.PATHS, ("int8", "xla-nk", "large"), ((quant_paths.ANY_M, "w8a8-nk"),))
     spec = parse_quantization("int8", backend="xla-nk")
     lin = QuantLinear(K, N, bias=False, dtype=jnp.float32, spec=spec, backend="xla-nk")
     w = _weights(K, N, seed=3)
