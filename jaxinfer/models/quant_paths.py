@@ -15,12 +15,12 @@ Model backends (the `quantized_matmul` option after quant.resolve_backend) and t
                              elements) / PATHS[('int8', 'xla-nk', 'large')]           int8 [N, K]
   'xla-int4'                 int4 only: XLA-native int4 [K, N] (packed s4) weights; the formulation per M from
                              PATHS[('int4', 'xla-int4')]                                int4 native
-  'auto'                     the GPU default for int8 / int4: PATHS[(method, 'auto')] picks per M among the
-                             paths of the int8 [K, N] / int4 packed layout
+  'auto'                     resolves to GPU_DEFAULT[method] on GPU (int8: 'xla-nk'); PATHS[(method, 'auto')] picks
+                             per M among the paths of the int8 [K, N] / int4 packed layout for 'auto' itself
 PATHS[(method, backend)] = ((max_m, path), ...): the first row with M <= max_m is used. The defaults reproduce the
 behaviour before the table (the Pallas kernel at every M); fill the table from the "suggested table" lines that
 benchmarks/kernels/quantized_matmul.py prints on the GPU. GPU_DEFAULT[method] is the backend `auto` resolves to
-on GPU (set 'int4' to 'xla-int4' to move int4 models to the native layout).
+on GPU (int8: 'xla-nk'; set 'int4' to 'xla-int4' to move int4 models to the native layout).
 """
 from __future__ import annotations
 
@@ -37,12 +37,14 @@ PATHS = {
     ("int8", "auto"): ((ANY_M, "xla"),),
     ("int4", "auto"): ((ANY_M, "pallas"),),
     ("int4", "xla-int4"): ((16, "int4-grouped"), (ANY_M, "int4-dequant")),
-    # int8 [N, K], same sweep (speed-up vs bf16 at M=1 / 16): qkv mixed 1.55 / convert 1.18, o convert 1.21 / 0.88;
-    # the large projections W8A8: gate_up 1.96 / 1.55 (1.36 at M=256), down 1.32 / 1.41, lm_head 1.87 / 1.62.
-    # W8A8 (w8a8-nk) is the fastest form on the large weights (1.6-2.0x at M=1, 1.4-1.5x at M=2048) but rounds the
-    # activations: +3.2% perplexity on SmolLM2 with W8A8 everywhere (results/quality-w8a8-cpu-2026-12-02.json,
-    # int8 weight-only +0.05%; the int8 bound is +1%), so this weight-only backend does not use it.
-    ("int8", "xla-nk"): ((1, "mixed-nk"), (ANY_M, "convert-nk")),
+    # int8 [N, K] (results/kernel-quantized-matmul-nk-2026-12-02.json, geomean speed-up vs bf16 at M = 1 / 16 / 2048):
+    # small weights convert 1.11 / 1.10 / 0.84 (mixed 1.06 / 0.81 / 0.51), large convert 1.32 / 1.44 / 0.85 (mixed
+    # 1.34 / 1.06 / 0.51); the [K, N] convert ('xla') 1.07 / 1.11 / 0.84. In the engine (step_profile decode-b1,
+    # M = 16): 4.02 ms per step against 4.39 ms for 'xla' and 4.91 ms for bf16, so 'xla-nk' is the int8 default.
+    # W8A8 (w8a8-nk) is the fastest form on the large weights (1.79 / 1.45 / 1.45) but rounds the activations:
+    # +3.2% perplexity on SmolLM2 with W8A8 everywhere (results/quality-w8a8-cpu-2026-12-02.json; weight-only int8
+    # +0.05%, the int8 bound +1%), so this weight-only backend does not use it ('w8a8' does, on [K, N] weights).
+    ("int8", "xla-nk"): ((ANY_M, "convert-nk"),),
     ("int8", "xla-nk", "large"): ((ANY_M, "convert-nk"),),
 }
 # Weights of at least this many elements take the 'large' table: 32M int8 weights are 32 MB, so past it a weight
@@ -50,7 +52,7 @@ PATHS = {
 # gate_up 117M and lm_head 525M above), and the per-token activation quantization (one small fusion) is worth
 # the int8 GEMM's bandwidth.
 LARGE_WEIGHT = 32 << 20
-GPU_DEFAULT = {"int8": "auto", "int4": "auto", "fp8": "xla"}
+GPU_DEFAULT = {"int8": "xla-nk", "int4": "auto", "fp8": "xla"}
 
 # Paths each weight layout can run (a table row naming another layout's path is an error, check_tables).
 LAYOUT_PATHS = {

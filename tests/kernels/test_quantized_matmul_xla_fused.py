@@ -251,3 +251,15 @@ def test_quant_linear_xla_nk(monkeypatch, large):
             ref = qr.int8_matmul_reference(x, kn["q"], kn["scale"])
         assert _rel(got, ref) < 1e-5
         assert _rel(got, np.asarray(x, np.float64) @ w) < (0.03 if large else 0.02)
+
+
+def test_gpu_defaults_resolve_to_measured_backends():
+    """On GPU, 'auto' int8 resolves to the [out, in] weight-only backend and an int4 model's default int8 LM head
+    follows it (head_spec keeps 'auto'); on CPU both stay the jnp reference."""
+    from jaxinfer.models.quant_linear import resolve_backend, weight_layout
+
+    i8 = parse_quantization("int8")
+    assert resolve_backend(i8, "gpu") == "xla-nk" and weight_layout(i8, "gpu") == "nk"
+    assert resolve_backend(i8, "cpu") == "reference" and weight_layout(i8, "cpu") == "kn"
+    head = parse_quantization("int4", quantize_lm_head=None).head_spec()
+    assert head.method == "int8" and resolve_backend(head, "gpu") == "xla-nk"
