@@ -51,8 +51,11 @@ class SpecStats:
 
 class SpecControl:
     def __init__(self, proposer: Any, num_speculative_tokens: int, max_batch_size: int, adaptive: bool = True,
-                 min_acceptance: float = 0.5):
+                 min_acceptance: float = 0.5, pipelined: bool = True):
         self.proposer = proposer
+        # Pipelined verification steps (engine/spec_pipeline.py) where the proposer has a device draft source
+        # (`propose_device`); False, or a host-only proposer: every speculative step is finished before the next.
+        self.pipelined = pipelined
         self.k_max = num_speculative_tokens
         self.max_batch_size = max_batch_size
         self.adaptive = adaptive
@@ -110,6 +113,18 @@ class SpecControl:
             req.spec_token_ids = d
             n += bool(d)
         return n
+
+    def pipelined_k(self, req, params_of) -> int:
+        """Drafts to ask the device draft source for, for a request whose tokens are known or pending (0: none)."""
+        st = self._req.get(req.request_id)
+        if st is None:
+            st = self._req[req.request_id] = _ReqSpec(self.k_max, eligible=self.eligible(params_of(req.request_id)))
+        if not st.eligible:
+            return 0
+        k = st.k
+        if req.max_tokens is not None:
+            k = min(k, req.max_tokens - len(req.output_token_ids) - req.num_pending_tokens - 1)
+        return max(k, 0)
 
     def record(self, request_id: str, num_draft: int, num_accepted: int, num_valid_tokens: int) -> None:
         """A verification came back: num_accepted of num_draft drafts accepted; the request's first
