@@ -97,36 +97,37 @@ def make_carry(tokens: jax.Array, input_ids: jax.Array, b: dict, spec, bucket, w
     return carry.at[:, PREV].set(prev).at[:, SHIFT].set(shift)
 
 
+@jax.jit
+def _fill_from_table(carry, table, rows, slots, base, ks):
+    """carry with row rows[p]'s draft columns = table[slots[p], n : n + ks[p]], n = base[p] - its shift (rows[p] = M:
+    padding, dropped). rows/slots/base/ks: i32[P]."""
+    M, K = carry.shape[0], carry.shape[1] - DRAFT
+    r = jnp.minimum(rows, M - 1)
+    n = base - carry[r, SHIFT]  # [P] actual tokens before the drafts
+    j = jnp.arange(K)[None, :]
+    pos = jnp.minimum(n[:, None] + j, table.shape[1] - 1)
+    d = jnp.where(j < ks[:, None], table[slots[:, None], pos], 0)
+    return carry.at[rows, DRAFT:].set(d, mode="drop")
+
+
 class TableDrafts:
     """A device draft source reading drafts from a per-request token table on the device: the benchmark's oracle
     (benchmarks/spec_speed.py) and the tests. table i32[slots, L]: slot i's full token sequence (prompt +
     continuation); a row's drafts are table[slot, n : n + k] where n is its actual token count (the host's
-    worst-case count minus the carry's shift). One small program per call, no host sync."""
+    worst-case count minus the carry's shift). One small program per call (one compile per carry shape and table
+    shape: the rows are padded to the carry's), no host sync."""
 
     def __init__(self, table, num_spec_tokens: int):
         self.table = jnp.asarray(table, jnp.int32)
         self.K = num_spec_tokens
-        K = self.K
-
-        def fill(carry, table, rows, slots, base, ks):
-            # rows/slots/base/ks: i32[P] (rows = M: padding)
-            M = carry.shape[0]
-            r = jnp.minimum(rows, M - 1)
-            n = base - carry[r, SHIFT]  # [P] actual tokens before the drafts
-            j = jnp.arange(K)[None, :]
-            pos = jnp.minimum(n[:, None] + j, table.shape[1] - 1)
-            d = jnp.where(j < ks[:, None], table[slots[:, None], pos], 0)
-            return carry.at[rows, DRAFT:].set(d, mode="drop")
-
-        self._fill = jax.jit(fill)
 
     def fill(self, carry: jax.Array, rows, slots, base, ks) -> jax.Array:
         import numpy as np
 
-        P = max(1, 1 << (len(rows) - 1).bit_length()) if rows else 1  # pad to a power of two: few programs
-        pad = lambda xs, v: np.asarray(list(xs) + [v] * (P - len(xs)), np.int32)  # noqa: E731
         M = carry.shape[0]
-        return self._fill(carry, self.table, pad(rows, M), pad(slots, 0), pad(base, 0), pad(ks, 0))
+        P = M  # every call the same shapes: one program
+        pad = lambda xs, v: np.asarray(list(xs) + [v] * (P - len(xs)), np.int32)  # noqa: E731
+        return _fill_from_table(carry, self.table, pad(rows, M), pad(slots, 0), pad(base, 0), pad(ks, 0))
 
 
 class TableProposer:
