@@ -16,7 +16,8 @@ the one reported, with `oracle_fixed_point` saying whether it converged. Draft c
 Pipelining (default; --unpipelined for the old path): free drafts ("none") come from a device table
 (runner/spec_carry.TableProposer: prompt + the oracle continuation with each position corrupted with probability
 1 - a, the same per-position agreement), so verification steps are pipelined (engine/spec_pipeline.py). Draft
-models have no device draft source yet: their rows run unpipelined (the `pipelined` field of each row says).
+models pipeline too: their one-program cycle (runner/draft_cycle.py) runs for its cost, then the table overwrites
+its drafts on the device (DeviceOracle); --per-step-drafts rows run unpipelined (the `pipelined` field says).
 Reported: decode tokens/s after each request's first token (as benchmarks/latency.py), speedup over plain
 decoding of the same engine settings, measured acceptance, tokens per verification.
 
@@ -76,6 +77,23 @@ class OracleProposer:
     def free(self, rid):
         if self.inner is not None:
             self.inner.free(rid)
+
+
+class DeviceOracle:
+    """Pipelined draft-model rows: the draft model's device cycle runs for its cost (runner/draft_cycle.py), then the
+    oracle table overwrites its drafts in the carry (same device stream: no host sync)."""
+
+    def __init__(self, table, inner):
+        self.table, self.inner = table, inner
+
+    def propose_device(self, flight, todo):
+        return self.table.propose_device(self.inner.propose_device(flight, todo), todo)
+
+    def rollback(self, rid, n):
+        self.inner.rollback(rid, n)
+
+    def free(self, rid):
+        self.inner.free(rid)
 
 
 def _corrupt(ref, accept: float, vocab: int, rng) -> list[int]:
@@ -162,7 +180,8 @@ def main(argv=None):
         prop = build_model_proposer(sc, spec_llm.model, spec_llm.config, spec_llm.max_model_len, a.num_pages,
                                     progress=False)
         if a.per_step_drafts:
-            prop.fused = None  # runner/draft_steps.py off: the per-step path
+            prop.fused = prop.cycle = None  # runner/draft_steps.py and draft_cycle.py off: the per-step path
+            prop.can_pipeline = False
         prop.warmup(progress=False)
         inners[d] = prop
     setup_s = time.perf_counter() - t0
@@ -199,11 +218,13 @@ def main(argv=None):
                     tag = f"s{b}-{d}-{acc}-{run}"
                     ids = [f"{tag}-{i}" for i in range(b)]
                     refs = dict(zip(ids, oracle))
-                    piped = inner is None and not a.unpipelined
+                    piped = not a.unpipelined and (inner is None or getattr(inner, "can_pipeline", False))
                     if piped:
                         noise = np.random.default_rng(b)
                         proposer = TableProposer({rid: prompts[i] + _corrupt(oracle[i], acc, vocab, noise)
                                                   for i, rid in enumerate(ids)}, a.k)
+                        if inner is not None:
+                            proposer = DeviceOracle(proposer, inner)
                     else:
                         proposer = OracleProposer(refs, {rid: a.prompt_len for rid in ids}, acc, vocab, inner, seed=b)
                     spec_llm.engine.spec = SpecControl(proposer, a.k, max_batch, adaptive=False, pipelined=piped)

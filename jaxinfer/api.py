@@ -112,7 +112,8 @@ class LLM:
             proposer = build_model_proposer(sc, self.model, self.config, max_len, self.runner.num_pages,
                                             progress=self._progress)
         max_spec = min(sc.max_batch_size, self.config.scheduler.max_num_seqs)
-        return SpecControl(proposer, sc.num_speculative_tokens, max_spec, sc.adaptive, sc.min_acceptance)
+        return SpecControl(proposer, sc.num_speculative_tokens, max_spec, sc.adaptive, sc.min_acceptance,
+                           pipelined=sc.pipelined)
 
     def _load_tokenizer(self, override, Tokenizer):
         src = self.source

@@ -83,3 +83,38 @@ def test_pipelined_greedy_identical_to_plain(base, spec_llm, p_bad):
     assert eng.scheduler.stats().num_preemptions_total > 0
     eng.kv.check_invariants()
     assert eng.kv.num_used_pages == 0
+
+
+@pytest.mark.parametrize("method", ["draft", "layer_skip"])
+def test_draft_model_cycles_are_pipelined(tiny_llama_dir, base, method):
+    """A draft model's proposals run as one device program per cycle from the carry (runner/draft_cycle.py):
+    speculative steps are dispatched with a step in flight, the greedy outputs equal plain decoding's (the draft
+    is the target itself for "draft": every draft accepted, so each cycle folds in the catch-up token), and the
+    target's and the draft's caches end empty."""
+    extra = {"layer_skip": dict(num_draft_layers=1), "draft": dict(draft_model=tiny_llama_dir)}[method]
+    llm = jaxinfer.LLM(tiny_llama_dir, num_pages=40, speculative_config=dict(
+        method=method, num_speculative_tokens=K, **extra), **KW)
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(3, 512, size=int(rng.integers(1, 40))).tolist() for _ in range(5)]
+    max_tokens = [int(rng.integers(2, 30)) for _ in prompts]
+    ref = [o.outputs[0].token_ids for o in base.generate(prompts, [_greedy(m) for m in max_tokens], use_tqdm=False)]
+    eng = llm.engine
+    launched, dispatch = [], eng.runner.dispatch
+    eng.runner.dispatch = lambda inputs, prev, *a: (launched.append(
+        (any(i.num_spec for i in inputs), prev is not None)) or dispatch(inputs, prev, *a))
+    try:
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, [_greedy(m) for m in max_tokens],
+                                                             use_tqdm=False)]
+    finally:
+        eng.runner.dispatch = dispatch
+    assert got == ref
+    assert any(s and p for s, p in launched), "no speculative step was pipelined"
+    st = eng.spec_stats()
+    assert st["num_verify_steps"] > 0
+    if method == "draft":
+        assert st["acceptance_rate"] == 1.0
+    eng.kv.check_invariants()
+    assert eng.kv.num_used_pages == 0
+    prop = eng.spec.proposer
+    prop.kv.check_invariants()
+    assert prop.kv.num_used_pages == 0 and not prop._computed

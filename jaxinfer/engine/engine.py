@@ -237,7 +237,7 @@ class LLMEngine:
                 self.spec.free(rid)
         if plan is not None:
             self._in_flight.flight = spec_pipeline.device_drafts(self.spec.proposer, plan, sched,
-                                                                 self._in_flight.flight)
+                                                                 self._in_flight.flight, self.scheduler.get)
         launched = self._launch(sched)
         if self._failed_outputs:
             outputs += self._failed_outputs

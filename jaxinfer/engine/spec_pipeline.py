@@ -32,7 +32,8 @@ class PipePlan:
 
 def can_pipeline(spec, async_scheduling: bool) -> bool:
     return (async_scheduling and spec is not None and getattr(spec, "pipelined", False)
-            and hasattr(spec.proposer, "propose_device"))
+            and callable(getattr(spec.proposer, "propose_device", None))
+            and getattr(spec.proposer, "can_pipeline", True))
 
 
 def prepare(spec, running, in_flight, params_of) -> PipePlan:
@@ -60,14 +61,20 @@ def prepare(spec, running, in_flight, params_of) -> PipePlan:
     return plan
 
 
-def device_drafts(proposer, plan: PipePlan, sched, flight):
+def device_drafts(proposer, plan: PipePlan, sched, flight, get_request):
     """Launch the device draft source for the chunks that got placeholder drafts; returns the flight step n+1
-    reads its carry from."""
-    todo = [(s.request_id, *plan.rows[s.request_id], s.num_spec_tokens) for s in sched.scheduled
-            if s.num_spec_tokens and s.request_id in plan.rows]
+    reads its carry from. todo rows: (request id, row in step n, worst-case tokens before the drafts, k, k_n = the
+    drafts step n verifies for it (0: the count is exact), its known token ids when k_n == 0 else None)."""
+    todo = []
+    for s in sched.scheduled:
+        rid = s.request_id
+        if s.num_spec_tokens and rid in plan.rows:
+            k_n = plan.bumps.get(rid, 0)
+            todo.append((rid, *plan.rows[rid], s.num_spec_tokens, k_n,
+                         None if k_n else get_request(rid).all_token_ids))
     if not todo:
         return flight
-    return proposer.propose_device(flight, todo)  # [(request id, row in step n, tokens before drafts, k)]
+    return proposer.propose_device(flight, todo)
 
 
 def unbump(plan: PipePlan | None, scheduler) -> None:

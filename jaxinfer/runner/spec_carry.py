@@ -147,12 +147,12 @@ class TableProposer:
         self.drafts = TableDrafts(table, num_spec_tokens)
 
     def propose_device(self, flight, todo):
-        """todo: [(request id, its row in the step in flight, worst-case tokens before the drafts, k)] -> the flight
+        """todo: [(request id, its row in the step in flight, worst-case tokens before the drafts, k, ...)] -> the flight
         with a carry whose draft columns are filled (no host sync)."""
         import dataclasses
 
         rows, slots, base, ks = [], [], [], []
-        for rid, row, n, k in todo:
+        for rid, row, n, k, *_ in todo:
             rows.append(row)
             slots.append(self.slots.get(rid, 0))
             base.append(n)
