@@ -51,8 +51,12 @@ class SpecStats:
 
 class SpecControl:
     def __init__(self, proposer: Any, num_speculative_tokens: int, max_batch_size: int, adaptive: bool = True,
-                 min_acceptance: float = 0.5, pipelined: bool = True):
+                 min_acceptance: float = 0.5, pipelined: bool = True, policy: Any = None):
         self.proposer = proposer
+        # engine/spec_policy.SpecPolicy or None: per step, whether to speculate and the largest k, from the
+        # measured speed-up at this batch size and the acceptance rate seen so far (None: max_batch_size only).
+        self.policy = policy
+        self._policy_k = num_speculative_tokens
         # Pipelined verification steps (engine/spec_pipeline.py) where the proposer has a device draft source
         # (`propose_device`); False, or a host-only proposer: every speculative step is finished before the next.
         self.pipelined = pipelined
@@ -83,6 +87,14 @@ class SpecControl:
         if num_running > self.max_batch_size:
             self.stats.num_skipped_batch += 1
             return False
+        if self.policy is not None:
+            s = self.stats
+            # acceptance so far (a neutral prior of 0.7 until 16 drafts were verified)
+            acc = s.num_accepted / s.num_draft if s.num_draft >= 16 else 0.7
+            self._policy_k = self.policy.choose(num_running, acc, self.k_max)
+            if not self._policy_k:
+                self.stats.num_skipped_batch += 1
+                return False
         return True
 
     def propose(self, running, params_of) -> int:
@@ -99,7 +111,7 @@ class SpecControl:
                 st = reqs[req.request_id] = _ReqSpec(self.k_max, eligible=self.eligible(params_of(req.request_id)))
             if not st.eligible:
                 continue
-            k = st.k
+            k = min(st.k, self._policy_k)
             if req.max_tokens is not None:
                 k = min(k, req.max_tokens - num_outputs - 1)
             if k > 0:
@@ -121,7 +133,7 @@ class SpecControl:
             st = self._req[req.request_id] = _ReqSpec(self.k_max, eligible=self.eligible(params_of(req.request_id)))
         if not st.eligible:
             return 0
-        k = st.k
+        k = min(st.k, self._policy_k)
         if req.max_tokens is not None:
             k = min(k, req.max_tokens - len(req.output_token_ids) - req.num_pending_tokens - 1)
         return max(k, 0)

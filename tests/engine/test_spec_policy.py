@@ -56,3 +56,33 @@ def test_estimates_at_other_k_are_calibrated_by_a_measurement():
     want = sp.estimate("free", 128, 0.7, 3) * 0.95 / sp.estimate("free", 128, 0.7, 4)
     assert s3 == pytest.approx(want)
     assert free.choose(128, 0.7, 4) == 0  # measured 0.95x at k=4; the calibrated others stay below 1.05
+
+
+def test_spec_control_follows_the_policy():
+    from jaxinfer.engine.spec_control import SpecControl
+
+    class P:
+        def propose(self, seqs):
+            return {}
+
+        def rollback(self, rid, n):
+            pass
+
+        def free(self, rid):
+            pass
+
+    calls = []
+
+    class Policy:
+        def choose(self, batch, acceptance, k_max):
+            calls.append((batch, acceptance, k_max))
+            return 0 if batch > 4 else 2
+
+    c = SpecControl(P(), 4, 64, policy=Policy())
+    assert c.active(3) and c._policy_k == 2
+    assert not c.active(5) and c.stats.num_skipped_batch == 1
+    assert calls == [(3, 0.7, 4), (5, 0.7, 4)]  # the prior until 16 drafts were verified
+    for _ in range(8):
+        c.record("a", 2, 1, 10)
+    c.active(1)
+    assert calls[-1] == (1, 0.5, 4)
