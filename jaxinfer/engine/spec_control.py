@@ -19,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from .spec_policy import agreement
+
 _GREEDY_EPS = 1e-5  # = runner.sampler.GREEDY_EPS (kept here: this module never imports the device side)
 _EMA = 0.3           # weight of the newest verification in a request's acceptance-rate average
 
@@ -89,8 +91,9 @@ class SpecControl:
             return False
         if self.policy is not None:
             s = self.stats
-            # acceptance so far (a neutral prior of 0.7 until 16 drafts were verified)
-            acc = s.num_accepted / s.num_draft if s.num_draft >= 16 else 0.7
+            # per-position agreement from the accepted/drafted rate so far (spec_policy.agreement; k_max taken as
+            # the k the drafts were made with), a neutral prior of 0.7 until 16 drafts were verified
+            acc = agreement(s.num_accepted / s.num_draft, self.k_max) if s.num_draft >= 16 else 0.7
             self._policy_k = self.policy.choose(num_running, acc, self.k_max)
             if not self._policy_k:
                 self.stats.num_skipped_batch += 1

@@ -1,5 +1,5 @@
 """Batch-aware speculation policy (host only, never imports jax): is speculation worth it this step, and with
-which k, given the running batch size, the acceptance rate seen so far and the kind of drafter.
+which k, given the running batch size, the per-position draft agreement seen so far and the kind of drafter.
 
 The decision is read from MEASURED speed-ups (speculative tokens/s over plain decoding of the same engine
 settings, benchmarks/spec_speed.py on the H200, 8B target), one table per (drafter kind, k):
@@ -28,14 +28,17 @@ import math
 KINDS = ("free", "host", "model")
 UNMEASURED = None
 
-# results/spec-speed-*2026-12-01.json (unpipelined speculative steps, k = 4): free drafts at acceptance 0.7 gave
-# 1.76x at batch 1, 1.24x at batch 64, 0.95x at batch 128; the 1B-shaped draft model 0.64x at batch 1.
-# Everything else is UNMEASURED until benchmarks/spec_speed.py fills it in (pipelined path: re-measure all).
+# Keys: batch -> {per-position draft agreement a: speed-up} (a = the probability that each draft equals the target's
+# token, as benchmarks/spec_speed.py --accept; `agreement` converts an accepted/drafted rate into it).
+# UNPIPELINED path (each speculative step finished before the next), k = 4, H200, 8B target, 128 new tokens:
+# results/spec-speed-unpipelined-2026-12-02.json (main at b39eacd, fused draft steps), batch 1 / 8 / 32; batch 64
+# and 128 from results/spec-speed-*2026-12-01.json (free drafts, a = 0.7: 1.24x, 0.95x).
+# The PIPELINED path (engine/spec_pipeline.py) is UNMEASURED: re-run spec_speed.py and replace these rows.
 SPEEDUP: dict[tuple[str, int], dict[int, dict[float, float | None]]] = {
     ("free", 4): {
-        1: {0.5: UNMEASURED, 0.7: 1.76, 0.9: UNMEASURED},
-        8: {0.5: UNMEASURED, 0.7: UNMEASURED, 0.9: UNMEASURED},
-        32: {0.5: UNMEASURED, 0.7: UNMEASURED, 0.9: UNMEASURED},
+        1: {0.5: UNMEASURED, 0.7: 1.907, 0.9: 2.824},
+        8: {0.5: UNMEASURED, 0.7: 1.466, 0.9: 1.894},
+        32: {0.5: UNMEASURED, 0.7: 0.935, 0.9: 1.615},
         64: {0.5: UNMEASURED, 0.7: 1.24, 0.9: UNMEASURED},
         128: {0.5: UNMEASURED, 0.7: 0.95, 0.9: UNMEASURED},
     },
@@ -45,9 +48,9 @@ SPEEDUP: dict[tuple[str, int], dict[int, dict[float, float | None]]] = {
         32: {0.5: UNMEASURED, 0.7: UNMEASURED, 0.9: UNMEASURED},
     },
     ("model", 4): {
-        1: {0.5: UNMEASURED, 0.7: 0.64, 0.9: UNMEASURED},
-        8: {0.5: UNMEASURED, 0.7: UNMEASURED, 0.9: UNMEASURED},
-        32: {0.5: UNMEASURED, 0.7: UNMEASURED, 0.9: UNMEASURED},
+        1: {0.5: UNMEASURED, 0.7: 0.811, 0.9: 1.138},
+        8: {0.5: UNMEASURED, 0.7: 0.66, 0.9: 0.822},
+        32: {0.5: UNMEASURED, 0.7: 0.451, 0.9: 0.689},
     },
 }
 
@@ -64,6 +67,20 @@ def tokens_per_cycle(acceptance: float, k: int) -> float:
     """Mean tokens a verification emits with k drafts each accepted with probability a: 1 + a + ... + a^k."""
     a = min(max(acceptance, 0.0), 1.0)
     return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def agreement(rate: float, k: int) -> float:
+    """The per-position agreement a whose accepted/drafted rate with k drafts is `rate`:
+    (a + a^2 + ... + a^k) / k = rate (bisection; monotone in a)."""
+    rate = min(max(rate, 0.0), 1.0)
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if (tokens_per_cycle(mid, k) - 1.0) / k < rate:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
 
 
 def estimate(kind: str, batch: int, acceptance: float, k: int) -> float:
@@ -113,6 +130,10 @@ class SpecPolicy:
             if ref is not None:
                 return est * ref / estimate(self.kind, batch, acceptance, kk), False
         return est, False
+
+    @staticmethod
+    def agreement(rate: float, k: int) -> float:
+        return agreement(rate, k)
 
     def choose(self, batch: int, acceptance: float, k_max: int) -> int:
         best_k, best = 0, 1.0 + self.margin

@@ -139,7 +139,7 @@ class ModelRunner:
         spec = config.speculative
         self.carry_width = carry_width(spec.num_speculative_tokens) if spec is not None else 0
         self._step = make_step_fn(loaded, opts, config.scheduler.max_num_seqs, kv_shardings,
-                                  carry_width=self.carry_width)
+                                  carry_width=self.carry_width, page_size=self.page_size)
         M = config.scheduler.max_num_seqs
         self._no_prev = jax.device_put(np.zeros((M, self.carry_width) if self.carry_width else (M,), np.int32),
                                        self._replicated)

@@ -79,18 +79,22 @@ def unflatten_batch(ints, floats, bucket) -> dict:
 
 
 def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int, kv_shardings=None, donate: bool = True,
-                 carry_width: int = 0):
+                 carry_width: int = 0, page_size: int = 0):
     """Build the jitted step for a LoadedModel. The graphdef/treedef are closed over (static); so is the bucket,
-    which fixes the layout of the two transfer buffers.
+    which fixes the layout of the two transfer buffers. carry_width > 0 (speculation): steps pass each other the
+    carry of runner/spec_carry.py (tokens per KV page: page_size).
 
     With a sharding plan (loaded.plan) the shardings are fixed once: weights keep the shardings they were loaded
     with, the KV cache `kv_shardings` (list of (k, v) per layer), and the batch, sampled tokens and final hidden
     states are replicated over the replica's devices."""
 
+    if carry_width and page_size < 1:
+        raise ValueError(f"carry_width={carry_width} needs page_size >= 1, got {page_size}")
+
     def step(params, kv_caches, ints, floats, prev_tokens, penalty_table, bucket, greedy_only=False):
         batch = unflatten_batch(ints, floats, bucket)
         model = loaded.module(params)
-        batch, input_ids = apply_carry(batch, prev_tokens, bucket, opts_page_size(batch, kv_caches))
+        batch, input_ids = apply_carry(batch, prev_tokens, bucket, page_size)
         hidden, kv_caches = model(input_ids, kv_caches, _metadata(batch), opts)
         S, R, K = bucket.num_seqs, bucket.spec_rows, bucket.spec_len
         # Sampled rows and verified positions share one head matmul (one read of the vocabulary weights).
@@ -130,13 +134,6 @@ def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int, kv_shardings
     rep = loaded.plan.replicated
     return jax.jit(step, donate_argnums=donated, static_argnames=("bucket", "greedy_only"),
                    out_shardings=(kv_shardings, StepOutput(*([rep] * len(StepOutput._fields))), rep, rep))
-
-
-def opts_page_size(batch, kv_caches) -> int:
-    """Tokens per KV page (static): the second dimension of the first layer's key pages."""
-    k = kv_caches[0][0]
-    k = getattr(k, "data", k)  # quantized pages (kv_quant.QuantizedPages): the values
-    return k.shape[1]
 
 
 def unpack_host_outputs(host: np.ndarray, max_num_seqs: int, num_seqs: int, spec_rows: int, spec_width: int):

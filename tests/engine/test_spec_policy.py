@@ -12,12 +12,13 @@ def test_tokens_per_cycle_is_the_geometric_sum():
 
 
 def test_measured_entries_and_interpolation(monkeypatch):
-    assert sp.measured("free", 1, 0.7, 4) == pytest.approx(1.76)
+    assert sp.measured("free", 1, 0.7, 4) == pytest.approx(1.907)
+    assert sp.measured("free", 1, 0.8, 4) == pytest.approx((1.907 + 2.824) / 2)  # linear between measurements
     assert sp.measured("free", 100, 0.7, 4) == pytest.approx(0.95)  # next table batch up: 128
     assert sp.measured("free", 200, 0.7, 4) is None  # past every measured batch
-    assert sp.measured("free", 8, 0.7, 4) is None  # UNMEASURED row is no evidence
+    assert sp.measured("host", 8, 0.7, 4) is None  # UNMEASURED row is no evidence
     assert sp.measured("free", 1, 0.6, 4) is None  # below the smallest measured acceptance
-    assert sp.measured("free", 1, 0.9, 4) == pytest.approx(1.76)  # above the largest: the largest
+    assert sp.measured("free", 1, 0.95, 4) == pytest.approx(2.824)  # above the largest: the largest
     monkeypatch.setitem(sp.SPEEDUP, ("free", 2), {1: {0.5: 1.0, 0.9: 2.0, 0.7: None}})
     assert sp.measured("free", 1, 0.6, 2) == pytest.approx(1.25)
 
@@ -31,7 +32,8 @@ def test_estimate_matches_closed_form():
 
 def test_choose_uses_measurements_and_turns_off():
     p = sp.SpecPolicy("model")
-    assert p.speedup(1, 0.7, 4) == (pytest.approx(0.64), True)
+    assert p.speedup(1, 0.7, 4) == (pytest.approx(0.811), True)
+    assert p.choose(32, 0.9, 4) == 0  # measured 0.69x there
     free = sp.SpecPolicy("free")
     assert free.choose(1, 0.7, 4) >= 1
     assert free.choose(1, 0.0, 4) == 0  # nothing is ever accepted: off
@@ -83,6 +85,15 @@ def test_spec_control_follows_the_policy():
     assert not c.active(5) and c.stats.num_skipped_batch == 1
     assert calls == [(3, 0.7, 4), (5, 0.7, 4)]  # the prior until 16 drafts were verified
     for _ in range(8):
-        c.record("a", 2, 1, 10)
+        c.record("a", 2, 1, 10)  # accepted/drafted 0.5
     c.active(1)
-    assert calls[-1] == (1, 0.5, 4)
+    assert calls[-1][0] == 1 and calls[-1][1] == pytest.approx(sp.agreement(0.5, 4))
+
+
+def test_agreement_inverts_the_rate():
+    for a in (0.0, 0.2, 0.7, 0.9, 1.0):
+        for k in (1, 4):
+            rate = (sp.tokens_per_cycle(a, k) - 1) / k
+            assert sp.agreement(rate, k) == pytest.approx(a, abs=1e-6)
+    # the H200 run: nominal agreement 0.7 with k = 4 measured accepted/drafted 0.477
+    assert sp.agreement(0.477, 4) == pytest.approx(0.7, abs=0.03)
