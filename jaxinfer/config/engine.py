@@ -34,6 +34,9 @@ class SpeculativeConfig:
         runner/spec_carry.py) where the drafter runs on the device ("draft", "layer_skip": one program per cycle,
         runner/draft_cycle.py); "ngram" drafts are made on the host and stay unpipelined. False: every speculative
         step is finished before the next is scheduled.
+    batch_policy: per step, speculation on/off and a cap on k from the measured speed-up table of
+        engine/spec_policy.py (batch size x draft agreement, per drafter kind) on top of max_batch_size. Off by
+        default until the table holds measurements of the pipelined path.
     """
 
     method: str = "ngram"
@@ -48,6 +51,7 @@ class SpeculativeConfig:
     num_draft_layers: int | None = None
     draft_num_pages: int | None = None
     pipelined: bool = True
+    batch_policy: bool = False
 
     def __post_init__(self):
         if self.method not in SPEC_METHODS:
