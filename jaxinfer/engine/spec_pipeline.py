@@ -64,14 +64,15 @@ def prepare(spec, running, in_flight, params_of) -> PipePlan:
 def device_drafts(proposer, plan: PipePlan, sched, flight, get_request):
     """Launch the device draft source for the chunks that got placeholder drafts; returns the flight step n+1
     reads its carry from. todo rows: (request id, row in step n, worst-case tokens before the drafts, k, k_n = the
-    drafts step n verifies for it (0: the count is exact), its known token ids when k_n == 0 else None)."""
+    drafts step n verifies for it (0: the count is exact), a function returning its known token ids (called
+    only by a drafter that needs to catch up from the host))."""
     todo = []
     for s in sched.scheduled:
         rid = s.request_id
         if s.num_spec_tokens and rid in plan.rows:
-            k_n = plan.bumps.get(rid, 0)
-            todo.append((rid, *plan.rows[rid], s.num_spec_tokens, k_n,
-                         None if k_n else get_request(rid).all_token_ids))
+            req = get_request(rid)
+            todo.append((rid, *plan.rows[rid], s.num_spec_tokens, plan.bumps.get(rid, 0),
+                         lambda req=req: req.all_token_ids))
     if not todo:
         return flight
     return proposer.propose_device(flight, todo)

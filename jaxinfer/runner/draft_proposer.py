@@ -124,10 +124,14 @@ class ModelProposer:
             if k <= 0 or base < 2 or self.kv.allocate(rid, base + k) is None:
                 self.free(rid)  # no drafts for it now (its verification rejects the carry's zeros); later from scratch
                 continue
-            if not k_n:
-                if rid in self._piped:  # back from plain steps: what it holds is only known to a lower bound
-                    self._piped.discard(rid)
-                catch.append((rid, tokens, k))
+            if not k_n:  # exact count: catch up [computed, base - 2) from the known tokens
+                self._piped.discard(rid)
+                catch.append((rid, tokens(), k))
+            elif rid not in self._piped:
+                # verified in the step in flight without a cycle of ours before (its draft KV was dropped: cache
+                # full): catch up what the host knows; the accepted drafts of that step stay uncomputed (worse
+                # drafts for this request, never wrong outputs)
+                catch.append((rid, tokens(), k))
             seqs.append((row, base, self.kv.page_table(rid), k, rid, k_n))
         if catch:
             self._catch_up(catch)
