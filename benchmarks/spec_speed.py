@@ -13,6 +13,11 @@ the one reported, with `oracle_fixed_point` saying whether it converged. Draft c
   <preset>    a draft model of that shape (e.g. llama3.2-1b, random weights) runs for real — catch-up, k
               autoregressive steps, its own KV cache — and its tokens are then replaced by the oracle's;
   layer_skip:N  the same with the target's first N layers as the draft.
+Pipelining (default; --unpipelined for the old path): free drafts ("none") come from a device table
+(runner/spec_carry.TableProposer: prompt + the oracle continuation with each position corrupted with probability
+1 - a, the same per-position agreement), so verification steps are pipelined (engine/spec_pipeline.py). Draft
+models pipeline too: their one-program cycle (runner/draft_cycle.py) runs for its cost, then the table overwrites
+its drafts on the device (DeviceOracle); --per-step-drafts rows run unpipelined (the `pipelined` field says).
 Reported: decode tokens/s after each request's first token (as benchmarks/latency.py), speedup over plain
 decoding of the same engine settings, measured acceptance, tokens per verification.
 
@@ -36,6 +41,7 @@ from benchmarks.common import add_engine_flags, engine_config, write_result  # n
 from jaxinfer import LLM, SamplingParams  # noqa: E402
 from jaxinfer.config import SpeculativeConfig  # noqa: E402
 from jaxinfer.engine.spec_control import SpecControl  # noqa: E402
+from jaxinfer.runner.spec_carry import TableProposer  # noqa: E402
 
 
 class OracleProposer:
@@ -71,6 +77,31 @@ class OracleProposer:
     def free(self, rid):
         if self.inner is not None:
             self.inner.free(rid)
+
+
+class DeviceOracle:
+    """Pipelined draft-model rows: the draft model's device cycle runs for its cost (runner/draft_cycle.py), then the
+    oracle table overwrites its drafts in the carry (same device stream: no host sync)."""
+
+    def __init__(self, table, inner):
+        self.table, self.inner = table, inner
+
+    def propose_device(self, flight, todo):
+        return self.table.propose_device(self.inner.propose_device(flight, todo), todo)
+
+    def rollback(self, rid, n):
+        self.inner.rollback(rid, n)
+
+    def free(self, rid):
+        self.inner.free(rid)
+
+
+def _corrupt(ref, accept: float, vocab: int, rng) -> list[int]:
+    """ref with each position replaced by another token with probability 1 - accept (a fixed draw per position)."""
+    ref = np.asarray(ref, np.int64)
+    bad = rng.random(len(ref)) >= accept
+    shift = 1 + rng.integers(0, vocab - 1, len(ref))
+    return np.where(bad, (ref + shift) % vocab, ref).tolist()
 
 
 def _expected_tokens(a: float, k: int) -> float:
@@ -119,6 +150,8 @@ def main(argv=None):
     ap.add_argument("--max-oracle-runs", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--unpipelined", action="store_true",
+                    help="free drafts from the host (each speculative step finished before the next; the old path)")
     ap.add_argument("--per-step-drafts", action="store_true",
                     help="draft models dispatch their k steps one by one (not fused into one program)")
     add_engine_flags(ap, model="llama3-8b", load_format="dummy", num_pages=2048, max_num_batched_tokens=512)
@@ -147,7 +180,8 @@ def main(argv=None):
         prop = build_model_proposer(sc, spec_llm.model, spec_llm.config, spec_llm.max_model_len, a.num_pages,
                                     progress=False)
         if a.per_step_drafts:
-            prop.fused = None  # runner/draft_steps.py off: the per-step path
+            prop.fused = prop.cycle = None  # runner/draft_steps.py and draft_cycle.py off: the per-step path
+            prop.can_pipeline = False
         prop.warmup(progress=False)
         inners[d] = prop
     setup_s = time.perf_counter() - t0
@@ -172,6 +206,11 @@ def main(argv=None):
         print(f"batch {b}: plain {base_tps:.1f} tok/s", flush=True)
         rows.append(dict(batch=b, draft="plain", accept=None, tokens_per_s=round(base_tps, 2), speedup=1.0))
         plain_outs = [base_outs[f"plain{b}-{i}"].outputs[0].token_ids for i in range(b)]
+        if "none" in inners and not a.unpipelined:  # the device draft table's program compiled outside the timing
+            ids = [f"warmspec{b}-{i}" for i in range(b)]
+            spec_llm.engine.spec = SpecControl(TableProposer({rid: prompts[i] + plain_outs[i] for i, rid in
+                                                              enumerate(ids)}, a.k), a.k, max_batch, adaptive=False)
+            decode_run(spec_llm, prompts, 8, f"warmspec{b}")
         for d, inner in inners.items():
             for acc in a.accept:
                 oracle = plain_outs
@@ -179,8 +218,16 @@ def main(argv=None):
                     tag = f"s{b}-{d}-{acc}-{run}"
                     ids = [f"{tag}-{i}" for i in range(b)]
                     refs = dict(zip(ids, oracle))
-                    proposer = OracleProposer(refs, {rid: a.prompt_len for rid in ids}, acc, vocab, inner, seed=b)
-                    spec_llm.engine.spec = SpecControl(proposer, a.k, max_batch, adaptive=False)
+                    piped = not a.unpipelined and (inner is None or getattr(inner, "can_pipeline", False))
+                    if piped:
+                        noise = np.random.default_rng(b)
+                        proposer = TableProposer({rid: prompts[i] + _corrupt(oracle[i], acc, vocab, noise)
+                                                  for i, rid in enumerate(ids)}, a.k)
+                        if inner is not None:
+                            proposer = DeviceOracle(proposer, inner)
+                    else:
+                        proposer = OracleProposer(refs, {rid: a.prompt_len for rid in ids}, acc, vocab, inner, seed=b)
+                    spec_llm.engine.spec = SpecControl(proposer, a.k, max_batch, adaptive=False, pipelined=piped)
                     tps, outs = decode_run(spec_llm, prompts, a.new_tokens, tag)
                     got = [outs[rid].outputs[0].token_ids for rid in ids]
                     fixed = got == oracle
@@ -192,7 +239,7 @@ def main(argv=None):
                                  speedup=round(tps / base_tps, 3), measured_acceptance=round(st["acceptance_rate"], 4),
                                  tokens_per_verification=round(st["mean_accepted_length"], 3),
                                  expected_tokens_per_verification=round(_expected_tokens(acc, a.k), 3),
-                                 oracle_runs=run + 1, oracle_fixed_point=fixed,
+                                 oracle_runs=run + 1, oracle_fixed_point=fixed, pipelined=piped,
                                  outputs_equal_plain=got == plain_outs))
                 print(f"batch {b}: draft {d} a={acc}: {tps:.1f} tok/s ({tps / base_tps:.2f}x), "
                       f"{st['mean_accepted_length']:.2f} tok/verify, oracle runs {run + 1}, fixed point {fixed}",

@@ -112,7 +112,13 @@ class LLM:
             proposer = build_model_proposer(sc, self.model, self.config, max_len, self.runner.num_pages,
                                             progress=self._progress)
         max_spec = min(sc.max_batch_size, self.config.scheduler.max_num_seqs)
-        return SpecControl(proposer, sc.num_speculative_tokens, max_spec, sc.adaptive, sc.min_acceptance)
+        policy = None
+        if sc.batch_policy:
+            from jaxinfer.engine.spec_policy import SpecPolicy
+
+            policy = SpecPolicy("host" if sc.method == "ngram" else "model")
+        return SpecControl(proposer, sc.num_speculative_tokens, max_spec, sc.adaptive, sc.min_acceptance,
+                           pipelined=sc.pipelined, policy=policy)
 
     def _load_tokenizer(self, override, Tokenizer):
         src = self.source

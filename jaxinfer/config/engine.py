@@ -30,6 +30,13 @@ class SpeculativeConfig:
     draft_model / draft_load_format: the draft checkpoint (path, GGUF, preset with load_format="dummy").
     num_draft_layers: layer_skip draft depth (default: a quarter of the target's layers, at least 1).
     draft_num_pages: KV pages of the draft's own cache (default: as many as the target's).
+    pipelined: verification step n+1 is dispatched before step n's accepted counts are read (engine/spec_pipeline.py,
+        runner/spec_carry.py) where the drafter runs on the device ("draft", "layer_skip": one program per cycle,
+        runner/draft_cycle.py); "ngram" drafts are made on the host and stay unpipelined. False: every speculative
+        step is finished before the next is scheduled.
+    batch_policy: per step, speculation on/off and a cap on k from the measured speed-up table of
+        engine/spec_policy.py (batch size x draft agreement, per drafter kind) on top of max_batch_size. Off by
+        default until the table holds measurements of the pipelined path.
     """
 
     method: str = "ngram"
@@ -43,6 +50,8 @@ class SpeculativeConfig:
     draft_load_format: str = "auto"
     num_draft_layers: int | None = None
     draft_num_pages: int | None = None
+    pipelined: bool = True
+    batch_policy: bool = False
 
     def __post_init__(self):
         if self.method not in SPEC_METHODS:

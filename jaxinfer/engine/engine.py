@@ -17,7 +17,9 @@ at step n (eos, stop string) may have computed one extra token in step n+1; it i
 
 Speculative decoding (optional `spec`, engine/spec_control.py): before scheduling, decode-ready requests get
 draft tokens; the scheduler makes each a k+1-token chunk in the same batch; the step returns 1..k+1 verified
-tokens per such request. Steps that speculate are not pipelined (see spec_control.py).
+tokens per such request. With a device draft source (the proposer's `propose_device`) and `spec.pipelined`,
+speculative steps pipeline too: step n+1 is scheduled for the worst case of step n and corrected on the device
+(engine/spec_pipeline.py, runner/spec_carry.py); otherwise steps that speculate are not pipelined.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ import random
 import time
 from typing import Any, Sequence
 
+from . import spec_pipeline
 from .detokenizer import IncrementalDetokenizer
 from .isolation import failing_rows
 from .kv_cache import KVCacheManager
@@ -55,6 +58,7 @@ class _Step:
     flight: Any
     rows: dict[str, int]  # request id -> output row, for sequences that sample
     speculative: bool = False  # some sequence verifies drafts: finish before scheduling the next step
+    pipe: Any = None  # spec_pipeline.PipePlan made while this step was in flight (bumps to undo at its finish)
 
 
 @dataclasses.dataclass
@@ -215,23 +219,34 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         outputs = []
+        plan = None  # pipelined speculation (spec_pipeline.py): drafts made on the device from the step in flight
         if self.spec is not None and self.spec.active(self.scheduler.num_running):
-            if self._in_flight is not None:  # drafts need every token known: finish the step in flight first
-                outputs = self._finish_step(self._in_flight)
-                self._in_flight = None
-            self.spec.propose(self.scheduler.running, lambda rid: self._seqs[rid].params)
+            params_of = lambda rid: self._seqs[rid].params  # noqa: E731
+            if self._in_flight is not None and spec_pipeline.can_pipeline(self.spec, self.async_scheduling):
+                plan = self._in_flight.pipe = spec_pipeline.prepare(self.spec, self.scheduler.running,
+                                                                     self._in_flight, params_of)
+            else:
+                if self._in_flight is not None:  # drafts need every token known: finish the step in flight first
+                    outputs = self._finish_step(self._in_flight)
+                    self._in_flight = None
+                if hasattr(self.spec.proposer, "propose"):
+                    self.spec.propose(self.scheduler.running, params_of)
         sched = self.scheduler.schedule()
         if self.spec is not None:
             for rid in sched.preempted_ids + sched.finished_ids:
                 self.spec.free(rid)
+        if plan is not None:
+            self._in_flight.flight = spec_pipeline.device_drafts(self.spec.proposer, plan, sched,
+                                                                 self._in_flight.flight, self.scheduler.get)
         launched = self._launch(sched)
         if self._failed_outputs:
             outputs += self._failed_outputs
             self._failed_outputs = []
         if self._in_flight is not None:
-            outputs += self._finish_step(self._in_flight)
+            outputs += self._finish_step(self._in_flight, launched)
         self._in_flight = launched
-        if launched is not None and (not self.async_scheduling or launched.speculative):
+        if launched is not None and (not self.async_scheduling or (
+                launched.speculative and not spec_pipeline.can_pipeline(self.spec, True))):
             self._in_flight = None
             outputs += self._finish_step(launched)
         return outputs
@@ -339,7 +354,9 @@ class LLMEngine:
         inp.repetition_penalty = p.repetition_penalty
         inp.penalty_slot = slot if s.sample else -1
 
-    def _finish_step(self, done: _Step) -> list[RequestOutput]:
+    def _finish_step(self, done: _Step, next_step: _Step | None = None) -> list[RequestOutput]:
+        """Apply a fetched step. next_step: the step dispatched after it (still in flight), whose chunks
+        pipelined speculation moves by this step's rejected drafts (spec_pipeline.reconcile)."""
         out = self.runner.fetch(done.flight)
         sched = done.sched
         sampled: dict[str, list[int]] = {}
@@ -362,7 +379,9 @@ class LLMEngine:
             elif s.sample:
                 sampled[s.request_id] = [tokens[i]]
                 sampled_lps[s.request_id] = [logprobs[i]]
+        spec_pipeline.unbump(done.pipe, self.scheduler)
         finished = {r.request_id for r in self.scheduler.update(sched, sampled)}
+        spec_pipeline.reconcile(done.pipe, sched, sampled, next_step.sched if next_step is not None else None)
         touched = set()
         for i, s in enumerate(sched.scheduled):
             sid = s.request_id

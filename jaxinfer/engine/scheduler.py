@@ -37,6 +37,8 @@ rolls num_computed_tokens back to the accepted length (KV slots of rejected draf
 later) and releases pages that held only rejected drafts, before registering any page in the prefix cache (so
 no page hash ever covers a rejected token). Drafts are trimmed so the chunk stays within max_model_len and the
 request's max_tokens, and to the step's token budget; drafts not consumed by this schedule() are dropped.
+Pipelined speculation (engine/spec_pipeline.py) also gives drafts (placeholders, filled on the device) to a request
+whose last token is still pending, with num_pending_tokens counting the worst case of the step in flight.
 
 No deadlock: add_request rejects any request whose whole lifetime (prompt + max_tokens, or max_model_len
 when max_tokens is None) does not fit an empty cache, and waiting requests hold no pages, so the oldest
@@ -248,11 +250,14 @@ class Scheduler:
     def _drafts(self, req: Request, n: int, budget: int) -> list[int]:
         """The draft tokens to verify with req's decode this step (possibly trimmed), or []."""
         spec = req.spec_token_ids
-        if not spec or n != 1 or req.num_pending_tokens or req.num_computed_tokens != req.num_tokens - 1:
+        # Pipelined speculation (engine/spec_pipeline.py): the last token may be pending and the drafts placeholders.
+        n_all = req.num_tokens_with_pending
+        if not spec or n != 1 or req.num_computed_tokens != n_all - 1:
             return []
-        k = min(len(spec), budget - 1, self.max_model_len - req.num_tokens)
+        k = min(len(spec), budget - 1, self.max_model_len - n_all)
         if req.max_tokens is not None:
-            k = min(k, req.max_tokens - req.num_output_tokens - 1)  # the bonus token is the max_tokens-th
+            # the bonus token is the max_tokens-th
+            k = min(k, req.max_tokens - req.num_output_tokens - req.num_pending_tokens - 1)
         return list(spec[:max(k, 0)])
 
     def _allocate_or_preempt(self, req: Request, n: int, preempted: list[str]) -> bool:
@@ -295,7 +300,7 @@ class Scheduler:
         num_outputs = len(req.output_token_ids)  # (lengths read directly: once per request per step)
         num_tokens = len(req.prompt_token_ids) + num_outputs
         end = start + n - k  # end of the non-draft tokens
-        known_end = min(end, num_tokens)
+        known_end = max(start, min(end, num_tokens))  # (pipelined speculation: start may pass the known tokens)
         placeholders = end - known_end
         sample = end == num_tokens + req.num_pending_tokens
         if known_end == start and not k:  # a pipelined decode: its one token is still being sampled

@@ -19,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from .spec_policy import agreement
+
 _GREEDY_EPS = 1e-5  # = runner.sampler.GREEDY_EPS (kept here: this module never imports the device side)
 _EMA = 0.3           # weight of the newest verification in a request's acceptance-rate average
 
@@ -51,8 +53,15 @@ class SpecStats:
 
 class SpecControl:
     def __init__(self, proposer: Any, num_speculative_tokens: int, max_batch_size: int, adaptive: bool = True,
-                 min_acceptance: float = 0.5):
+                 min_acceptance: float = 0.5, pipelined: bool = True, policy: Any = None):
         self.proposer = proposer
+        # engine/spec_policy.SpecPolicy or None: per step, whether to speculate and the largest k, from the
+        # measured speed-up at this batch size and the acceptance rate seen so far (None: max_batch_size only).
+        self.policy = policy
+        self._policy_k = num_speculative_tokens
+        # Pipelined verification steps (engine/spec_pipeline.py) where the proposer has a device draft source
+        # (`propose_device`); False, or a host-only proposer: every speculative step is finished before the next.
+        self.pipelined = pipelined
         self.k_max = num_speculative_tokens
         self.max_batch_size = max_batch_size
         self.adaptive = adaptive
@@ -80,6 +89,15 @@ class SpecControl:
         if num_running > self.max_batch_size:
             self.stats.num_skipped_batch += 1
             return False
+        if self.policy is not None:
+            s = self.stats
+            # per-position agreement from the accepted/drafted rate so far (spec_policy.agreement; k_max taken as
+            # the k the drafts were made with), a neutral prior of 0.7 until 16 drafts were verified
+            acc = agreement(s.num_accepted / s.num_draft, self.k_max) if s.num_draft >= 16 else 0.7
+            self._policy_k = self.policy.choose(num_running, acc, self.k_max)
+            if not self._policy_k:
+                self.stats.num_skipped_batch += 1
+                return False
         return True
 
     def propose(self, running, params_of) -> int:
@@ -96,7 +114,7 @@ class SpecControl:
                 st = reqs[req.request_id] = _ReqSpec(self.k_max, eligible=self.eligible(params_of(req.request_id)))
             if not st.eligible:
                 continue
-            k = st.k
+            k = min(st.k, self._policy_k)
             if req.max_tokens is not None:
                 k = min(k, req.max_tokens - num_outputs - 1)
             if k > 0:
@@ -110,6 +128,18 @@ class SpecControl:
             req.spec_token_ids = d
             n += bool(d)
         return n
+
+    def pipelined_k(self, req, params_of) -> int:
+        """Drafts to ask the device draft source for, for a request whose tokens are known or pending (0: none)."""
+        st = self._req.get(req.request_id)
+        if st is None:
+            st = self._req[req.request_id] = _ReqSpec(self.k_max, eligible=self.eligible(params_of(req.request_id)))
+        if not st.eligible:
+            return 0
+        k = min(st.k, self._policy_k)
+        if req.max_tokens is not None:
+            k = min(k, req.max_tokens - len(req.output_token_ids) - req.num_pending_tokens - 1)
+        return max(k, 0)
 
     def record(self, request_id: str, num_draft: int, num_accepted: int, num_valid_tokens: int) -> None:
         """A verification came back: num_accepted of num_draft drafts accepted; the request's first

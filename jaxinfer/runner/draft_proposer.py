@@ -26,8 +26,10 @@ from __future__ import annotations
 from typing import Protocol, Sequence
 
 from jaxinfer.outputs import SeqInput
+from jaxinfer.runner.draft_cycle import DraftCycle
 from jaxinfer.runner.draft_steps import FusedDraftSteps
 from jaxinfer.runner.model_runner import ModelRunner
+from jaxinfer.runner.spec_carry import carry_width
 
 
 class DraftPages(Protocol):
@@ -50,16 +52,24 @@ class ModelProposer:
         self.runner = runner
         k = num_speculative_tokens
         self.fused = FusedDraftSteps(runner, k) if fused_steps and k and runner.plan is None else None
+        # Pipelined verification (engine/spec_pipeline.py): the whole proposal as one program reading the target's
+        # device carry (runner/draft_cycle.py). Without it (per-step drafts, sharded drafts) steps are unpipelined.
+        self.cycle = DraftCycle(runner, k) if fused_steps and k and runner.plan is None else None
+        self.can_pipeline = self.cycle is not None  # (engine/spec_pipeline.can_pipeline reads it)
+        self._piped: set[str] = set()  # requests whose _computed is a lower bound (pipelined cycles): no truncation
         self.kv = kv
         self.max_model_len = max_model_len
         self.max_tokens_per_step = runner.ladder.max_tokens
         self.max_seqs = runner.config.scheduler.max_num_seqs
+        self.carry_shape = (self.max_seqs, carry_width(k))  # the target's carry (same max_num_seqs)
         self._computed: dict[str, int] = {}  # request id -> tokens with draft KV
 
     def warmup(self, progress: bool = True):
         self.runner.warmup(progress=progress)
         if self.fused is not None:
             self.fused.warmup()
+        if self.cycle is not None and self.carry_shape is not None:
+            self.cycle.warmup(self.carry_shape)
 
     # ---- proposer protocol (engine/spec_control.py) -----------------------------------------------------
     def propose(self, seqs: Sequence[tuple[str, Sequence[int], int]]) -> dict[str, list[int]]:
@@ -101,15 +111,50 @@ class ModelProposer:
             self._computed[rid] = len(tokens) + k - 1
         return out
 
+    def propose_device(self, flight, todo):
+        """Pipelined proposal (engine/spec_pipeline.device_drafts' rows): one DraftCycle dispatch from the target
+        step in flight's carry, plus a host catch-up for rows whose token count is exact (k_n == 0: not verified in
+        that step). Returns the flight with the drafts in its carry; waits for nothing."""
+        import dataclasses
+
+        seqs, catch = [], []
+        for rid, row, base, k, k_n, tokens in todo:
+            k = min(k, self.max_model_len - base + 1)
+            # (pages for one token more than written: the packed decode batch sits at position base even if k = 1)
+            if k <= 0 or base < 2 or self.kv.allocate(rid, base + k) is None:
+                self.free(rid)  # no drafts for it now (its verification rejects the carry's zeros); later from scratch
+                continue
+            if not k_n:  # exact count: catch up [computed, base - 2) from the known tokens
+                self._piped.discard(rid)
+                catch.append((rid, tokens(), k))
+            elif rid not in self._piped:
+                # verified in the step in flight without a cycle of ours before (its draft KV was dropped: cache
+                # full): catch up what the host knows; the accepted drafts of that step stay uncomputed (worse
+                # drafts for this request, never wrong outputs)
+                catch.append((rid, tokens(), k))
+            seqs.append((row, base, self.kv.page_table(rid), k, rid, k_n))
+        if catch:
+            self._catch_up(catch)
+        if not seqs:
+            return flight
+        carry = flight.carry if flight.carry is not None else flight.out.carry
+        carry = self.cycle.dispatch(carry, [(row, base, pt, k) for row, base, pt, k, _, _ in seqs])
+        for row, base, pt, k, rid, k_n in seqs:
+            # valid draft KV: positions < b + k - 1 with b >= base - k_n (the actual count is unknown here)
+            self._computed[rid] = base - k_n + k - 1
+            self._piped.add(rid)
+        return dataclasses.replace(flight, carry=carry)
+
     def rollback(self, request_id: str, num_valid_tokens: int) -> None:
-        if request_id not in self._computed:
-            return
+        if request_id not in self._computed or request_id in self._piped:
+            return  # pipelined: _computed is a lower bound; its pages are kept until free()
         self._computed[request_id] = min(self._computed[request_id], num_valid_tokens)
         self.kv.truncate(request_id, self._computed[request_id])
 
     def free(self, request_id: str) -> None:
         self.kv.free(request_id)
         self._computed.pop(request_id, None)
+        self._piped.discard(request_id)
 
     # ---- internals ----------------------------------------------------------------------------------------
     def _propose_fused(self, live, out: dict[str, list[int]]) -> dict[str, list[int]]:

@@ -27,6 +27,7 @@ from jaxinfer.runner.buckets import BucketLadder
 from jaxinfer.runner.cpu_defaults import cpu_kv_pages, ladder_args
 from jaxinfer.runner.penalties import host_row, write_row
 from jaxinfer.runner.sampler import GREEDY_EPS
+from jaxinfer.runner.spec_carry import carry_width
 from jaxinfer.models.attention import AttentionOptions, device_num_sms
 from jaxinfer.runner.step import make_prompt_logprobs_fn, make_step_fn, unpack_host_outputs
 from pallas_kernels.paged_attention import kv_quant
@@ -134,8 +135,14 @@ class ModelRunner:
                                 num_sms=device_num_sms())
         kv_shardings = None if plan is None else [(kv_sharding, kv_sharding)] * cfg.num_layers
         self.attention_options = opts
-        self._step = make_step_fn(loaded, opts, config.scheduler.max_num_seqs, kv_shardings)
-        self._no_prev = jax.device_put(np.zeros((config.scheduler.max_num_seqs,), np.int32), self._replicated)
+        # Speculation on: steps pass each other the carry of runner/spec_carry.py (pipelined verification).
+        spec = config.speculative
+        self.carry_width = carry_width(spec.num_speculative_tokens) if spec is not None else 0
+        self._step = make_step_fn(loaded, opts, config.scheduler.max_num_seqs, kv_shardings,
+                                  carry_width=self.carry_width, page_size=self.page_size)
+        M = config.scheduler.max_num_seqs
+        self._no_prev = jax.device_put(np.zeros((M, self.carry_width) if self.carry_width else (M,), np.int32),
+                                       self._replicated)
         self._compiled: dict = {}  # (Bucket, greedy_only) -> step executable
         self._compiled_prompt: dict = {}  # Bucket -> prompt_logprobs executable
         self._pending: dict = {}  # (Bucket, greedy_only) -> Future of a step executable (compile_in_background)
@@ -331,7 +338,7 @@ class ModelRunner:
             row = host_row(prompt_ids, output_ids, self.loaded.cfg.vocab_size)
             self.penalty_table = self._penalty_writer()(self.penalty_table, np.int32(slot), row)
         ints, floats = jax.device_put(batch.flat(), self._replicated)
-        prev_tokens = prev.out.tokens if prev is not None else self._no_prev
+        prev_tokens = (prev.carry if prev.carry is not None else prev.out.carry) if prev is not None else self._no_prev
         self.kv_caches, out, hidden, self.penalty_table = step(self.loaded.params, self.kv_caches, ints, floats,
                                                                prev_tokens, self.penalty_table)
         prompt = None
@@ -389,6 +396,9 @@ class InFlight:
     num_seqs: int
     want_top: bool = False      # some sequence asked for logprobs: fetch the top-20 arrays too
     spec_seqs: list[int] = dataclasses.field(default_factory=list)  # sequence index of each verify row
+    # The carry the next step reads (runner/spec_carry.py); None: out.carry. A device draft source replaces it with
+    # one whose draft columns it filled.
+    carry: Any = None
 
 
 def _spec_ladder_args(config: EngineConfig) -> dict:

@@ -9,7 +9,10 @@ final hidden states stay on the device for the (rare) prompt-logprob pass.
 
 Pipelining: decode tokens sampled by the previous step (still in flight when this step was packed) are taken
 from that step's device output `prev_tokens` (i32[max_num_seqs]) through `batch["prev_src"]`, so the host never
-waits for step n before dispatching step n+1. Sampled tokens are padded to max_num_seqs rows for that reason.
+waits for step n before dispatching step n+1. Sampled tokens are padded to max_num_seqs rows for that reason. With `carry_width` > 0 (speculation on)
+`prev_tokens` is instead the previous step's carry i32[max_num_seqs, carry_width] (runner/spec_carry.py): a
+speculative step n+1 is then dispatched before step n's accepted counts are known, and corrects its positions and
+takes its input tokens and drafts from it.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from jaxinfer.models.attention import AttentionMetadata, AttentionOptions
 from jaxinfer.runner.batch import FLOAT_FIELDS, INT_FIELDS, field_shapes
 from jaxinfer.runner.penalties import count_sampled
 from jaxinfer.runner.sampler import MAX_LOGPROBS, SamplingTensors, sample
+from jaxinfer.runner.spec_carry import apply_carry, make_carry
 from jaxinfer.runner.spec_decode import verify
 
 
@@ -40,6 +44,9 @@ class StepOutput(NamedTuple):
     # [tokens (max_num_seqs) | logprobs' bits (S) | num_accepted (R) | spec_tokens (R*(K+1)) | spec_logprobs' bits]
     # (float32 bit patterns travel as int32; unpack_host_outputs reads it back)
     host: jax.Array
+    # Pipelined speculation (runner/spec_carry.py): what the next step reads instead of `tokens`, i32[M, 3 + K]
+    # (carry_width > 0), else `tokens` itself.
+    carry: jax.Array
 
 
 def _metadata(b: dict) -> AttentionMetadata:
@@ -71,19 +78,23 @@ def unflatten_batch(ints, floats, bucket) -> dict:
     return out
 
 
-def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int, kv_shardings=None, donate: bool = True):
+def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int, kv_shardings=None, donate: bool = True,
+                 carry_width: int = 0, page_size: int = 0):
     """Build the jitted step for a LoadedModel. The graphdef/treedef are closed over (static); so is the bucket,
-    which fixes the layout of the two transfer buffers.
+    which fixes the layout of the two transfer buffers. carry_width > 0 (speculation): steps pass each other the
+    carry of runner/spec_carry.py (tokens per KV page: page_size).
 
     With a sharding plan (loaded.plan) the shardings are fixed once: weights keep the shardings they were loaded
     with, the KV cache `kv_shardings` (list of (k, v) per layer), and the batch, sampled tokens and final hidden
     states are replicated over the replica's devices."""
 
+    if carry_width and page_size < 1:
+        raise ValueError(f"carry_width={carry_width} needs page_size >= 1, got {page_size}")
+
     def step(params, kv_caches, ints, floats, prev_tokens, penalty_table, bucket, greedy_only=False):
         batch = unflatten_batch(ints, floats, bucket)
         model = loaded.module(params)
-        src = batch["prev_src"]
-        input_ids = jnp.where(src >= 0, prev_tokens[jnp.maximum(src, 0)], batch["input_ids"])
+        batch, input_ids = apply_carry(batch, prev_tokens, bucket, page_size)
         hidden, kv_caches = model(input_ids, kv_caches, _metadata(batch), opts)
         S, R, K = bucket.num_seqs, bucket.spec_rows, bucket.spec_len
         # Sampled rows and verified positions share one head matmul (one read of the vocabulary weights).
@@ -111,8 +122,9 @@ def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int, kv_shardings
             tokens = tokens.at[batch["verify_row"]].set(last, mode="drop")  # padding rows (S) are dropped
         bits = lambda x: jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32).reshape(-1)  # noqa: E731
         host = jnp.concatenate([tokens, bits(out.logprobs), spec[1], spec[0].reshape(-1), bits(spec[2])])
-        return (kv_caches, StepOutput(tokens, out.logprobs, out.top_ids, out.top_logprobs, *spec, host), hidden,
-                penalty_table)
+        carry = make_carry(tokens, input_ids, batch, spec, bucket, carry_width) if carry_width else tokens
+        return (kv_caches, StepOutput(tokens, out.logprobs, out.top_ids, out.top_logprobs, *spec, host, carry),
+                hidden, penalty_table)
 
     donated = (1, 5) if donate else ()  # donate=False: probes only (the KV cache is then copied every step)
     if loaded.plan is None:

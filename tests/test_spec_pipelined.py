@@ -1,0 +1,120 @@
+"""Pipelined speculative steps (engine/spec_pipeline.py + runner/spec_carry.py) end to end on CPU (tiny random
+Llama, float32): step n+1 is dispatched before step n's accepted counts are read, drafts come from a device table
+(the true greedy continuation with some positions corrupted, so verification both accepts runs and rejects), and
+the greedy outputs must equal plain decoding's exactly, with stop tokens, max_tokens, preemption and an abort with a
+step in flight, and no page leaked."""
+import numpy as np
+import pytest
+
+import jaxinfer
+from jaxinfer import SamplingParams
+from jaxinfer.engine.spec_control import SpecControl
+from jaxinfer.runner.spec_carry import TableProposer
+
+KW = dict(max_model_len=256, max_num_batched_tokens=32, max_num_seqs=8, progress=False)
+K = 3
+
+
+@pytest.fixture(scope="module")
+def base(tiny_llama_dir):
+    return jaxinfer.LLM(tiny_llama_dir, num_pages=200, **KW)
+
+
+@pytest.fixture(scope="module")
+def spec_llm(tiny_llama_dir):
+    return jaxinfer.LLM(tiny_llama_dir, num_pages=8, speculative_config=dict(method="ngram",
+                                                                            num_speculative_tokens=K), **KW)
+
+
+def _greedy(m, stop=None):
+    return SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True, stop_token_ids=stop)
+
+
+def _noisy(ref, rng, p_bad):
+    return [t if rng.random() >= p_bad else (t + 1 + int(rng.integers(0, 500))) % 512 for t in ref]
+
+
+@pytest.mark.parametrize("p_bad", [0.0, 0.3])
+def test_pipelined_greedy_identical_to_plain(base, spec_llm, p_bad):
+    rng = np.random.default_rng(int(p_bad * 10))
+    prompts = [rng.integers(3, 512, size=int(rng.integers(1, 40))).tolist() for _ in range(8)]
+    max_tokens = [int(rng.integers(1, 24)) for _ in prompts]
+    ref = [o.outputs[0].token_ids for o in base.generate(prompts, [_greedy(m) for m in max_tokens], use_tqdm=False)]
+    stops = {i: [r[len(r) // 2]] for i, r in enumerate(ref) if i % 3 == 0 and len(r) > 4}
+    want = {i: (r[:r.index(stops[i][0]) + 1] if i in stops else r) for i, r in enumerate(ref)}
+
+    eng = spec_llm.engine
+    tables = {f"r{i}": p + _noisy(ref[i], rng, p_bad) for i, p in enumerate(prompts)}
+    tables["victim"] = prompts[0] + ref[0]
+    eng.spec = SpecControl(TableProposer(tables, K), K, 8, adaptive=False)
+    launched, dispatch = [], eng.runner.dispatch
+
+    def spy(inputs, prev, *a):  # a speculative step dispatched while another is in flight: pipelined
+        launched.append((any(i.num_spec for i in inputs), prev is not None))
+        return dispatch(inputs, prev, *a)
+
+    eng.runner.dispatch = spy
+    try:
+        pending, done, step = list(range(len(prompts))), {}, 0
+        eng.add_request("victim", prompts[0], _greedy(30))
+        while pending or eng.has_unfinished():
+            for _ in range(5 if step == 0 else int(rng.integers(0, 3))):
+                if pending:
+                    i = pending.pop(0)
+                    eng.add_request(f"r{i}", prompts[i], _greedy(max_tokens[i], stops.get(i)))
+            for out in eng.step():
+                if out.finished and out.request_id != "victim":
+                    done[int(out.request_id[1:])] = out
+            step += 1
+            if step == 5:
+                assert eng.abort("victim")  # with a step in flight
+    finally:
+        eng.runner.dispatch = dispatch
+    assert {i: o.outputs[0].token_ids for i, o in done.items()} == want
+    for i, o in done.items():
+        assert o.outputs[0].finish_reason == ("stop" if i in stops else "length")
+    st = eng.spec_stats()
+    assert st["num_verify_steps"] > 0
+    if p_bad == 0.0:
+        assert st["acceptance_rate"] > 0.9
+    else:
+        assert 0.0 < st["acceptance_rate"] < 1.0
+    assert any(s and p for s, p in launched), "no speculative step was pipelined"
+    assert eng.scheduler.stats().num_preemptions_total > 0
+    eng.kv.check_invariants()
+    assert eng.kv.num_used_pages == 0
+
+
+@pytest.mark.parametrize("method", ["draft", "layer_skip"])
+def test_draft_model_cycles_are_pipelined(tiny_llama_dir, base, method):
+    """A draft model's proposals run as one device program per cycle from the carry (runner/draft_cycle.py):
+    speculative steps are dispatched with a step in flight, the greedy outputs equal plain decoding's (the draft
+    is the target itself for "draft": every draft accepted, so each cycle folds in the catch-up token), and the
+    target's and the draft's caches end empty."""
+    extra = {"layer_skip": dict(num_draft_layers=1), "draft": dict(draft_model=tiny_llama_dir)}[method]
+    llm = jaxinfer.LLM(tiny_llama_dir, num_pages=40, speculative_config=dict(
+        method=method, num_speculative_tokens=K, **extra), **KW)
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(3, 512, size=int(rng.integers(1, 40))).tolist() for _ in range(5)]
+    max_tokens = [int(rng.integers(2, 30)) for _ in prompts]
+    ref = [o.outputs[0].token_ids for o in base.generate(prompts, [_greedy(m) for m in max_tokens], use_tqdm=False)]
+    eng = llm.engine
+    launched, dispatch = [], eng.runner.dispatch
+    eng.runner.dispatch = lambda inputs, prev, *a: (launched.append(
+        (any(i.num_spec for i in inputs), prev is not None)) or dispatch(inputs, prev, *a))
+    try:
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, [_greedy(m) for m in max_tokens],
+                                                             use_tqdm=False)]
+    finally:
+        eng.runner.dispatch = dispatch
+    assert got == ref
+    assert any(s and p for s, p in launched), "no speculative step was pipelined"
+    st = eng.spec_stats()
+    assert st["num_verify_steps"] > 0
+    if method == "draft":
+        assert st["acceptance_rate"] == 1.0
+    eng.kv.check_invariants()
+    assert eng.kv.num_used_pages == 0
+    prop = eng.spec.proposer
+    prop.kv.check_invariants()
+    assert prop.kv.num_used_pages == 0 and not prop._computed
