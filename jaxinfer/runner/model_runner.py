@@ -26,6 +26,7 @@ from jaxinfer.runner.batch import _TOKEN_IDS, pack
 from jaxinfer.runner.buckets import BucketLadder
 from jaxinfer.runner.cpu_defaults import cpu_kv_pages, ladder_args
 from jaxinfer.runner.penalties import host_row, write_row
+from jaxinfer.runner.program_cache import ProgramCache, abstract_signature, program_cache_enabled, program_key
 from jaxinfer.runner.sampler import GREEDY_EPS
 from jaxinfer.models.attention import AttentionOptions, device_num_sms
 from jaxinfer.runner.step import make_prompt_logprobs_fn, make_step_fn, unpack_host_outputs
@@ -148,6 +149,11 @@ class ModelRunner:
         # ~7 s of cold compile (8B shape): see EAGER_GENERAL_MAX_TOKENS for which are compiled when.
         self.greedy_programs = jax.default_backend() == "gpu"
         self._prompt_logprobs = make_prompt_logprobs_fn(loaded)
+        # Compiled programs on disk (runner/program_cache.py): one device only (a sharded program's devices are
+        # part of the executable); everything the traced step closes over goes into `_program_parts`.
+        self.program_cache = ProgramCache() if program_cache_enabled() and plan is None else None
+        self._program_parts = (repr(config), repr(cfg), str(jnp.dtype(loaded.dtype)), repr(loaded.quantization),
+                               repr(opts), max_model_len, self.num_pages)
 
     # ---- memory -------------------------------------------------------------------------------------------
     @property
@@ -234,9 +240,17 @@ class ModelRunner:
         ints, floats = self.placeholder_batch(bucket)
         spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self._replicated)  # noqa: E731
         kv, table = state_specs or (self.kv_caches, self.penalty_table)
-        lowered = self._step.lower(self.loaded.params, kv, spec(ints), spec(floats), self._no_prev, table,
-                                   bucket=bucket, greedy_only=greedy_only)
-        return compile_lowered(lowered, compiler_options)
+        args = (self.loaded.params, kv, spec(ints), spec(floats), self._no_prev, table)
+
+        def build():
+            lowered = self._step.lower(*args, bucket=bucket, greedy_only=greedy_only)
+            return compile_lowered(lowered, compiler_options)
+
+        if self.program_cache is None:
+            return build()
+        key = program_key("step", *self._program_parts, repr(bucket), greedy_only, repr(compiler_options),
+                          abstract_signature(args))
+        return self.program_cache.get_or_compile(key, build)
 
     def compile_in_background(self, buckets, workers: int = 1, greedy_only: bool = False) -> None:
         """Start compiling (or loading from the persistent cache) these buckets' step programs on a worker thread,
@@ -300,8 +314,14 @@ class ModelRunner:
             hidden = jax.ShapeDtypeStruct((bucket.num_tokens, self.loaded.cfg.hidden_size), self.loaded.dtype,
                                           sharding=rep)
             targets = jax.ShapeDtypeStruct((bucket.num_tokens,), jnp.int32, sharding=rep)
-            prompt = self._compiled_prompt[bucket] = self._prompt_logprobs.lower(
-                self.loaded.params, hidden, targets).compile()
+            args = (self.loaded.params, hidden, targets)
+            build = lambda: self._prompt_logprobs.lower(*args).compile()  # noqa: E731
+            if self.program_cache is None:
+                prompt = build()
+            else:
+                key = program_key("prompt_logprobs", *self._program_parts, repr(bucket), abstract_signature(args))
+                prompt = self.program_cache.get_or_compile(key, build)
+            self._compiled_prompt[bucket] = prompt
         return prompt
 
     def _penalty_writer(self):
