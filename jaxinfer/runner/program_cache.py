@@ -14,8 +14,8 @@ Invariants:
     store that fails is logged and ignored. A hit gives the same executable as a fresh compile (bitwise-identical
     outputs: tests/test_startup_caches.py).
   * only freshly compiled executables are stored: XLA:CPU mis-serialized executables that were themselves
-    deserialized, so a miss compiles with JAX's persistent cache off (where the JAX version allows it) before
-    storing.
+    deserialized (from JAX's persistent cache), so a miss compiles under a JAX cache key of its own and stores
+    the result only when JAX's cache did not serve it (_compile_fresh).
   * entries are written atomically (temp file + os.replace); the directory is trimmed to `max_bytes` (oldest
     first) after each store.
 
@@ -92,14 +92,38 @@ def program_key(name: str, *parts: Any) -> str:
     return h.hexdigest()
 
 
-def _fresh_compile_context():
-    """Compile with JAX's persistent cache off (jax >= 0.4: a thread-local config context), else a no-op."""
-    try:
-        from jax._src import config as jcfg
+_tls = threading.local()  # .jax_cache_hits: JAX persistent-cache hits seen by this thread
+_listening = False
 
-        return jcfg.enable_compilation_cache(False)
-    except Exception:  # noqa: BLE001  (older / newer JAX without it: compile as usual)
-        return contextlib.nullcontext()
+
+def _on_event(event: str, **_):
+    if event == "/jax/compilation_cache/cache_hits":
+        _tls.jax_cache_hits = getattr(_tls, "jax_cache_hits", 0) + 1
+
+
+def _compile_fresh(lower_and_compile: Callable[[], Any]) -> tuple[Any, bool]:
+    """(compiled, fresh): fresh is False when JAX's persistent cache served the executable (a deserialized one,
+    which must not be serialized again: XLA:CPU's re-serialization lost functions, and the reloaded program
+    failed at run time with "Function wrapped_slice.3 not found").
+
+    JAX's cache cannot be switched off for one thread (its "used" decision is made once per process), so the
+    compile runs with two thread-local options: source metadata in JAX's cache key (a key the ordinary compiles
+    of the same program never use) and a minimum compile time no compile reaches (so JAX never writes that key):
+    the lookup misses and the program is compiled fresh, and stored only here."""
+    global _listening
+    if not _listening:
+        with contextlib.suppress(Exception):
+            jax.monitoring.register_event_listener(_on_event)
+            _listening = True
+    _tls.jax_cache_hits = 0
+    with contextlib.ExitStack() as stack:
+        with contextlib.suppress(Exception):  # a JAX without these options: compile as usual (hits not stored)
+            from jax._src import config as jcfg
+
+            stack.enter_context(jcfg.compilation_cache_include_metadata_in_key(True))
+            stack.enter_context(jcfg.persistent_cache_min_compile_time_secs(1e12))
+        compiled = lower_and_compile()
+    return compiled, _listening and _tls.jax_cache_hits == 0
 
 
 class ProgramCache:
@@ -180,16 +204,18 @@ class ProgramCache:
                     total -= size
 
     def get_or_compile(self, key: str, lower_and_compile: Callable[[], Any]):
-        """The program under `key` from disk, else `lower_and_compile()` (run with JAX's persistent cache off,
-        so what is stored is a fresh executable), stored for the next start."""
+        """The program under `key` from disk, else `lower_and_compile()`, stored for the next start when it was
+        compiled fresh (not served by JAX's persistent cache: _compile_fresh)."""
         compiled = self.load(key)
         if compiled is not None:
             self.hits += 1
             return compiled
         self.misses += 1
-        with _fresh_compile_context():
-            compiled = lower_and_compile()
-        self.store(key, compiled)
+        compiled, fresh = _compile_fresh(lower_and_compile)
+        if fresh:
+            self.store(key, compiled)
+        else:
+            log.debug("program cache: %s came from JAX's compilation cache; not stored", key[:16])
         return compiled
 
 
