@@ -153,7 +153,7 @@ class ModelRunner:
         # part of the executable); everything the traced step closes over goes into `_program_parts`.
         self.program_cache = ProgramCache() if program_cache_enabled() and plan is None else None
         self._program_parts = (repr(config), repr(cfg), str(jnp.dtype(loaded.dtype)), repr(loaded.quantization),
-                               repr(opts), max_model_len, self.num_pages)
+                               repr(opts), max_model_len, self.num_pages, self._device.id)
 
     # ---- memory -------------------------------------------------------------------------------------------
     @property
@@ -250,7 +250,7 @@ class ModelRunner:
             return build()
         key = program_key("step", *self._program_parts, repr(bucket), greedy_only, repr(compiler_options),
                           abstract_signature(args))
-        return self.program_cache.get_or_compile(key, build)
+        return self.program_cache.get_or_compile(key, build, [self._device])
 
     def compile_in_background(self, buckets, workers: int = 1, greedy_only: bool = False) -> None:
         """Start compiling (or loading from the persistent cache) these buckets' step programs on a worker thread,
@@ -320,7 +320,7 @@ class ModelRunner:
                 prompt = build()
             else:
                 key = program_key("prompt_logprobs", *self._program_parts, repr(bucket), abstract_signature(args))
-                prompt = self.program_cache.get_or_compile(key, build)
+                prompt = self.program_cache.get_or_compile(key, build, [self._device])
             self._compiled_prompt[bucket] = prompt
         return prompt
 

@@ -137,8 +137,9 @@ class ProgramCache:
     def _path(self, key: str) -> str:
         return os.path.join(self.directory, key + _SUFFIX)
 
-    def load(self, key: str):
-        """The compiled program stored under `key`, or None (missing, or unreadable: then it is deleted)."""
+    def load(self, key: str, devices=None):
+        """The compiled program stored under `key` (loaded onto `devices`, default: the first device), or None
+        (missing, or unreadable: then it is deleted)."""
         path = self._path(key)
         try:
             with open(path, "rb") as f:
@@ -150,7 +151,8 @@ class ProgramCache:
         try:
             from jax.experimental.serialize_executable import deserialize_and_load
 
-            compiled = deserialize_and_load(payload, in_tree, out_tree)
+            compiled = deserialize_and_load(payload, in_tree, out_tree,
+                                            execution_devices=list(devices or jax.devices()[:1]))
         except Exception as e:  # noqa: BLE001
             return self._drop(path, e)
         with contextlib.suppress(OSError):
@@ -203,10 +205,10 @@ class ProgramCache:
                     os.remove(path)
                     total -= size
 
-    def get_or_compile(self, key: str, lower_and_compile: Callable[[], Any]):
+    def get_or_compile(self, key: str, lower_and_compile: Callable[[], Any], devices=None):
         """The program under `key` from disk, else `lower_and_compile()`, stored for the next start when it was
         compiled fresh (not served by JAX's persistent cache: _compile_fresh)."""
-        compiled = self.load(key)
+        compiled = self.load(key, devices)
         if compiled is not None:
             self.hits += 1
             return compiled
