@@ -152,6 +152,7 @@ class ModelRunner:
         # Compiled programs on disk (runner/program_cache.py): one device only (a sharded program's devices are
         # part of the executable); everything the traced step closes over goes into `_program_parts`.
         self.program_cache = ProgramCache() if program_cache_enabled() and plan is None else None
+        self.program_wait_s = 0.0  # seconds callers waited for a program (compile, cache load, or a background one)
         self._program_parts = (repr(config), repr(cfg), str(jnp.dtype(loaded.dtype)), repr(loaded.quantization),
                                repr(opts), max_model_len, self.num_pages, self._device.id)
 
@@ -301,6 +302,7 @@ class ModelRunner:
             else:
                 step = self.compile_step(bucket, step_compiler_options(bucket), greedy_only=greedy_only)
             self._compiled[key] = step
+            self.program_wait_s += time.perf_counter() - t0
             log.debug("step of %d tokens / %d sequences compiled (or loaded from the cache) in %.2f s",
                       bucket.num_tokens, bucket.num_seqs, time.perf_counter() - t0)
         return step
@@ -310,6 +312,7 @@ class ModelRunner:
         (`jaxinfer generate`) compiles only the step programs it runs."""
         prompt = self._compiled_prompt.get(bucket)
         if prompt is None:
+            t0 = time.perf_counter()
             rep = self._replicated
             hidden = jax.ShapeDtypeStruct((bucket.num_tokens, self.loaded.cfg.hidden_size), self.loaded.dtype,
                                           sharding=rep)
@@ -322,6 +325,7 @@ class ModelRunner:
                 key = program_key("prompt_logprobs", *self._program_parts, repr(bucket), abstract_signature(args))
                 prompt = self.program_cache.get_or_compile(key, build, [self._device])
             self._compiled_prompt[bucket] = prompt
+            self.program_wait_s += time.perf_counter() - t0
         return prompt
 
     def _penalty_writer(self):
