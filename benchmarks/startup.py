@@ -14,7 +14,7 @@ first request's), first_token (the request less its program wait). Issue 17's ta
   JAXINFER_CACHE=$(mktemp -d) sh -c 'python benchmarks/startup.py --label cold && python benchmarks/startup.py --label warm'
   python benchmarks/startup.py --model tiny-llama --max-model-len 256 --max-num-seqs 8 \\
       --max-num-batched-tokens 64 --label smoke                                      # CPU smoke test
-  python benchmarks/startup.py --model default --load-format auto --lazy --max-num-seqs 1 --label cpu-default
+  python benchmarks/startup.py --model default --load-format auto --lazy --max-num-seqs 1 --label cpu
 """
 from __future__ import annotations
 

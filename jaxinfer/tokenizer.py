@@ -24,8 +24,8 @@ NO_CHAT_TEMPLATE_MSG = "this tokenizer has no chat template; pass a raw prompt o
 class Tokenizer:
     """Wraps a transformers tokenizer (`.hf`). Build with `Tokenizer.from_pretrained(...)`.
 
-    The wrapped object (`_impl`) may also be a LiteTokenizer (lite_tokenizer.py: a GGUF model's tokenizer from the
-    prepared cache, without importing transformers); `.hf` is then built from it on first access, so it is always
+    The wrapped object (`_impl`) may also be a LiteTokenizer (weights/lite_tokenizer.py: a GGUF model's tokenizer
+    from the prepared cache, without importing transformers); `.hf` is then built from it on first access, so it is always
     a transformers tokenizer."""
 
     def __init__(self, hf_tokenizer: Any, generation_config: dict | None = None):
@@ -60,7 +60,7 @@ class Tokenizer:
         try:
             spec = _cached_gguf_spec(os.path.join(path, gguf_file)) if gguf_file is not None else None
             if spec is not None:  # the prepared cache's tokenizer.json: no transformers import (lite_tokenizer.py)
-                from jaxinfer.lite_tokenizer import LiteTokenizer
+                from jaxinfer.weights.lite_tokenizer import LiteTokenizer
 
                 hf = LiteTokenizer(spec)
             elif gguf_file is not None:  # built from the GGUF metadata without torch (see weights/gguf_tokenizer.py)

@@ -1,5 +1,5 @@
 """The start-up caches: compiled programs on disk (runner/program_cache.py), prepared GGUF weights and metadata
-(weights/prepared.py), and the tokenizer without transformers (lite_tokenizer.py).
+(weights/prepared.py), and the tokenizer without transformers (weights/lite_tokenizer.py).
 
 Every test points JAXINFER_CACHE at its own tmp dir: nothing is written into the user's cache. References are
 independent: a fresh compile, a fresh dequantization of the file, transformers' tokenizer."""
@@ -201,7 +201,7 @@ CHATS = [[{"role": "user", "content": "What is the capital of France?"}],
 
 
 def test_lite_tokenizer_equals_transformers(smollm2_gguf, cache):
-    from jaxinfer.lite_tokenizer import LiteTokenizer
+    from jaxinfer.weights.lite_tokenizer import LiteTokenizer
     from jaxinfer.tokenizer import Tokenizer
     from jaxinfer.weights.gguf import load_gguf_tokenizer
 
