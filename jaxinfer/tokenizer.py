@@ -25,8 +25,8 @@ class Tokenizer:
     """Wraps a transformers tokenizer (`.hf`). Build with `Tokenizer.from_pretrained(...)`.
 
     The wrapped object (`_impl`) may also be a LiteTokenizer (weights/lite_tokenizer.py: a GGUF model's tokenizer
-    from the prepared cache, without importing transformers); `.hf` is then built from it on first access, so it is always
-    a transformers tokenizer."""
+    from the prepared cache, without importing transformers); `.hf` is then built from it on first access, so it is
+    always a transformers tokenizer."""
 
     def __init__(self, hf_tokenizer: Any, generation_config: dict | None = None):
         self._impl = hf_tokenizer
