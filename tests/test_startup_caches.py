@@ -225,3 +225,22 @@ def test_lite_tokenizer_equals_transformers(smollm2_gguf, cache):
     assert (lite.bos_token_id, lite.eos_token_id, len(lite)) == (hf.bos_token_id, hf.eos_token_id, len(hf))
     assert wrapped.eos_token_ids == Tokenizer(hf).eos_token_ids
     assert type(wrapped.hf).__name__ == type(hf).__name__  # .hf is still a transformers tokenizer
+
+
+def test_unserializable_program_is_marked_and_compiled_plainly(cache, monkeypatch):
+    import jax.experimental.serialize_executable as se
+
+    def refuse(compiled):
+        raise ValueError("Compilation does not support serialization")
+
+    with monkeypatch.context() as m:
+        m.setattr(se, "serialize", refuse)
+        first = jaxinfer.LLM("tiny-llama", **TINY)
+        want = _run(first)
+    d = os.path.join(cache, "programs")
+    marks = [f for f in os.listdir(d) if f.endswith(".plain")]
+    assert marks and not _programs(cache) and len(marks) == first.runner.program_cache.misses
+    second = jaxinfer.LLM("tiny-llama", **TINY)
+    assert _run(second) == want
+    pc = second.runner.program_cache
+    assert pc.hits == 0 and pc.failures == 0 and not _programs(cache)  # the marked programs are not stored

@@ -16,6 +16,8 @@ Invariants:
   * only freshly compiled executables are stored: XLA:CPU mis-serialized executables that were themselves
     deserialized (from JAX's persistent cache), so a miss compiles under a JAX cache key of its own and stores
     the result only when JAX's cache did not serve it (_compile_fresh).
+  * a program that cannot be serialized (store fails) is marked `<key>.plain` and from then on compiled the
+    ordinary way, through JAX's persistent cache (which the fresh compiles of this module never write).
   * entries are written atomically (temp file + os.replace); the directory is trimmed to `max_bytes` (oldest
     first) after each store.
 
@@ -168,7 +170,8 @@ class ProgramCache:
         return None
 
     def store(self, key: str, compiled) -> bool:
-        """Serialize `compiled` (a freshly compiled jax.stages.Compiled) under `key`; False when it cannot be."""
+        """Serialize `compiled` (a freshly compiled jax.stages.Compiled) under `key`; False when it cannot be
+        (then a `<key>.plain` marker says so: the next start compiles it through JAX's own cache instead)."""
         tmp = None
         try:
             from jax.experimental.serialize_executable import serialize
@@ -185,6 +188,9 @@ class ProgramCache:
             if tmp is not None:
                 with contextlib.suppress(OSError):
                     os.remove(tmp)
+            with contextlib.suppress(OSError):
+                os.makedirs(self.directory, exist_ok=True)
+                open(os.path.join(self.directory, key + ".plain"), "w").close()
             return False
         self.trim()
         return True
@@ -213,6 +219,8 @@ class ProgramCache:
             self.hits += 1
             return compiled
         self.misses += 1
+        if os.path.exists(os.path.join(self.directory, key + ".plain")):  # cannot be serialized: JAX's cache only
+            return lower_and_compile()
         compiled, fresh = _compile_fresh(lower_and_compile)
         if fresh:
             self.store(key, compiled)
@@ -227,7 +235,7 @@ def clear(directory: str | None = None) -> int:
     n = 0
     with contextlib.suppress(FileNotFoundError):
         for e in os.scandir(directory):
-            if e.name.endswith(_SUFFIX):
+            if e.name.endswith((_SUFFIX, ".plain")):
                 with contextlib.suppress(OSError):
                     os.remove(e.path)
                     n += 1
