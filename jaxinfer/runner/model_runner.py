@@ -26,6 +26,7 @@ from jaxinfer.runner.batch import _TOKEN_IDS, pack
 from jaxinfer.runner.buckets import BucketLadder
 from jaxinfer.runner.cpu_defaults import cpu_kv_pages, ladder_args
 from jaxinfer.runner.penalties import host_row, write_row
+from jaxinfer.weights.prepared import release_writes
 from jaxinfer.runner.program_cache import ProgramCache, abstract_signature, program_cache_enabled, program_key
 from jaxinfer.runner.sampler import GREEDY_EPS
 from jaxinfer.models.attention import AttentionOptions, device_num_sms
@@ -152,6 +153,7 @@ class ModelRunner:
         # Compiled programs on disk (runner/program_cache.py): one device only (a sharded program's devices are
         # part of the executable); everything the traced step closes over goes into `_program_parts`.
         self.program_cache = ProgramCache() if program_cache_enabled() and plan is None else None
+        self._first_fetch_done = False
         self.program_wait_s = 0.0  # seconds callers waited for a program (compile, cache load, or a background one)
         self._program_parts = (repr(config), repr(cfg), str(jnp.dtype(loaded.dtype)), repr(loaded.quantization),
                                repr(opts), max_model_len, self.num_pages, self._device.id)
@@ -220,6 +222,7 @@ class ModelRunner:
         self._penalty_writer()
         jax.block_until_ready(out)
         log.info("compiled %d buckets in %.1f s", len(self.ladder.buckets), time.perf_counter() - t0)
+        release_writes()  # warm-up's compiles are done: background cache writes may start
 
     def run_compiled(self, step, ints, floats, prev_tokens=None):
         """Run one compiled step program on packed device buffers, threading the runner's donated state (KV cache,
@@ -374,6 +377,9 @@ class ModelRunner:
 
     def fetch(self, flight: "InFlight") -> RunnerOutput:
         """Wait for a dispatched step and copy its (small) results to the host."""
+        if not self._first_fetch_done:  # start-up is over: background cache writes may start now
+            self._first_fetch_done = True
+            release_writes()
         n, o = flight.num_seqs, flight.out
         # Every device->host copy costs host time: tokens, logprobs and the verification results come as one
         # array (StepOutput.host), the top-20 arrays only when asked for.

@@ -21,6 +21,7 @@ Delete the directory to clear it (or call clear()).
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import hashlib
@@ -41,6 +42,11 @@ log = logging.getLogger("jaxinfer")
 VERSION = 1
 _lock = threading.Lock()
 _writers: list[threading.Thread] = []
+# Background writes wait for this (set by the runner's first completed step, release_writes(), or at exit):
+# writing ~0.5 GB beside start-up's compiles made the cold start of the default model 17 s instead of 10 s of
+# compiling on 2 cores.
+_released = threading.Event()
+RELEASE_TIMEOUT_S = 120.0
 
 
 def enabled() -> bool:
@@ -156,7 +162,8 @@ def _dtype(name: str):
 
 def store_weights(path: str, variant: str, arrays: dict[tuple, np.ndarray], background: bool = True) -> None:
     """Write `arrays` ({module path: host array}) as the file's `variant` (on a non-daemon thread when
-    background: the process waits for it at exit; never raises)."""
+    background: it starts once release_writes() is called (or after RELEASE_TIMEOUT_S), and the process waits for
+    it at exit; never raises)."""
     if not enabled():
         return
     size = sum(a.nbytes for a in arrays.values())
@@ -165,17 +172,31 @@ def store_weights(path: str, variant: str, arrays: dict[tuple, np.ndarray], back
                  max_bytes() / 2**30)
         return
     if background:
-        t = threading.Thread(target=_write, args=(path, variant, arrays), name="jaxinfer-prepared-write")
+        if not _writers:
+            atexit.register(wait_for_writes)
+        t = threading.Thread(target=_write_when_released, args=(path, variant, arrays), daemon=True,
+                             name="jaxinfer-prepared-write")
         t.start()
         _writers.append(t)
     else:
         _write(path, variant, arrays)
 
 
+def release_writes() -> None:
+    """Let the background writes start (the engine's first step is done: start-up's compiles are over)."""
+    _released.set()
+
+
 def wait_for_writes() -> None:
-    """Join the background writers (tests; the interpreter does it at exit)."""
+    """Release and join the background writers (tests; registered to run at exit)."""
+    _released.set()
     while _writers:
         _writers.pop().join()
+
+
+def _write_when_released(path: str, variant: str, arrays: dict[tuple, np.ndarray]) -> None:
+    _released.wait(RELEASE_TIMEOUT_S)
+    _write(path, variant, arrays)
 
 
 def _write(path: str, variant: str, arrays: dict[tuple, np.ndarray]) -> None:
