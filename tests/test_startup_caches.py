@@ -129,35 +129,36 @@ def _write_gguf(path, seed: int):
     w.close()
 
 
-def _load(path):
+def _load(path, dtype="float32"):
     from jaxinfer.weights.loader import load_model, resolve_model
 
-    m = load_model(resolve_model(str(path)), "float32", progress=False)
+    m = load_model(resolve_model(str(path)), dtype, progress=False)
     prepared.wait_for_writes()
     return [np.asarray(p) for p in m.params]
 
 
-def _fresh(path, monkeypatch):
+def _fresh(path, monkeypatch, dtype="float32"):
     with monkeypatch.context() as m:
         m.setenv("JAXINFER_PREPARED_CACHE", "0")
-        return _load(path)
+        return _load(path, dtype)
 
 
-def test_prepared_weights_hit_equals_fresh_dequantization(cache, tmp_path, monkeypatch):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_prepared_weights_hit_equals_fresh_dequantization(cache, tmp_path, monkeypatch, dtype):
     path = tmp_path / "tiny.gguf"
     _write_gguf(path, seed=0)
-    want = _fresh(path, monkeypatch)
+    want = _fresh(path, monkeypatch, dtype)
     assert not os.path.exists(prepared.root())  # disabled: nothing written
-    first = _load(path)  # miss: dequantized, then stored
+    first = _load(path, dtype)  # miss: dequantized, then stored
     assert [os.path.isfile(os.path.join(r, "manifest.json")) for r, _, _ in os.walk(prepared.root())].count(True) == 1
 
     import jaxinfer.weights.loader as loader
 
     monkeypatch.setattr(loader, "_iter_gguf", lambda p: pytest.fail("a hit read the GGUF tensors"))
     monkeypatch.setattr("jaxinfer.weights.gguf.gguf_to_hf_config", lambda p: pytest.fail("a hit parsed the GGUF"))
-    hit = _load(path)
+    hit = _load(path, dtype)
     for a, b, c in zip(want, first, hit):
-        assert a.dtype == c.dtype and a.shape == c.shape
+        assert a.dtype == c.dtype == np.dtype(jax.numpy.dtype(dtype)) and a.shape == c.shape
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a, c)
 
