@@ -93,6 +93,12 @@ def compilation_cache_entries() -> int:
     return len(os.listdir(d)) if os.path.isdir(d) else 0
 
 
+def program_cache_entries() -> int:
+    """Compiled programs in jaxinfer's program cache ($JAXINFER_CACHE/programs; runner/program_cache.py)."""
+    d = os.path.join(os.environ.get("JAXINFER_CACHE", os.path.expanduser("~/.cache/jaxinfer")), "programs")
+    return len([f for f in os.listdir(d) if f.endswith(".jxp")]) if os.path.isdir(d) else 0
+
+
 def write_result(name: str, payload: dict) -> str:
     os.makedirs(RESULTS_DIR, exist_ok=True)
     payload = {"benchmark": name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -46,15 +46,47 @@ class LLM:
                               "the config, e.g. config.replace(max_num_seqs=8)")
         t0 = time.perf_counter()
         self._progress = progress
-        from jaxinfer.weights.loader import load_model, resolve_model
-        from jaxinfer.runner.cpu_defaults import compute_dtype
-        from jaxinfer.runner.model_runner import ModelRunner, enable_compilation_cache
+        self._warmup = warmup
+        # seconds per start-up phase (benchmarks/startup.py prints them); tokenizer_s ran on its own thread
+        self.startup_breakdown = times = {}
+        from jaxinfer.weights.loader import resolve_model
+        from jaxinfer.runner.model_runner import enable_compilation_cache
         from jaxinfer.tokenizer import Tokenizer
-        from jaxinfer.engine.engine import LLMEngine
 
+        times["import_s"] = time.perf_counter() - t0
         self.config = config
         enable_compilation_cache(config.kernels.compilation_cache_dir)
         self.source = resolve_model(config.load.model, config.load.load_format)
+        times["config_s"] = time.perf_counter() - t0 - times["import_s"]
+        # The tokenizer builds on a thread while the weights load and the runner sets up (tokenizers' Rust code
+        # and file reads release the GIL); it is awaited before the engine, which needs its EOS ids.
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1, thread_name_prefix="jaxinfer-tokenizer") as pool:
+            tokenizer_future = pool.submit(self._timed, "tokenizer_s", self._load_tokenizer, tokenizer, Tokenizer)
+            self._build(config, tokenizer_future)
+        self.startup_seconds = time.perf_counter() - t0
+        _BUILT[_source_key(self.source)] = weakref.ref(self)  # jaxinfer.generate() reuses it
+        log.info("engine ready in %.1f s", self.startup_seconds)
+
+    def _timed(self, name, fn, *args):
+        t = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.startup_breakdown[name] = time.perf_counter() - t
+
+    def _build(self, config, tokenizer_future):
+        """Weights, runners, engine(s) and warm-up; `tokenizer_future` is awaited once the runners exist."""
+        from jaxinfer.weights.loader import load_model
+        from jaxinfer.runner.cpu_defaults import compute_dtype
+        from jaxinfer.runner.model_runner import ModelRunner
+        from jaxinfer.engine.engine import LLMEngine
+
+        progress = self._progress
+        warmup = self._warmup
+        times = self.startup_breakdown
+        t = time.perf_counter()
         # Tensor / data parallelism: one sharding plan per replica (None: the single default device).
         plans = [None]
         par = config.parallel
@@ -66,12 +98,15 @@ class LLM:
         self.model = load_model(self.source, compute_dtype(config.load.dtype), seed=config.seed, progress=progress,
                                 quantization=config.quant_spec, plan=plans[0])
         self.models = [self.model] + [replicate_model(self.model, p) for p in plans[1:]]
+        times["weights_s"], t = time.perf_counter() - t, time.perf_counter()
         cfg = self.model.cfg
         self.model_config = cfg
-        self.tokenizer = self._load_tokenizer(tokenizer, Tokenizer)
         max_len = self._max_model_len()
         self.runners = [ModelRunner(m, self.config, max_len) for m in self.models]
         self.runner = self.runners[0]
+        times["runner_s"], t = time.perf_counter() - t, time.perf_counter()
+        self.tokenizer = tokenizer_future.result()
+        times["tokenizer_wait_s"], t = time.perf_counter() - t, time.perf_counter()
         eos = set(cfg.eos_token_ids)
         if self.tokenizer is not None:
             eos |= set(self.tokenizer.eos_token_ids)
@@ -90,9 +125,7 @@ class LLM:
             spec = getattr(self.engine, "spec", None)
             if spec is not None and hasattr(spec.proposer, "warmup"):
                 spec.proposer.warmup(progress=progress)
-        self.startup_seconds = time.perf_counter() - t0
-        _BUILT[_source_key(self.source)] = weakref.ref(self)  # jaxinfer.generate() reuses it
-        log.info("engine ready in %.1f s", self.startup_seconds)
+        times["programs_s"] = time.perf_counter() - t  # compile or load every bucket's programs (warm-up)
 
     # ---- set-up helpers -----------------------------------------------------------------------------------
     def _speculation(self, max_len: int):

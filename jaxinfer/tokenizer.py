@@ -22,14 +22,24 @@ NO_CHAT_TEMPLATE_MSG = "this tokenizer has no chat template; pass a raw prompt o
 
 
 class Tokenizer:
-    """Wraps a transformers tokenizer (`.hf`). Build with `Tokenizer.from_pretrained(...)`."""
+    """Wraps a transformers tokenizer (`.hf`). Build with `Tokenizer.from_pretrained(...)`.
+
+    The wrapped object (`_impl`) may also be a LiteTokenizer (weights/lite_tokenizer.py: a GGUF model's tokenizer
+    from the prepared cache, without importing transformers); `.hf` is then built from it on first access, so it is
+    always a transformers tokenizer."""
 
     def __init__(self, hf_tokenizer: Any, generation_config: dict | None = None):
-        self.hf = hf_tokenizer
+        self._impl = hf_tokenizer
         # The Rust tokenizer behind a fast/"TokenizersBackend" tokenizer, or None for a pure-Python one.
         self._backend = getattr(hf_tokenizer, "backend_tokenizer", None)
         self.generation_config = dict(generation_config or {})
         self.eos_token_ids: set[int] = self._collect_eos_ids()
+
+    @property
+    def hf(self):
+        """The transformers tokenizer (built from the lite one on first access)."""
+        impl = self._impl
+        return impl.to_transformers() if hasattr(impl, "to_transformers") else impl
 
     # ---- construction -------------------------------------------------------------------------------
     @classmethod
@@ -48,7 +58,12 @@ class Tokenizer:
         elif gguf_file is not None and os.path.isabs(gguf_file):
             path, gguf_file = os.path.split(gguf_file)
         try:
-            if gguf_file is not None:  # built from the GGUF metadata without torch (see weights/gguf_tokenizer.py)
+            spec = _cached_gguf_spec(os.path.join(path, gguf_file)) if gguf_file is not None else None
+            if spec is not None:  # the prepared cache's tokenizer.json: no transformers import (lite_tokenizer.py)
+                from jaxinfer.weights.lite_tokenizer import LiteTokenizer
+
+                hf = LiteTokenizer(spec)
+            elif gguf_file is not None:  # built from the GGUF metadata without torch (see weights/gguf_tokenizer.py)
                 from jaxinfer.weights.gguf import load_gguf_tokenizer
 
                 hf = load_gguf_tokenizer(os.path.join(path, gguf_file))
@@ -69,8 +84,8 @@ class Tokenizer:
 
     def _collect_eos_ids(self) -> set[int]:
         ids: set[int] = set()
-        if self.hf.eos_token_id is not None:
-            ids.add(int(self.hf.eos_token_id))
+        if self._impl.eos_token_id is not None:
+            ids.add(int(self._impl.eos_token_id))
         gen_eos = self.generation_config.get("eos_token_id")
         if isinstance(gen_eos, int):
             ids.add(gen_eos)
@@ -81,27 +96,27 @@ class Tokenizer:
     # ---- properties ---------------------------------------------------------------------------------
     @property
     def bos_token_id(self) -> int | None:
-        return self.hf.bos_token_id
+        return self._impl.bos_token_id
 
     @property
     def eos_token_id(self) -> int | None:
         """The tokenizer's own EOS id (see `eos_token_ids` for every id that ends generation)."""
-        return self.hf.eos_token_id
+        return self._impl.eos_token_id
 
     @property
     def vocab_size(self) -> int:
         """Number of token ids the tokenizer knows, added tokens included (the model's embedding may be larger)."""
-        return len(self.hf)
+        return len(self._impl)
 
     @property
     def has_chat_template(self) -> bool:
-        return bool(getattr(self.hf, "chat_template", None))
+        return bool(getattr(self._impl, "chat_template", None))
 
     # ---- encode / decode ----------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if not isinstance(text, str):
             raise TypeError(f"encode() takes a str, got {type(text).__name__}")
-        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+        return list(self._impl.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Token ids -> text. Ids unknown to the tokenizer (padded embedding rows) decode to nothing."""
@@ -112,13 +127,13 @@ class Tokenizer:
                 return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
             except TypeError:  # e.g. numpy ints inside a list
                 return self._backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
-        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
+        return self._impl.decode(ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
 
     def convert_ids_to_tokens(self, ids: int | Iterable[int]) -> str | list[str]:
         """Raw vocabulary pieces (e.g. 'Ġworld', '<0xE4>'), not text; one str for one id."""
         if isinstance(ids, int):
-            return self.hf.convert_ids_to_tokens(ids)
-        return list(self.hf.convert_ids_to_tokens([int(i) for i in ids]))
+            return self._impl.convert_ids_to_tokens(ids)
+        return list(self._impl.convert_ids_to_tokens([int(i) for i in ids]))
 
     # ---- chat templates -----------------------------------------------------------------------------
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
@@ -129,7 +144,7 @@ class Tokenizer:
         `enable_thinking`) go to the template.
         """
         self._require_chat_template()
-        out = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
+        out = self._impl.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
                                           return_dict=False, **kwargs)
         # transformers 5 may still hand back a BatchEncoding / dict (e.g. if a caller's kwargs ask for one).
         if isinstance(out, dict) or hasattr(out, "input_ids"):
@@ -144,7 +159,7 @@ class Tokenizer:
                              **kwargs: Any) -> str:
         """The chat template's text for `messages` (what `apply_chat_template` tokenizes)."""
         self._require_chat_template()
-        return self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
+        return self._impl.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
                                            **kwargs)
 
     def _require_chat_template(self) -> None:
@@ -152,5 +167,14 @@ class Tokenizer:
             raise ValueError(NO_CHAT_TEMPLATE_MSG)
 
     def __repr__(self) -> str:
-        return (f"Tokenizer({type(self.hf).__name__}, vocab_size={self.vocab_size}, "
+        return (f"Tokenizer({type(self._impl).__name__}, vocab_size={self.vocab_size}, "
                 f"eos_token_ids={sorted(self.eos_token_ids)}, bos_token_id={self.bos_token_id})")
+
+
+def _cached_gguf_spec(path: str) -> dict | None:
+    """The tokenizer spec the prepared cache holds for this GGUF (weights/prepared.py), or None."""
+    if not os.path.isfile(path):
+        return None
+    from jaxinfer.weights import prepared
+
+    return prepared.load_metadata(path).get("tokenizer")

@@ -36,8 +36,9 @@ def _console_script() -> list[str]:
     return [exe]
 
 
-def _subprocess(cmd, timeout=300):
+def _subprocess(cmd, timeout=300, **env_overrides):
     env = dict(os.environ)  # conftest set HF_HUB_OFFLINE=1 and JAXINFER_CACHE (where the default GGUF is cached)
+    env.update(env_overrides)
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
 
 
@@ -119,9 +120,10 @@ NOISE = ("libtpu", "Unable to initialize backend", "PyTorch was not found")
 
 def test_first_run_stderr_reads_well(smollm2_gguf):
     """Without --quiet: jaxinfer's own progress and log lines only (no jax backend probing, no transformers
-    advice), and the loading bar knows its total (the default model has 272 tensors)."""
+    advice), and the loading bar knows its total (the default model has 272 tensors). (The prepared-weights cache
+    is off, as on a first run: a warm start reads the weights back without a loading bar.)"""
     proc = _subprocess([sys.executable, "-m", "jaxinfer.cli", "generate", "Hello", "--max-tokens", "2",
-                        *SMALL_ARGS])
+                        *SMALL_ARGS], JAXINFER_PREPARED_CACHE="0")
     assert proc.returncode == 0, proc.stderr[-3000:]
     for noise in NOISE:
         assert noise not in proc.stderr, proc.stderr[-3000:]

@@ -26,6 +26,8 @@ from jaxinfer.runner.batch import _TOKEN_IDS, pack
 from jaxinfer.runner.buckets import BucketLadder
 from jaxinfer.runner.cpu_defaults import cpu_kv_pages, ladder_args
 from jaxinfer.runner.penalties import host_row, write_row
+from jaxinfer.weights.prepared import release_writes
+from jaxinfer.runner.program_cache import ProgramCache, abstract_signature, program_cache_enabled, program_key
 from jaxinfer.runner.sampler import GREEDY_EPS
 from jaxinfer.runner.spec_carry import carry_width
 from jaxinfer.models.attention import AttentionOptions, device_num_sms
@@ -155,6 +157,13 @@ class ModelRunner:
         # ~7 s of cold compile (8B shape): see EAGER_GENERAL_MAX_TOKENS for which are compiled when.
         self.greedy_programs = jax.default_backend() == "gpu"
         self._prompt_logprobs = make_prompt_logprobs_fn(loaded)
+        # Compiled programs on disk (runner/program_cache.py): one device only (a sharded program's devices are
+        # part of the executable); everything the traced step closes over goes into `_program_parts`.
+        self.program_cache = ProgramCache() if program_cache_enabled() and plan is None else None
+        self._first_fetch_done = False
+        self.program_wait_s = 0.0  # seconds callers waited for a program (compile, cache load, or a background one)
+        self._program_parts = (repr(config), repr(cfg), str(jnp.dtype(loaded.dtype)), repr(loaded.quantization),
+                               repr(opts), max_model_len, self.num_pages, self._device.id)
 
     # ---- memory -------------------------------------------------------------------------------------------
     @property
@@ -220,6 +229,7 @@ class ModelRunner:
         self._penalty_writer()
         jax.block_until_ready(out)
         log.info("compiled %d buckets in %.1f s", len(self.ladder.buckets), time.perf_counter() - t0)
+        release_writes()  # warm-up's compiles are done: background cache writes may start
 
     def run_compiled(self, step, ints, floats, prev_tokens=None):
         """Run one compiled step program on packed device buffers, threading the runner's donated state (KV cache,
@@ -241,9 +251,17 @@ class ModelRunner:
         ints, floats = self.placeholder_batch(bucket)
         spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self._replicated)  # noqa: E731
         kv, table = state_specs or (self.kv_caches, self.penalty_table)
-        lowered = self._step.lower(self.loaded.params, kv, spec(ints), spec(floats), self._no_prev, table,
-                                   bucket=bucket, greedy_only=greedy_only)
-        return compile_lowered(lowered, compiler_options)
+        args = (self.loaded.params, kv, spec(ints), spec(floats), self._no_prev, table)
+
+        def build():
+            lowered = self._step.lower(*args, bucket=bucket, greedy_only=greedy_only)
+            return compile_lowered(lowered, compiler_options)
+
+        if self.program_cache is None:
+            return build()
+        key = program_key("step", *self._program_parts, repr(bucket), greedy_only, repr(compiler_options),
+                          abstract_signature(args))
+        return self.program_cache.get_or_compile(key, build, [self._device])
 
     def compile_in_background(self, buckets, workers: int = 1, greedy_only: bool = False) -> None:
         """Start compiling (or loading from the persistent cache) these buckets' step programs on a worker thread,
@@ -294,6 +312,7 @@ class ModelRunner:
             else:
                 step = self.compile_step(bucket, step_compiler_options(bucket), greedy_only=greedy_only)
             self._compiled[key] = step
+            self.program_wait_s += time.perf_counter() - t0
             log.debug("step of %d tokens / %d sequences compiled (or loaded from the cache) in %.2f s",
                       bucket.num_tokens, bucket.num_seqs, time.perf_counter() - t0)
         return step
@@ -303,12 +322,20 @@ class ModelRunner:
         (`jaxinfer generate`) compiles only the step programs it runs."""
         prompt = self._compiled_prompt.get(bucket)
         if prompt is None:
+            t0 = time.perf_counter()
             rep = self._replicated
             hidden = jax.ShapeDtypeStruct((bucket.num_tokens, self.loaded.cfg.hidden_size), self.loaded.dtype,
                                           sharding=rep)
             targets = jax.ShapeDtypeStruct((bucket.num_tokens,), jnp.int32, sharding=rep)
-            prompt = self._compiled_prompt[bucket] = self._prompt_logprobs.lower(
-                self.loaded.params, hidden, targets).compile()
+            args = (self.loaded.params, hidden, targets)
+            build = lambda: self._prompt_logprobs.lower(*args).compile()  # noqa: E731
+            if self.program_cache is None:
+                prompt = build()
+            else:
+                key = program_key("prompt_logprobs", *self._program_parts, repr(bucket), abstract_signature(args))
+                prompt = self.program_cache.get_or_compile(key, build, [self._device])
+            self._compiled_prompt[bucket] = prompt
+            self.program_wait_s += time.perf_counter() - t0
         return prompt
 
     def _penalty_writer(self):
@@ -357,6 +384,9 @@ class ModelRunner:
 
     def fetch(self, flight: "InFlight") -> RunnerOutput:
         """Wait for a dispatched step and copy its (small) results to the host."""
+        if not self._first_fetch_done:  # start-up is over: background cache writes may start now
+            self._first_fetch_done = True
+            release_writes()
         n, o = flight.num_seqs, flight.out
         # Every device->host copy costs host time: tokens, logprobs and the verification results come as one
         # array (StepOutput.host), the top-20 arrays only when asked for.

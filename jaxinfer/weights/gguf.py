@@ -258,7 +258,17 @@ def load_gguf_tokenizer(path: str | os.PathLike):
     (without torch for byte-level BPE vocabularies: see gguf_tokenizer.py)."""
     from jaxinfer.weights.gguf_tokenizer import build_gguf_tokenizer
 
+    from jaxinfer.weights import prepared
+    from jaxinfer.weights.gguf_tokenizer import tokenizer_from_spec, tokenizer_spec
+
     path = os.path.abspath(os.fspath(path))
     if not os.path.isfile(path):
         raise FileNotFoundError(f"GGUF file {path!r} does not exist; pass the path of a .gguf file.")
-    return build_gguf_tokenizer(path)
+    spec = prepared.load_metadata(path).get("tokenizer")  # (the file's metadata is then never parsed)
+    if spec is not None:
+        return tokenizer_from_spec(spec)
+    hf = build_gguf_tokenizer(path)
+    spec = tokenizer_spec(hf)
+    if spec is not None:
+        prepared.store_metadata(path, tokenizer=spec)
+    return hf

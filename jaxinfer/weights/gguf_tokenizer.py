@@ -65,6 +65,30 @@ def build_gguf_tokenizer(path: str):
     return hf
 
 
+def tokenizer_spec(hf) -> dict | None:
+    """What tokenizer_from_spec needs to rebuild `hf` (a PreTrainedTokenizerFast built above) without the GGUF:
+    the backend's tokenizer.json, the four special tokens and the chat template; None for other tokenizers."""
+    from transformers import PreTrainedTokenizerFast
+
+    if type(hf) is not PreTrainedTokenizerFast:
+        return None
+    return {"tokenizer_json": hf.backend_tokenizer.to_str(), "bos_token": hf.bos_token, "eos_token": hf.eos_token,
+            "unk_token": hf.unk_token, "pad_token": hf.pad_token, "chat_template": hf.chat_template}
+
+
+def tokenizer_from_spec(spec: dict):
+    """The PreTrainedTokenizerFast of tokenizer_spec (the same vocabulary, merges, specials and template)."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(spec["tokenizer_json"]),
+                                 bos_token=spec["bos_token"], eos_token=spec["eos_token"],
+                                 unk_token=spec["unk_token"], pad_token=spec["pad_token"])
+    if spec.get("chat_template"):
+        hf.chat_template = spec["chat_template"]
+    return hf
+
+
 def _pre_tokenizer(pre: str | None):
     """The `tokenizers` pre-tokenizer of llama.cpp's `tokenizer.ggml.pre` name (None: GPT-2's byte-level regex)."""
     from tokenizers import Regex, pre_tokenizers

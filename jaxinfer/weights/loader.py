@@ -111,9 +111,17 @@ def _as_dummy(src: ModelSource) -> ModelSource:
 
 
 def _gguf_source(path: str) -> ModelSource:
-    from jaxinfer.weights.gguf import gguf_to_hf_config
+    """The GGUF's config from the prepared cache's metadata (weights/prepared.py) when it has it: parsing the
+    file's metadata (its whole vocabulary) costs ~1 s on 2 cores."""
+    from jaxinfer.weights import prepared
 
-    return ModelSource("gguf", path, gguf_to_hf_config(path), path, name=os.path.basename(path))
+    hf_config = prepared.load_metadata(path).get("hf_config")
+    if hf_config is None:
+        from jaxinfer.weights.gguf import gguf_to_hf_config
+
+        hf_config = gguf_to_hf_config(path)
+        prepared.store_metadata(path, hf_config=hf_config)
+    return ModelSource("gguf", path, hf_config, path, name=os.path.basename(path))
 
 
 def _dir_source(path: str) -> ModelSource:
@@ -221,6 +229,9 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
     elif src.kind == "dummy":
         pure = _random_weights(float_state if quantizer else abs_state, seed, quantizer,
                                None if place is None else place.shardings)
+    elif src.kind == "gguf" and quantizer is None and place is None:
+        pure = _load_gguf_prepared(src, hf_cfg, arch.weights, jdtype, progress)
+        _check_complete(abs_state, pure, src)
     else:
         tensors = _iter_gguf(src.path) if src.kind == "gguf" else _iter_safetensors(src.path)
         pure = _assemble(hf_cfg, arch.weights, tensors, jdtype, progress=progress, desc=f"loading {src.name}",
@@ -230,6 +241,23 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
     leaves, treedef = jax.tree.flatten(abs_state)
     return LoadedModel(cfg, src, graphdef, leaves, treedef, jdtype, quantization=quantization, plan=plan,
                        layout=layout)
+
+
+def _load_gguf_prepared(src: ModelSource, cfg: ModelConfig, names, dtype, progress: bool) -> dict:
+    """A GGUF's float weights from the prepared-weights cache (weights/prepared.py: memory-mapped, no
+    dequantization), else dequantized from the file and stored there for the next start."""
+    from jaxinfer.weights import prepared
+
+    variant = prepared.weights_variant(dtype)
+    host = prepared.load_weights(src.path, variant)
+    if host is not None:
+        return _unflatten({p: jax.device_put(a) for p, a in host.items()})
+    keep = {} if prepared.enabled() else None
+    pure = _assemble(cfg, names, _iter_gguf(src.path), dtype, progress=progress, desc=f"loading {src.name}",
+                     keep=keep)
+    if keep:
+        prepared.store_weights(src.path, variant, keep)
+    return pure
 
 
 def params_from_quantized(src, tensors: Mapping[str, Any] | Iterable[tuple[str, Any]], dtype="auto", *,
@@ -379,11 +407,12 @@ _IGNORED = ("rotary_emb.inv_freq",)
 
 
 def _assemble(cfg: ModelConfig, names: registry.WeightNames, tensors, dtype, *, progress: bool, desc: str,
-              quantizer=None, place=None) -> dict:
+              quantizer=None, place=None, keep: dict | None = None) -> dict:
     """Map Hugging Face tensors to the module's parameters by `names` (the architecture's map) in our layout ([in, out] weights, fused QKV grouped per KV head, fused gate/up)
     and put each on the device as soon as it is complete (`place(path, array)` when sharded). Projections may
     arrive as QuantizedTensors ([in, out] already); the quantizer (weights/quantize.py) turns weights of quantized
-    layers into their device leaves."""
+    layers into their device leaves. keep: a dict that also receives each float leaf's host array (the
+    prepared-weights cache stores them; only without quantizer / place)."""
     from jaxinfer.weights.quant_tensor import QuantizedTensor
     flat: dict[tuple, Any] = {}
     pending: dict[tuple[int, str], dict[str, np.ndarray]] = {}
@@ -398,7 +427,10 @@ def _assemble(cfg: ModelConfig, names: registry.WeightNames, tensors, dtype, *, 
         if place is not None:
             flat[path] = place(path, array)
             return
-        flat[path] = jax.device_put(np.asarray(array).astype(dtype))
+        host = np.asarray(array).astype(dtype)
+        if keep is not None:
+            keep[path] = host
+        flat[path] = jax.device_put(host)
 
     def T(a):  # Hugging Face [out, in] -> [in, out]; QuantizedTensors are [in, out] already
         return a if isinstance(a, QuantizedTensor) else np.asarray(a).T

@@ -1,0 +1,242 @@
+"""Whole compiled programs on disk, so a warm start skips tracing, lowering and compiling.
+
+JAX's persistent compilation cache (runner/model_runner.py enable_compilation_cache) saves only XLA's compile:
+every start still traces and lowers each step program (seconds per bucket on a 2-core CPU). This cache stores the
+compiled executable itself (`jax.experimental.serialize_executable`) under a key of everything the program depends
+on, and loads it back without tracing:
+
+  key = sha256(jax / jaxlib versions, backend + platform version + device kind and count, XLA_FLAGS,
+               a digest of jaxinfer's and pallas_kernels' source, the program's name, and `parts`: the caller's
+               config reprs and the abstract input signature (shapes, dtypes, shardings of every argument))
+
+Invariants:
+  * never crash: an entry that fails to read, unpickle or load is deleted and the program is compiled fresh; a
+    store that fails is logged and ignored. A hit gives the same executable as a fresh compile (bitwise-identical
+    outputs: tests/test_startup_caches.py).
+  * only freshly compiled executables are stored: XLA:CPU mis-serialized executables that were themselves
+    deserialized (from JAX's persistent cache), so a miss compiles under a JAX cache key of its own and stores
+    the result only when JAX's cache did not serve it (_compile_fresh).
+  * a program that cannot be serialized (store fails) is marked `<key>.plain` and from then on compiled the
+    ordinary way, through JAX's persistent cache (which the fresh compiles of this module never write).
+  * entries are written atomically (temp file + os.replace); the directory is trimmed to `max_bytes` (oldest
+    first) after each store.
+
+Where: $JAXINFER_CACHE/programs (default ~/.cache/jaxinfer/programs). Off: JAXINFER_PROGRAM_CACHE=0.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import pickle
+import tempfile
+import threading
+from typing import Any, Callable
+
+import jax
+
+log = logging.getLogger("jaxinfer")
+
+DEFAULT_MAX_BYTES = 4 << 30  # programs of the 8B shape are ~10-50 MB each
+_SUFFIX = ".jxp"
+_lock = threading.Lock()
+
+
+def cache_root() -> str:
+    return os.environ.get("JAXINFER_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "jaxinfer")
+
+
+def program_cache_enabled() -> bool:
+    return os.environ.get("JAXINFER_PROGRAM_CACHE", "1").lower() not in ("0", "false", "no", "off")
+
+
+@functools.lru_cache(maxsize=None)
+def source_digest() -> str:
+    """sha256 over the source of jaxinfer/ and pallas_kernels/ (what a traced program can depend on)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # jaxinfer/
+    h = hashlib.sha256()
+    for root in (here, os.path.join(os.path.dirname(here), "pallas_kernels")):
+        for d, dirs, files in sorted(os.walk(root)):
+            dirs.sort()
+            for f in sorted(files):
+                if f.endswith(".py"):
+                    p = os.path.join(d, f)
+                    h.update(os.path.relpath(p, os.path.dirname(here)).encode())
+                    with open(p, "rb") as fh:
+                        h.update(fh.read())
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _environment() -> str:
+    import jaxlib
+
+    dev = jax.devices()[0]
+    return repr((jax.__version__, getattr(jaxlib, "__version__", "?"), jax.default_backend(),
+                 getattr(dev.client, "platform_version", "?"), dev.device_kind, jax.device_count(),
+                 os.environ.get("XLA_FLAGS", ""), source_digest()))
+
+
+def abstract_signature(tree) -> str:
+    """Shapes, dtypes and shardings of a pytree of arrays / ShapeDtypeStructs, and its structure (no values)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    sig = [(tuple(x.shape), str(x.dtype), repr(getattr(x, "sharding", None))) for x in leaves]
+    return repr((str(treedef), sig))
+
+
+def program_key(name: str, *parts: Any) -> str:
+    h = hashlib.sha256()
+    for p in (name, _environment()) + tuple(parts):
+        h.update(repr(p).encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+_tls = threading.local()  # .jax_cache_hits: JAX persistent-cache hits seen by this thread
+_listening = False
+
+
+def _on_event(event: str, **_):
+    if event == "/jax/compilation_cache/cache_hits":
+        _tls.jax_cache_hits = getattr(_tls, "jax_cache_hits", 0) + 1
+
+
+def _compile_fresh(lower_and_compile: Callable[[], Any]) -> tuple[Any, bool]:
+    """(compiled, fresh): fresh is False when JAX's persistent cache served the executable (a deserialized one,
+    which must not be serialized again: XLA:CPU's re-serialization lost functions, and the reloaded program
+    failed at run time with "Function wrapped_slice.3 not found").
+
+    JAX's cache cannot be switched off for one thread (its "used" decision is made once per process), so the
+    compile runs with two thread-local options: source metadata in JAX's cache key (a key the ordinary compiles
+    of the same program never use) and a minimum compile time no compile reaches (so JAX never writes that key):
+    the lookup misses and the program is compiled fresh, and stored only here."""
+    global _listening
+    if not _listening:
+        with contextlib.suppress(Exception):
+            jax.monitoring.register_event_listener(_on_event)
+            _listening = True
+    _tls.jax_cache_hits = 0
+    with contextlib.ExitStack() as stack:
+        with contextlib.suppress(Exception):  # a JAX without these options: compile as usual (hits not stored)
+            from jax._src import config as jcfg
+
+            stack.enter_context(jcfg.compilation_cache_include_metadata_in_key(True))
+            stack.enter_context(jcfg.persistent_cache_min_compile_time_secs(1e12))
+        compiled = lower_and_compile()
+    return compiled, _listening and _tls.jax_cache_hits == 0
+
+
+class ProgramCache:
+    """A directory of serialized compiled programs (see the module docstring for keys and invariants)."""
+
+    def __init__(self, directory: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES):
+        self.directory = directory or os.path.join(cache_root(), "programs")
+        self.max_bytes = max_bytes
+        self.hits = self.misses = self.failures = 0
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.directory, key + _SUFFIX)
+
+    def load(self, key: str, devices=None):
+        """The compiled program stored under `key` (loaded onto `devices`, default: the first device), or None
+        (missing, or unreadable: then it is deleted)."""
+        path = self._path(key)
+        try:
+            with open(path, "rb") as f:
+                payload, in_tree, out_tree = pickle.load(f)
+        except FileNotFoundError:
+            return None
+        except Exception as e:  # noqa: BLE001  truncated / corrupted / written by another version
+            return self._drop(path, e)
+        try:
+            from jax.experimental.serialize_executable import deserialize_and_load
+
+            compiled = deserialize_and_load(payload, in_tree, out_tree,
+                                            execution_devices=list(devices or jax.devices()[:1]))
+        except Exception as e:  # noqa: BLE001
+            return self._drop(path, e)
+        with contextlib.suppress(OSError):
+            os.utime(path)  # recently used: trimmed last
+        return compiled
+
+    def _drop(self, path: str, err: Exception):
+        self.failures += 1
+        log.warning("program cache: cannot load %s (%s: %s); compiling instead", os.path.basename(path),
+                    type(err).__name__, str(err)[:200])
+        with contextlib.suppress(OSError):
+            os.remove(path)
+        return None
+
+    def store(self, key: str, compiled) -> bool:
+        """Serialize `compiled` (a freshly compiled jax.stages.Compiled) under `key`; False when it cannot be
+        (then a `<key>.plain` marker says so: the next start compiles it through JAX's own cache instead)."""
+        tmp = None
+        try:
+            from jax.experimental.serialize_executable import serialize
+
+            payload, in_tree, out_tree = serialize(compiled)
+            blob = pickle.dumps((payload, in_tree, out_tree), protocol=pickle.HIGHEST_PROTOCOL)
+            os.makedirs(self.directory, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=key[:16], suffix=".part", dir=self.directory)
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+            os.replace(tmp, self._path(key))
+        except Exception as e:  # noqa: BLE001  e.g. programs with host callbacks or closed-over constants
+            log.debug("program cache: not storing %s (%s: %s)", key[:16], type(e).__name__, e)
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.remove(tmp)
+            with contextlib.suppress(OSError):
+                os.makedirs(self.directory, exist_ok=True)
+                open(os.path.join(self.directory, key + ".plain"), "w").close()
+            return False
+        self.trim()
+        return True
+
+    def trim(self) -> None:
+        """Delete the least recently used entries until the directory holds at most max_bytes."""
+        with _lock:
+            try:
+                entries = [(e.stat().st_mtime, e.stat().st_size, e.path) for e in os.scandir(self.directory)
+                           if e.name.endswith(_SUFFIX)]
+            except OSError:
+                return
+            total = sum(s for _, s, _ in entries)
+            for _, size, path in sorted(entries):
+                if total <= self.max_bytes:
+                    break
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+                    total -= size
+
+    def get_or_compile(self, key: str, lower_and_compile: Callable[[], Any], devices=None):
+        """The program under `key` from disk, else `lower_and_compile()`, stored for the next start when it was
+        compiled fresh (not served by JAX's persistent cache: _compile_fresh)."""
+        compiled = self.load(key, devices)
+        if compiled is not None:
+            self.hits += 1
+            return compiled
+        self.misses += 1
+        if os.path.exists(os.path.join(self.directory, key + ".plain")):  # cannot be serialized: JAX's cache only
+            return lower_and_compile()
+        compiled, fresh = _compile_fresh(lower_and_compile)
+        if fresh:
+            self.store(key, compiled)
+        else:
+            log.debug("program cache: %s came from JAX's compilation cache; not stored", key[:16])
+        return compiled
+
+
+def clear(directory: str | None = None) -> int:
+    """Delete every stored program; returns how many were removed."""
+    directory = directory or os.path.join(cache_root(), "programs")
+    n = 0
+    with contextlib.suppress(FileNotFoundError):
+        for e in os.scandir(directory):
+            if e.name.endswith((_SUFFIX, ".plain")):
+                with contextlib.suppress(OSError):
+                    os.remove(e.path)
+                    n += 1
+    return n
