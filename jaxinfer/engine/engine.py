@@ -2,7 +2,8 @@
 
 step():
   1 Scheduler.schedule()             -> which tokens of which requests run now (chunked prefill + decodes)
-  2 runner.dispatch(seq inputs)      -> launch the step on the device; returns at once
+  2 runner.dispatch(StepBatch)       -> launch the step on the device; returns at once. The StepBatch comes from
+                                        engine/input_batch.py's persistent slot tables, updated by diffs
   3 finish the PREVIOUS step: runner.fetch (waits for it), Scheduler.update (append tokens; eos / stop
     tokens / max_tokens; free pages), incremental detokenization (its text deltas are kept for the outputs; a
     stop string ends the request with one Scheduler.finish_by_stop_string call and never leaks into the text)
@@ -21,29 +22,29 @@ tokens per such request. Steps that speculate are not pipelined (see spec_contro
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import itertools
 import logging
-import operator
 import random
 import time
 from typing import Any, Sequence
 
+import numpy as np
+
 from .detokenizer import IncrementalDetokenizer
+from .input_batch import InputBatch
 from .isolation import failing_rows
 from .kv_cache import KVCacheManager
 from .penalty_slots import PenaltySlots
 from .request import Request
 from .scheduler import Scheduler, ScheduledSeq
 from ..config import SchedulerConfig
-from ..outputs import CompletionOutput, Logprob, RequestOutput, Runner, SeqInput
+from ..outputs import CompletionOutput, Logprob, RequestOutput, Runner, StepBatch
 from ..sampling_params import RequestOutputKind, SamplingParams
 
 _CUMULATIVE, _DELTA, _FINAL_ONLY = RequestOutputKind.CUMULATIVE, RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY
 
 
-_NUM_SPEC_TOKENS = operator.attrgetter("num_spec_tokens")
 log = logging.getLogger("jaxinfer")
 
 
@@ -53,7 +54,7 @@ class _Step:
 
     sched: Any
     flight: Any
-    rows: dict[str, int]  # request id -> output row, for sequences that sample
+    slot_rows: Any  # i64[InputBatch slots]: output row of each slot's sampling sequence (-1: none)
     speculative: bool = False  # some sequence verifies drafts: finish before scheduling the next step
 
 
@@ -70,7 +71,7 @@ class _SeqState:
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     num_prompt_logprobs_done: int = 0  # prompt positions whose logprob is known (survives preemption)
     group_id: str = ""  # the user's request id (several sequences when n > 1)
-    # Read once at admission, used every step (_launch): SeqInput's temperature, top_k, top_p, min_p, seed.
+    # Read once, written into its InputBatch slot at each admission (input_batch.COLUMNS + penalised, prompt lps)
     sampling_row: tuple = ()
     penalised: bool = False  # params.uses_penalties
     # Reporting: output tokens (and logprobs: one per token) already reported, the text the detokenizer returned
@@ -82,8 +83,10 @@ class _SeqState:
 
     def __post_init__(self):
         p = self.params
-        self.sampling_row = (p.temperature, p.top_k, p.top_p, p.min_p, self.seed)
         self.penalised = p.uses_penalties
+        self.sampling_row = (p.temperature, p.top_k, p.top_p, p.min_p, self.seed & 0xFFFFFFFF,
+                             int(self.logprobs is not None), p.presence_penalty, p.frequency_penalty,
+                             p.repetition_penalty, self.penalised, self.prompt_logprobs is not None)
 
 
 @dataclasses.dataclass
@@ -121,6 +124,7 @@ class LLMEngine:
         self.async_scheduling = scheduler.async_scheduling
         self._in_flight: _Step | None = None
         self._penalty_slots = PenaltySlots(int(getattr(runner, "num_penalty_slots", 0)))
+        self.input_batch = InputBatch(scheduler.max_num_seqs, -(-max_model_len // runner.page_size))
         self.spec = spec  # SpecControl or None
         self._failed_outputs: list[RequestOutput] = []  # requests ended with an error by _launch (isolation)
 
@@ -237,65 +241,50 @@ class LLMEngine:
         return outputs
 
     def _launch(self, sched) -> _Step | None:
-        for sid in sched.finished_ids + sched.preempted_ids:
+        ib = self.input_batch
+        for sid in sched.finished_ids + sched.preempted_ids:  # (before admissions: a freed id may come back)
             self._penalty_slots.release(sid)
+            ib.remove(sid)
         if not sched.scheduled:
             return None
-        prev_rows = self._in_flight.rows if self._in_flight is not None else {}
-        inputs, lp_targets, rows = [], {}, {}
+        scheduled = sched.scheduled
         seqs = self._seqs
-        for i, s in enumerate(sched.scheduled):
-            st = seqs[s.request_id]
-            prev_row = -1
-            if s.num_placeholders:
-                assert s.num_placeholders == 1 and s.request_id in prev_rows, "placeholder without a step in flight"
-                prev_row = prev_rows[s.request_id]
-            # Positional, in SeqInput's field order: token_ids, start_pos, page_table, (temperature, top_k, top_p,
-            # min_p, seed), step, want_logprobs, prev_row. Keywords cost ~0.5 µs more, per sequence per step.
-            inp = SeqInput(s.token_ids, s.start_pos, s.page_table, *st.sampling_row, s.output_index,
-                           st.logprobs is not None, prev_row)
-            if s.num_spec_tokens:
-                inp.num_spec = s.num_spec_tokens
-            inputs.append(inp)
-            if st.penalised:
-                self._penalty_feed(inp, st, s)
-            if s.sample:
-                rows[s.request_id] = i
-            if st.prompt_logprobs is not None:
-                tgt = self._prompt_logprob_targets(st, s)
-                if tgt is not None:
-                    lp_targets[i] = tgt
-        prev = self._in_flight.flight if self._in_flight is not None else None
+        in_flight = self._in_flight
+        batch, slot_rows = ib.make_step(scheduled, lambda sid: seqs[sid].sampling_row,
+                                        in_flight.slot_rows if in_flight is not None else None)
+        rows = batch.rows
+        lp_targets = {}
+        pen = np.flatnonzero(ib.penalised[rows])  # the few rows needing per-row work
+        for i in pen.tolist():
+            self._penalty_feed(batch, i, seqs[scheduled[i].request_id], scheduled[i])
+        for i in np.flatnonzero(ib.prompt_logprobs[rows]).tolist():
+            tgt = self._prompt_logprob_targets(seqs[scheduled[i].request_id], scheduled[i])
+            if tgt is not None:
+                lp_targets[i] = tgt
+        prev = in_flight.flight if in_flight is not None else None
         try:
-            flight = self.runner.dispatch(inputs, prev, lp_targets or None)
+            flight = self.runner.dispatch(batch, prev, lp_targets or None)
         except Exception as e:  # noqa: BLE001 - one request's row can fail the batch: end it alone (isolation.py)
-            sched, inputs, lp_targets, rows = self._drop_failing_rows(sched, inputs, lp_targets, prev, e)
+            sched, batch, lp_targets, slot_rows = self._drop_failing_rows(sched, batch, lp_targets, prev, e)
             if not sched.scheduled:
                 return None
-            flight = self.runner.dispatch(inputs, prev, lp_targets or None)  # still failing: the caller's problem
-        speculative = any(map(_NUM_SPEC_TOKENS, sched.scheduled))  # (C-level scan: every step)
-        return _Step(sched, flight, rows, speculative)
+            flight = self.runner.dispatch(batch, prev, lp_targets or None)  # still failing: the caller's problem
+        speculative = bool(batch.num_spec.any())
+        return _Step(sched, flight, slot_rows, speculative)
 
-    def _drop_failing_rows(self, sched, inputs: list[SeqInput], lp_targets: dict, prev, err: Exception):
+    def _drop_failing_rows(self, sched, batch: StepBatch, lp_targets: dict, prev, err: Exception):
         """The step's dispatch raised `err`: find the rows that fail alone (probe dispatches, isolation.py), end
         their requests (every sequence of the group) with an error output, and return the step without them:
-        (sched, inputs, prompt-logprob targets, sample rows), re-indexed. Re-raises `err` if no row fails alone."""
+        (sched, batch, prompt-logprob targets, slot rows), re-indexed. Re-raises `err` if no row fails alone."""
         def ok(idx) -> bool:
-            sub = []
-            for i in idx:
-                inp = inputs[i]
-                if inp.penalty_slot >= 0:  # a probe must not count its discarded sample
-                    inp = copy.copy(inp)
-                    inp.penalty_slot = -1
-                sub.append(inp)
             tg = {k: lp_targets[i] for k, i in enumerate(idx) if i in lp_targets}
-            try:
-                self.runner.fetch(self.runner.dispatch(sub, prev, tg or None))
+            try:  # a probe must not count its discarded sample into the penalty table
+                self.runner.fetch(self.runner.dispatch(batch.select(idx, drop_penalty_slots=True), prev, tg or None))
                 return True
             except Exception:  # noqa: BLE001
                 return False
 
-        bad = failing_rows(len(inputs), ok)
+        bad = failing_rows(batch.num_seqs, ok)
         if not bad:
             raise err
         msg = f"the engine step failed on this request: {type(err).__name__}: {err}"
@@ -307,9 +296,13 @@ class LLMEngine:
         keep = [i for i, s in enumerate(sched.scheduled) if s.request_id in self._seqs]
         new_sched = dataclasses.replace(sched, scheduled=[sched.scheduled[i] for i in keep],
                                         num_batched_tokens=sum(len(sched.scheduled[i].token_ids) for i in keep))
-        rows = {s.request_id: k for k, s in enumerate(new_sched.scheduled) if s.sample}
+        sub = batch.select(keep)
+        slot_rows = np.full(self.input_batch.num_slots, -1, np.int64)
+        for k, s in enumerate(new_sched.scheduled):
+            if s.sample:
+                slot_rows[sub.rows[k]] = k
         targets = {k: lp_targets[i] for k, i in enumerate(keep) if i in lp_targets}
-        return new_sched, [inputs[i] for i in keep], targets, rows
+        return new_sched, sub, targets, slot_rows
 
     def _fail_group(self, gid: str, message: str) -> None:
         """End every sequence of request `gid` now (finish_reason 'abort') and queue its final output, carrying
@@ -324,20 +317,19 @@ class LLMEngine:
             o.error = message
         self._failed_outputs += outs
 
-    def _penalty_feed(self, inp: SeqInput, st: _SeqState, s: ScheduledSeq) -> None:
-        """Penalty fields of a penalised sequence's row; on its first schedule since admission, take a slot of the
-        device count table and have the runner fill it from the known tokens (engine/penalty_slots.py)."""
-        p, req = st.params, st.request
+    def _penalty_feed(self, batch: StepBatch, i: int, st: _SeqState, s: ScheduledSeq) -> None:
+        """Penalty slot of penalised sequence i of the step (its penalty values are slot columns); on its first
+        schedule since admission, take a slot of the device count table and have the runner fill it from the
+        known tokens (engine/penalty_slots.py)."""
+        req = st.request
         slot = self._penalty_slots.get(req.request_id)
         if slot is None:
             # Just admitted (new or after preemption): nothing of it was in flight before this step, so the
             # known outputs are all of them (this step's sample is the only pending one).
             assert req.num_pending_tokens == int(s.sample), (req, s)
             slot = self._penalty_slots.acquire(req.request_id)
-            inp.penalty_init = (slot, list(req.prompt_token_ids), list(req.output_token_ids))
-        inp.presence_penalty, inp.frequency_penalty = p.presence_penalty, p.frequency_penalty
-        inp.repetition_penalty = p.repetition_penalty
-        inp.penalty_slot = slot if s.sample else -1
+            batch.penalty_inits[i] = (slot, list(req.prompt_token_ids), list(req.output_token_ids))
+        batch.penalty_slot[i] = slot if s.sample else -1
 
     def _finish_step(self, done: _Step) -> list[RequestOutput]:
         out = self.runner.fetch(done.flight)
@@ -351,8 +343,8 @@ class LLMEngine:
                                             out.spec_logprobs.tolist())
         for i, s in enumerate(sched.scheduled):
             st = self._seqs.get(s.request_id)
-            if st is None or st.request.is_finished:
-                continue  # aborted or stopped while this step ran: its results are dropped
+            if st is None or st.request.is_finished or (s.request is not None and st.request is not s.request):
+                continue  # aborted or stopped while this step ran (its id maybe reused since): results dropped
             if i in out.prompt_logprobs:
                 self._record_prompt_logprobs(st, s, out.prompt_logprobs[i])
             if s.sample and s.num_spec_tokens:  # verified drafts: accepted ones + the target's next token
