@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import operator
 import random
 import time
 from typing import Any, Sequence
@@ -32,7 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .detokenizer import IncrementalDetokenizer
-from .input_batch import InputBatch
+from .input_batch import AdmissionError, InputBatch
 from .isolation import failing_rows
 from .kv_cache import KVCacheManager
 from .penalty_slots import PenaltySlots
@@ -250,8 +251,20 @@ class LLMEngine:
         scheduled = sched.scheduled
         seqs = self._seqs
         in_flight = self._in_flight
-        batch, slot_rows = ib.make_step(scheduled, lambda sid: seqs[sid].sampling_row,
-                                        in_flight.slot_rows if in_flight is not None else None)
+        prev_slot_rows = in_flight.slot_rows if in_flight is not None else None
+        try:
+            batch, slot_rows = ib.make_step(scheduled, lambda sid: seqs[sid].sampling_row, prev_slot_rows)
+        except AdmissionError as e:  # a request whose sampling settings do not fit the columns: it fails alone
+            for gid in sorted({seqs[sid].group_id for sid, _ in e.failed}):
+                err = next(x for sid, x in e.failed if seqs[sid].group_id == gid)
+                log.error("request %s failed at admission (%s: %s); the rest continue", gid, type(err).__name__, err)
+                self._fail_group(gid, f"the engine step failed on this request: {type(err).__name__}: {err}")
+            scheduled = [s for s in scheduled if s.request_id in seqs]
+            sched = dataclasses.replace(sched, scheduled=scheduled, num_batched_tokens=sum(map(len, map(
+                operator.attrgetter("token_ids"), scheduled))))
+            if not scheduled:
+                return None
+            batch, slot_rows = ib.make_step(scheduled, lambda sid: seqs[sid].sampling_row, prev_slot_rows)
         rows = batch.rows
         lp_targets = {}
         pen = np.flatnonzero(ib.penalised[rows])  # the few rows needing per-row work

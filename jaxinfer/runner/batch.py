@@ -210,7 +210,7 @@ def _template(bucket: Bucket):
             for name in names:
                 size = int(np.prod(shapes[name]))
                 parts.append(np.full(size, pad.get(name, 0), np.int32 if b == 0 else np.float32))
-                where[name] = (b, off, shapes[name])
+                where[name] = (b, off, off + size, shapes[name] if len(shapes[name]) > 1 else None)
                 off += size
             bufs.append(np.concatenate(parts))
         t = _TEMPLATES[bucket] = (bufs[0], bufs[1], where)
@@ -242,11 +242,9 @@ def pack_step(sb: StepBatch, bucket: Bucket, page_size: int) -> HostBatch:
                          f"(page_size {page_size})")
     ints_t, floats_t, where = _template(bucket)
     bufs = (ints_t.copy(), floats_t.copy())
-
-    def view(name):
-        b, off, shape = where[name]
-        size = shape[0] if len(shape) == 1 else shape[0] * shape[1]
-        return bufs[b][off:off + size].reshape(shape)
+    arrays = {name: bufs[b][lo:hi] if shape is None else bufs[b][lo:hi].reshape(shape)
+              for name, (b, lo, hi, shape) in where.items()}  # views into the two buffers
+    view = arrays.__getitem__
 
     page_tables = view("page_tables")  # [S + 1, W]; row S and the rows past n_seqs stay 0 (reserved page)
     w = min(W, sb.page_table.shape[1])
@@ -288,8 +286,7 @@ def pack_step(sb: StepBatch, bucket: Bucket, page_size: int) -> HostBatch:
     for name in ("temperature", "top_k", "top_p", "min_p", "want_logprobs", "presence_penalty", "frequency_penalty",
                  "repetition_penalty"):
         view(name)[:n_seqs] = cols[name][rows]
-    view("seed").view(np.uint32)[:n_seqs] = cols["seed"][rows]
-    arrays = {name: view(name) for name in where}
+    arrays["seed"].view(np.uint32)[:n_seqs] = cols["seed"][rows]
     arrays["seed"] = arrays["seed"].view(np.uint32)
     ks = sb.num_spec
     if ks.any():  # (no drafts: the template's padding is what _verify_arrays gives)
