@@ -81,6 +81,10 @@ class _SeqState:
     text_delta: str = ""
     finish_reported: bool = False
     keep_deltas: bool = True  # False for FINAL_ONLY: reported once, with the whole text (no deltas accumulated)
+    # A step that gave it a token must pass it to _outputs: always, except for a FINAL_ONLY group whose first-token
+    # time is stamped (it reports only at its finish, which comes with `finished`). Offline batches then build
+    # nothing per running request per step.
+    report_progress: bool = True
 
     def __post_init__(self):
         p = self.params
@@ -377,7 +381,8 @@ class LLMEngine:
             if st.detok is None and st.logprobs is None and not s.num_spec_tokens:  # hot path: one plain token
                 if len(st.request.output_token_ids) > s.output_index:  # kept (not preempted in between)
                     st.cumulative_logprob += sampled_lps[sid][0]
-                    touched.add(sid)
+                    if st.report_progress:
+                        touched.add(sid)
                 continue
             # tokens the scheduler kept (none if preempted in between; none after a stop)
             new = st.request.output_token_ids[s.output_index:s.output_index + len(sampled[sid])]
@@ -436,6 +441,9 @@ class LLMEngine:
                 continue
             if g.first_token_time is None:
                 g.first_token_time = now
+                if g.kind is _FINAL_ONLY:  # nothing more to do for it until it finishes
+                    for s in g.seq_ids:
+                        all_seqs[s].report_progress = False
             if g.kind is not _FINAL_ONLY or sid in finished:
                 gids.add(g.request_id)
         # sort key: the group's smallest sequence id in seq_ids
