@@ -43,6 +43,7 @@ from ..config import SchedulerConfig
 from ..outputs import CompletionOutput, Logprob, RequestOutput, Runner, StepBatch
 from ..sampling_params import RequestOutputKind, SamplingParams
 
+_RID = operator.attrgetter("request_id")
 _CUMULATIVE, _DELTA, _FINAL_ONLY = RequestOutputKind.CUMULATIVE, RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY
 
 
@@ -57,6 +58,12 @@ class _Step:
     flight: Any
     slot_rows: Any  # i64[InputBatch slots]: output row of each slot's sampling sequence (-1: none)
     speculative: bool = False  # some sequence verifies drafts: finish before scheduling the next step
+    # plain step (no speculation, detokenizer, logprobs or prompt logprobs): finished by _finish_plain, with the
+    # rows' slots and their generations at launch (a changed generation: the request left since)
+    plain: bool = False
+    rows: Any = None
+    gen: Any = None
+    sample: Any = None
 
 
 @dataclasses.dataclass
@@ -68,7 +75,7 @@ class _SeqState:
     seed: int
     detok: IncrementalDetokenizer | None
     logprobs: list[dict[int, Logprob]] | None
-    cumulative_logprob: float = 0.0
+    cumulative_logprob: float = 0.0  # while it holds an InputBatch slot, the slot's cum_logprob is the value
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     num_prompt_logprobs_done: int = 0  # prompt positions whose logprob is known (survives preemption)
     group_id: str = ""  # the user's request id (several sequences when n > 1)
@@ -249,15 +256,21 @@ class LLMEngine:
         ib = self.input_batch
         for sid in sched.finished_ids + sched.preempted_ids:  # (before admissions: a freed id may come back)
             self._penalty_slots.release(sid)
-            ib.remove(sid)
+            gone = ib.remove(sid)
+            if gone is not None and gone[0] is not None:
+                gone[0].cumulative_logprob = gone[1]
         if not sched.scheduled:
             return None
         scheduled = sched.scheduled
         seqs = self._seqs
         in_flight = self._in_flight
         prev_slot_rows = in_flight.slot_rows if in_flight is not None else None
+        def admit_row(sid):
+            st = seqs[sid]
+            return st.sampling_row + (st.cumulative_logprob, st.report_progress)
+
         try:
-            batch, slot_rows = ib.make_step(scheduled, lambda sid: seqs[sid].sampling_row, prev_slot_rows)
+            batch, slot_rows = ib.make_step(scheduled, admit_row, prev_slot_rows, seqs.__getitem__)
         except AdmissionError as e:  # a request whose sampling settings do not fit the columns: it fails alone
             for gid in sorted({seqs[sid].group_id for sid, _ in e.failed}):
                 err = next(x for sid, x in e.failed if seqs[sid].group_id == gid)
@@ -268,7 +281,7 @@ class LLMEngine:
                 operator.attrgetter("token_ids"), scheduled))))
             if not scheduled:
                 return None
-            batch, slot_rows = ib.make_step(scheduled, lambda sid: seqs[sid].sampling_row, prev_slot_rows)
+            batch, slot_rows = ib.make_step(scheduled, admit_row, prev_slot_rows, seqs.__getitem__)
         rows = batch.rows
         lp_targets = {}
         pen = np.flatnonzero(ib.penalised[rows])  # the few rows needing per-row work
@@ -287,7 +300,12 @@ class LLMEngine:
                 return None
             flight = self.runner.dispatch(batch, prev, lp_targets or None)  # still failing: the caller's problem
         speculative = bool(batch.num_spec.any())
-        return _Step(sched, flight, slot_rows, speculative)
+        rows = batch.rows
+        plain = (not speculative and self.spec is None and self.tokenizer is None and not lp_targets
+                 and not ib.prompt_logprobs[rows].any() and not ib.sampling["want_logprobs"][rows].any())
+        if not plain:
+            return _Step(sched, flight, slot_rows, speculative)
+        return _Step(sched, flight, slot_rows, False, True, rows, ib.gen[rows], slot_rows[rows] >= 0)
 
     def _drop_failing_rows(self, sched, batch: StepBatch, lp_targets: dict, prev, err: Exception):
         """The step's dispatch raised `err`: find the rows that fail alone (probe dispatches, isolation.py), end
@@ -348,8 +366,38 @@ class LLMEngine:
             batch.penalty_inits[i] = (slot, list(req.prompt_token_ids), list(req.output_token_ids))
         batch.penalty_slot[i] = slot if s.sample else -1
 
+    def _finish_plain(self, done: _Step, out) -> list[RequestOutput]:
+        """_finish_step of a plain step (one sampled token per sampling row, nothing per token to build): the
+        rows' results as columns, the logprob sums in the InputBatch; Python per row only in Scheduler.update and
+        for the requests that report (_outputs)."""
+        ib = self.input_batch
+        valid = done.sample & (ib.gen[done.rows] == done.gen)  # the request still holds the slot it ran in
+        rids = list(itertools.compress(map(_RID, done.sched.scheduled), valid.tolist()))
+        sampled = dict(zip(rids, map(list, zip(out.tokens[valid].tolist()))))
+        finished = {r.request_id for r in self.scheduler.update(done.sched, sampled)}
+        rows = done.rows[valid]
+        ib.cum_logprob[rows] += out.logprobs[valid]  # (rows of a step are distinct slots)
+        progress = ib.progress[rows]
+        touched = set(itertools.compress(rids, progress.tolist())) if progress.any() else set()
+        return self._outputs(touched | finished, finished)
+
+    def _cum_logprob(self, st: _SeqState) -> float:
+        ib = self.input_batch
+        s = ib.slot(st.request.request_id)
+        return float(ib.cum_logprob[s]) if s is not None and ib.owner[s] is st else st.cumulative_logprob
+
+    def _add_logprob(self, st: _SeqState, lp: float) -> None:
+        ib = self.input_batch
+        s = ib.slot(st.request.request_id)
+        if s is not None and ib.owner[s] is st:
+            ib.cum_logprob[s] += lp
+        else:
+            st.cumulative_logprob += lp
+
     def _finish_step(self, done: _Step) -> list[RequestOutput]:
         out = self.runner.fetch(done.flight)
+        if done.plain and out.num_accepted is None and not out.prompt_logprobs:
+            return self._finish_plain(done, out)
         sched = done.sched
         sampled: dict[str, list[int]] = {}
         sampled_lps: dict[str, list[float]] = {}
@@ -380,7 +428,7 @@ class LLMEngine:
             st = self._seqs[sid]
             if st.detok is None and st.logprobs is None and not s.num_spec_tokens:  # hot path: one plain token
                 if len(st.request.output_token_ids) > s.output_index:  # kept (not preempted in between)
-                    st.cumulative_logprob += sampled_lps[sid][0]
+                    self._add_logprob(st, sampled_lps[sid][0])
                     if st.report_progress:
                         touched.add(sid)
                 continue
@@ -390,7 +438,7 @@ class LLMEngine:
                 self.spec.record(sid, s.num_spec_tokens, len(sampled[sid]) - 1, st.request.num_computed_tokens)
             for j, tok in enumerate(new):
                 lp = sampled_lps[sid][j]
-                st.cumulative_logprob += lp
+                self._add_logprob(st, lp)
                 if st.logprobs is not None:  # (requests asking for logprobs never speculate: j == 0)
                     st.logprobs.append(self._logprob_dict(tok, lp, out.top_ids[i], out.top_logprobs[i],
                                                           st.params.logprobs))
@@ -442,8 +490,12 @@ class LLMEngine:
             if g.first_token_time is None:
                 g.first_token_time = now
                 if g.kind is _FINAL_ONLY:  # nothing more to do for it until it finishes
+                    ib = self.input_batch
                     for s in g.seq_ids:
                         all_seqs[s].report_progress = False
+                        slot = ib.slot(s)
+                        if slot is not None and ib.owner[slot] is all_seqs[s]:
+                            ib.progress[slot] = False
             if g.kind is not _FINAL_ONLY or sid in finished:
                 gids.add(g.request_id)
         # sort key: the group's smallest sequence id in seq_ids
@@ -480,7 +532,7 @@ class LLMEngine:
                     lps = lps[k:] if kind is _DELTA else list(lps)
                 st.finish_reported = fin
                 comps.append(CompletionOutput(
-                    idx, text, new_ids if kind is _DELTA else list(ids), st.cumulative_logprob, lps,
+                    idx, text, new_ids if kind is _DELTA else list(ids), self._cum_logprob(st), lps,
                     r.finish_reason if fin else None, r.stop_reason if fin else None, delta_text, new_ids))
             if not comps:
                 continue

@@ -9,6 +9,11 @@ schedule until it finishes, is aborted or is preempted (then the row is freed an
   sampling      [S] columns written once at admission: temperature top_k top_p min_p seed want_logprobs
                 presence/frequency/repetition penalties
   penalised, prompt_logprobs  bool[S] flags the engine reads to find the few rows needing per-row work
+  progress      bool[S]    the engine must report the slot's next token (False: offline, first token seen)
+  cum_logprob   f64[S]     the sum of the slot's sampled tokens' logprobs (the engine's, while the slot is held)
+  gen           i64[S]     bumped at every add and remove: a step's row whose slot generation changed since its
+                           launch belongs to a request that has left (its results are stale)
+  owner         [S]        an object the engine attaches to the slot (returned by remove)
 
 Per step (make_step) nothing is rebuilt per sequence: the page table of a slot is only extended with the pages
 allocated since its previous schedule (a diff of lengths), and rewritten whole only after a step that verified
@@ -35,7 +40,7 @@ _RID, _TOKEN_IDS, _PAGE_TABLE = attrgetter("request_id"), attrgetter("token_ids"
 _INTS = attrgetter("start_pos", "output_index", "num_spec_tokens", "num_placeholders", "sample")
 
 # Admission row: (temperature, top_k, top_p, min_p, seed, want_logprobs, presence_penalty, frequency_penalty,
-# repetition_penalty, penalised, prompt_logprobs), in this order.
+# repetition_penalty, penalised, prompt_logprobs[, cum_logprob, progress]), in this order.
 COLUMNS = (("temperature", np.float32, 0.0), ("top_k", np.int32, -1), ("top_p", np.float32, 1.0),
            ("min_p", np.float32, 0.0), ("seed", np.uint32, 0), ("want_logprobs", np.int32, 0),
            ("presence_penalty", np.float32, 0.0), ("frequency_penalty", np.float32, 0.0),
@@ -61,6 +66,10 @@ class InputBatch:
         self.sampling = {name: np.full(S, fill, dtype) for name, dtype, fill in COLUMNS}
         self.penalised = np.zeros(S, bool)
         self.prompt_logprobs = np.zeros(S, bool)
+        self.progress = np.ones(S, bool)
+        self.cum_logprob = np.zeros(S, np.float64)
+        self.gen = np.zeros(S, np.int64)
+        self.owner: list = [None] * S
         self._dirty = np.zeros(S, bool)  # the slot's page row must be rewritten whole at its next schedule
         self._slot_of: dict[str, int] = {}
         self._free = list(range(S - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
@@ -76,8 +85,9 @@ class InputBatch:
     def __len__(self) -> int:
         return len(self._slot_of)
 
-    def add(self, seq_id: str, row: Sequence) -> int:
-        """Give seq_id a free slot and write its admission row (see COLUMNS, then penalised, prompt_logprobs)."""
+    def add(self, seq_id: str, row: Sequence, owner=None) -> int:
+        """Give seq_id a free slot and write its admission row (see COLUMNS, then penalised, prompt_logprobs and
+        optionally cum_logprob, progress)."""
         assert seq_id not in self._slot_of, f"{seq_id!r} already holds slot {self._slot_of[seq_id]}"
         if not self._free:
             self._grow_rows()
@@ -89,33 +99,45 @@ class InputBatch:
             self.remove(seq_id)
             raise
         self.penalised[s], self.prompt_logprobs[s] = row[len(COLUMNS)], row[len(COLUMNS) + 1]
+        extra = row[len(COLUMNS) + 2:]
+        self.cum_logprob[s] = extra[0] if extra else 0.0
+        self.progress[s] = extra[1] if len(extra) > 1 else True
+        self.owner[s] = owner
+        self.gen[s] += 1
         self.num_pages[s] = 0
         self.num_computed[s] = 0
         self._dirty[s] = False
         return s
 
-    def remove(self, seq_id: str) -> None:
-        """Free seq_id's slot (no-op if it holds none): its page row back to zeros."""
+    def remove(self, seq_id: str) -> tuple | None:
+        """Free seq_id's slot: its page row back to zeros. Returns (owner, cum_logprob) of the slot, or None if
+        seq_id holds none."""
         s = self._slot_of.pop(seq_id, None)
         if s is None:
-            return
+            return None
         self.page_table[s, :self.num_pages[s]] = 0
         self.num_pages[s] = 0
+        self.gen[s] += 1
+        owner, self.owner[s] = self.owner[s], None
         self._free.append(s)
+        return owner, float(self.cum_logprob[s])
 
     def _grow_rows(self) -> None:
         S = self.num_slots
         self.page_table = np.concatenate([self.page_table, np.zeros_like(self.page_table)])
-        for name in ("num_pages", "num_computed", "penalised", "prompt_logprobs", "_dirty"):
+        for name in ("num_pages", "num_computed", "penalised", "prompt_logprobs", "_dirty", "cum_logprob", "gen"):
             a = getattr(self, name)
             setattr(self, name, np.concatenate([a, np.zeros_like(a)]))
+        self.progress = np.concatenate([self.progress, np.ones(S, bool)])
+        self.owner += [None] * S
         for name, dtype, fill in COLUMNS:
             self.sampling[name] = np.concatenate([self.sampling[name], np.full(S, fill, dtype)])
         self._free = list(range(2 * S - 1, S - 1, -1)) + self._free
 
     # ---- one step -----------------------------------------------------------------------------------------
     def make_step(self, scheduled: Sequence, admit_row: Callable[[str], Sequence],
-                  prev_slot_rows: np.ndarray | None) -> tuple[StepBatch, np.ndarray]:
+                  prev_slot_rows: np.ndarray | None, owner_of: Callable[[str], object] | None = None
+                  ) -> tuple[StepBatch, np.ndarray]:
         """The StepBatch of `scheduled` (ScheduledSeqs, batch order), admitting sequences without a slot
         (admit_row(seq_id) gives their admission row) and applying page-table diffs. prev_slot_rows: the
         previous (in-flight) step's output row of each slot (-1: none), for placeholders. Returns the StepBatch
@@ -129,7 +151,7 @@ class InputBatch:
             failed = []
             for i in np.flatnonzero(rows < 0).tolist():
                 try:
-                    rows[i] = self.add(rids[i], admit_row(rids[i]))
+                    rows[i] = self.add(rids[i], admit_row(rids[i]), owner_of(rids[i]) if owner_of else None)
                 except (ValueError, OverflowError, TypeError) as e:
                     failed.append((rids[i], e))
             if failed:
