@@ -64,6 +64,7 @@ class _Step:
     rows: Any = None
     gen: Any = None
     sample: Any = None
+    ids: tuple = ()  # the sequence ids of its rows
 
 
 @dataclasses.dataclass
@@ -292,12 +293,14 @@ class LLMEngine:
             if tgt is not None:
                 lp_targets[i] = tgt
         prev = in_flight.flight if in_flight is not None else None
+        ids = ib.step_ids
         try:
             flight = self.runner.dispatch(batch, prev, lp_targets or None)
         except Exception as e:  # noqa: BLE001 - one request's row can fail the batch: end it alone (isolation.py)
             sched, batch, lp_targets, slot_rows = self._drop_failing_rows(sched, batch, lp_targets, prev, e)
             if not sched.scheduled:
                 return None
+            ids = tuple(map(_RID, sched.scheduled))
             flight = self.runner.dispatch(batch, prev, lp_targets or None)  # still failing: the caller's problem
         speculative = bool(batch.num_spec.any())
         rows = batch.rows
@@ -305,7 +308,7 @@ class LLMEngine:
                  and not ib.prompt_logprobs[rows].any() and not ib.sampling["want_logprobs"][rows].any())
         if not plain:
             return _Step(sched, flight, slot_rows, speculative)
-        return _Step(sched, flight, slot_rows, False, True, rows, ib.gen[rows], slot_rows[rows] >= 0)
+        return _Step(sched, flight, slot_rows, False, True, rows, ib.gen[rows], slot_rows[rows] >= 0, ids)
 
     def _drop_failing_rows(self, sched, batch: StepBatch, lp_targets: dict, prev, err: Exception):
         """The step's dispatch raised `err`: find the rows that fail alone (probe dispatches, isolation.py), end
@@ -372,7 +375,7 @@ class LLMEngine:
         for the requests that report (_outputs)."""
         ib = self.input_batch
         valid = done.sample & (ib.gen[done.rows] == done.gen)  # the request still holds the slot it ran in
-        rids = list(itertools.compress(map(_RID, done.sched.scheduled), valid.tolist()))
+        rids = list(itertools.compress(done.ids, valid.tolist()))
         sampled = dict(zip(rids, map(list, zip(out.tokens[valid].tolist()))))
         finished = {r.request_id for r in self.scheduler.update(done.sched, sampled)}
         rows = done.rows[valid]

@@ -143,3 +143,37 @@ def test_engine_id_reused_after_abort_while_its_step_is_in_flight_gets_only_its_
         final = {o.request_id: o for o in outs if o.finished}
         assert final["x"].outputs[0].token_ids == [3, 4, 5, 6]
         assert final["y"].outputs[0].token_ids == [2, 3, 4, 5]
+
+
+class _FailingRunner(_PositionRunner):
+    """Raises for any batch holding a row with temperature 0.5 (a stand-in for a row the device step rejects)."""
+
+    def dispatch(self, batch, prev=None, prompt_logprob_targets=None):
+        if (batch.sampling["temperature"][batch.rows] == 0.5).any():
+            raise ValueError("row rejected")
+        if (batch.penalty_slot >= 0).any():
+            raise AssertionError("test requests are unpenalised")
+        return super().dispatch(batch, prev, prompt_logprob_targets)
+
+
+def test_engine_row_failing_dispatch_ends_alone_and_the_rest_keep_their_tokens():
+    """The dispatch-failure isolation (engine/isolation.py bisection over StepBatch.select) with the plain finish:
+    the failing request ends with an error; the others, in the same steps, get exactly their own tokens."""
+    from jaxinfer.config import SchedulerConfig
+    from jaxinfer.engine.engine import LLMEngine
+    from jaxinfer.sampling_params import SamplingParams
+
+    eng = LLMEngine(_FailingRunner(), None, SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=4,
+                                                            async_scheduling=True),
+                    max_model_len=64, eos_token_ids={1}, vocab_size=1000)
+    sp = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    eng.add_request("a", [7, 8, 9], sp)
+    outs = eng.step()
+    eng.add_request("bad", [7, 8], sp.clone(temperature=0.5))
+    eng.add_request("b", [7, 8], sp)
+    while eng.has_unfinished():
+        outs += eng.step()
+    final = {o.request_id: o for o in outs if o.finished}
+    assert final["bad"].error and "row rejected" in final["bad"].error
+    assert final["a"].outputs[0].token_ids == [3, 4, 5, 6]
+    assert final["b"].outputs[0].token_ids == [2, 3, 4, 5]
