@@ -69,7 +69,7 @@ class RequestOutput:
 class SeqInput:
     """One sequence's share of a step: the tokens to compute, where they start, its pages and sampling settings.
     Invariant: page_table covers positions [0, start_pos + len(token_ids))."""
-    # engine.py builds it positionally up to prev_row (hot path): add new fields at the end.
+    # Built positionally (runner/draft_proposer.py; engine.py did until the StepBatch): add new fields at the end.
     token_ids: Sequence[int]   # tokens computed this step (prefill chunk, or the one decode token)
     start_pos: int             # position of token_ids[0]
     page_table: Sequence[int]  # all pages of the sequence (cover start_pos + len(token_ids) tokens)
