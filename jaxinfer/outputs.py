@@ -8,7 +8,8 @@ completion's finish_reason was set in exactly one output). In every kind, `delta
 what this step added (the same as `text` / `token_ids` in DELTA mode).
 
 The host/device wall: the engine (jaxinfer/engine/, host only) hands the runner (jaxinfer/runner/, device) a
-list of `SeqInput` per step and gets a `RunnerOutput` back; `Runner` is the protocol the engine calls. Neither
+`StepBatch` per step (columns, built from engine/input_batch.py's persistent per-slot state; the draft model's
+paths and tests still hand a list of `SeqInput`) and gets a `RunnerOutput` back; `Runner` is the protocol the engine calls. Neither
 package imports the other: both import these types from here, and jaxinfer/api.py wires a runner into an engine.
 """
 from __future__ import annotations
@@ -68,7 +69,7 @@ class RequestOutput:
 class SeqInput:
     """One sequence's share of a step: the tokens to compute, where they start, its pages and sampling settings.
     Invariant: page_table covers positions [0, start_pos + len(token_ids))."""
-    # engine.py builds it positionally up to prev_row (hot path): add new fields at the end.
+    # Built positionally (runner/draft_proposer.py; engine.py did until the StepBatch): add new fields at the end.
     token_ids: Sequence[int]   # tokens computed this step (prefill chunk, or the one decode token)
     start_pos: int             # position of token_ids[0]
     page_table: Sequence[int]  # all pages of the sequence (cover start_pos + len(token_ids) tokens)
@@ -89,6 +90,56 @@ class SeqInput:
     penalty_init: tuple | None = None  # (slot, prompt ids, known output ids): write that row before this step
     num_spec: int = 0          # speculative decoding: the last num_spec tokens are drafts to verify (needs a
                                # verify row: bucket.spec_rows > 0)
+
+
+@dataclasses.dataclass
+class StepBatch:
+    """One step's sequences as columns (engine/input_batch.InputBatch.make_step builds it, runner/batch.pack_step
+    packs it into the same arrays as runner/batch.pack of the equivalent SeqInput list).
+
+    n = sequences of the step, N = their tokens, S x W = the engine's persistent slot tables. Sequence i lives in
+    row rows[i] of the slot tables; those tables belong to the engine and change at its next make_step, so a
+    StepBatch is packed during the dispatch it is given to and never kept.
+    Invariants: page_table[r, :num_pages[r]] are row r's pages in token order and page_table[r, num_pages[r]:] is 0;
+    every sequence's pages cover starts[i] + lens[i] tokens."""
+    token_ids: np.ndarray      # i64[N] the sequences' tokens, concatenated (a placeholder's value is ignored)
+    lens: np.ndarray           # i64[n] tokens of each sequence (>= 1)
+    starts: np.ndarray         # i64[n] position of each sequence's first token
+    rows: np.ndarray           # i64[n] slot row of each sequence
+    prev_row: np.ndarray       # i64[n] >= 0: the last token is a placeholder filled from that row of the previous step
+    step: np.ndarray           # i32[n] index of the token each sequence samples
+    num_spec: np.ndarray       # i64[n] draft tokens at the end of each sequence (0: none)
+    penalty_slot: np.ndarray   # i32[n] penalty-table row of a penalised sampling sequence, else -1
+    page_table: np.ndarray     # i32[S, W] slot rows' pages (see invariants)
+    num_pages: np.ndarray      # i32[S]
+    # slot columns [S]: temperature top_p min_p presence_penalty frequency_penalty repetition_penalty (f32),
+    # top_k want_logprobs (i32), seed (u32)
+    sampling: dict[str, np.ndarray]
+    penalty_inits: dict[int, tuple] = dataclasses.field(default_factory=dict)  # seq -> (slot, prompt, outputs)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def select(self, idx: Sequence[int], drop_penalty_slots: bool = False) -> "StepBatch":
+        """The step restricted to sequences `idx` (in that order); drop_penalty_slots: their samples are not
+        counted into the penalty table (probe dispatches, engine/isolation.py)."""
+        import numpy as np
+
+        idx = np.asarray(idx, np.int64)
+        offsets = np.concatenate([[0], np.cumsum(self.lens)])
+        tok = (np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in idx.tolist()]) if idx.size
+               else np.zeros(0, np.int64))
+        pos = {int(i): k for k, i in enumerate(idx.tolist())}
+        return StepBatch(self.token_ids[tok], self.lens[idx], self.starts[idx], self.rows[idx], self.prev_row[idx],
+                         self.step[idx], self.num_spec[idx],
+                         np.full(len(idx), -1, np.int32) if drop_penalty_slots else self.penalty_slot[idx],
+                         self.page_table, self.num_pages, self.sampling,
+                         {pos[i]: v for i, v in self.penalty_inits.items() if i in pos})
 
 
 @dataclasses.dataclass
@@ -113,7 +164,7 @@ class Runner(Protocol):
     num_pages: int
     page_size: int
 
-    def dispatch(self, seqs: Sequence[SeqInput], prev: Any = None,
+    def dispatch(self, seqs: "StepBatch | Sequence[SeqInput]", prev: Any = None,
                  prompt_logprob_targets: dict[int, Any] | None = None) -> Any: ...
 
     def fetch(self, flight: Any) -> RunnerOutput: ...

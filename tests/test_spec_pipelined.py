@@ -26,6 +26,12 @@ def spec_llm(tiny_llama_dir):
                                                                             num_speculative_tokens=K), **KW)
 
 
+def _speculates(inputs) -> bool:
+    """A dispatched step verifies drafts (inputs: the engine's StepBatch, or a list of SeqInput)."""
+    num_spec = getattr(inputs, "num_spec", None)
+    return bool(num_spec.any()) if num_spec is not None else any(i.num_spec for i in inputs)
+
+
 def _greedy(m, stop=None):
     return SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True, stop_token_ids=stop)
 
@@ -50,7 +56,7 @@ def test_pipelined_greedy_identical_to_plain(base, spec_llm, p_bad):
     launched, dispatch = [], eng.runner.dispatch
 
     def spy(inputs, prev, *a):  # a speculative step dispatched while another is in flight: pipelined
-        launched.append((any(i.num_spec for i in inputs), prev is not None))
+        launched.append((_speculates(inputs), prev is not None))
         return dispatch(inputs, prev, *a)
 
     eng.runner.dispatch = spy
@@ -101,7 +107,7 @@ def test_draft_model_cycles_are_pipelined(tiny_llama_dir, base, method):
     eng = llm.engine
     launched, dispatch = [], eng.runner.dispatch
     eng.runner.dispatch = lambda inputs, prev, *a: (launched.append(
-        (any(i.num_spec for i in inputs), prev is not None)) or dispatch(inputs, prev, *a))
+        (_speculates(inputs), prev is not None)) or dispatch(inputs, prev, *a))
     try:
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, [_greedy(m) for m in max_tokens],
                                                              use_tqdm=False)]

@@ -9,8 +9,8 @@ any wrapper). The step is split into:
 
   schedule     Scheduler.schedule without page allocation
   page_alloc   KVCacheManager.allocate (called from schedule)
-  seq_inputs   LLMEngine._launch without runner.dispatch (building the SeqInput list)
-  pack         runner/batch.pack (numpy packing into the bucket's arrays)
+  seq_inputs   LLMEngine._launch without runner.dispatch (the StepBatch from the InputBatch; SeqInputs before)
+  pack         runner/batch.pack_step (pack before): numpy packing into the bucket's arrays
   dispatch     runner.dispatch without pack (device_put + the compiled call)
   wait         waiting for the device program (block_until_ready; device time here, not host time)
   fetch        runner.fetch after the wait (device->host copy of the sampled tokens, numpy slicing)
@@ -206,7 +206,9 @@ def main():
         tok_llm = LLM(config=config, tokenizer=default_model_path(), progress=False)
         llms["offline+tok"] = llms["stream+tok"] = tok_llm
     sec = Sections()  # one for all engines: the module-level pack is wrapped once
-    sec.wrap(model_runner_mod, "pack", "pack")  # the name dispatch calls
+    sec.wrap(model_runner_mod, "pack", "pack")  # the names dispatch calls (pack_step: from the engine's StepBatch)
+    if hasattr(model_runner_mod, "pack_step"):
+        sec.wrap(model_runner_mod, "pack_step", "pack")
     for llm in set(llms.values()):
         llm.engine._probe_sections = sec
         instrument(llm.engine, sec)

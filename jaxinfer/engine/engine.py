@@ -2,7 +2,8 @@
 
 step():
   1 Scheduler.schedule()             -> which tokens of which requests run now (chunked prefill + decodes)
-  2 runner.dispatch(seq inputs)      -> launch the step on the device; returns at once
+  2 runner.dispatch(StepBatch)       -> launch the step on the device; returns at once. The StepBatch comes from
+                                        engine/input_batch.py's persistent slot tables, updated by diffs
   3 finish the PREVIOUS step: runner.fetch (waits for it), Scheduler.update (append tokens; eos / stop
     tokens / max_tokens; free pages), incremental detokenization (its text deltas are kept for the outputs; a
     stop string ends the request with one Scheduler.finish_by_stop_string call and never leaks into the text)
@@ -23,7 +24,6 @@ speculative steps pipeline too: step n+1 is scheduled for the worst case of step
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import itertools
 import logging
@@ -32,21 +32,24 @@ import random
 import time
 from typing import Any, Sequence
 
+import numpy as np
+
 from . import spec_pipeline
 from .detokenizer import IncrementalDetokenizer
+from .input_batch import AdmissionError, InputBatch
 from .isolation import failing_rows
 from .kv_cache import KVCacheManager
 from .penalty_slots import PenaltySlots
 from .request import Request
 from .scheduler import Scheduler, ScheduledSeq
 from ..config import SchedulerConfig
-from ..outputs import CompletionOutput, Logprob, RequestOutput, Runner, SeqInput
+from ..outputs import CompletionOutput, Logprob, RequestOutput, Runner, StepBatch
 from ..sampling_params import RequestOutputKind, SamplingParams
 
+_RID = operator.attrgetter("request_id")
 _CUMULATIVE, _DELTA, _FINAL_ONLY = RequestOutputKind.CUMULATIVE, RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY
 
 
-_NUM_SPEC_TOKENS = operator.attrgetter("num_spec_tokens")
 log = logging.getLogger("jaxinfer")
 
 
@@ -56,9 +59,16 @@ class _Step:
 
     sched: Any
     flight: Any
-    rows: dict[str, int]  # request id -> output row, for sequences that sample
+    slot_rows: Any  # i64[InputBatch slots]: output row of each slot's sampling sequence (-1: none)
     speculative: bool = False  # some sequence verifies drafts: finish before scheduling the next step
     pipe: Any = None  # spec_pipeline.PipePlan made while this step was in flight (bumps to undo at its finish)
+    # plain step (no speculation, detokenizer, logprobs or prompt logprobs): finished by _finish_plain, with the
+    # rows' slots and their generations at launch (a changed generation: the request left since)
+    plain: bool = False
+    rows: Any = None
+    gen: Any = None
+    sample: Any = None
+    ids: tuple = ()  # the sequence ids of its rows
 
 
 @dataclasses.dataclass
@@ -70,11 +80,11 @@ class _SeqState:
     seed: int
     detok: IncrementalDetokenizer | None
     logprobs: list[dict[int, Logprob]] | None
-    cumulative_logprob: float = 0.0
+    cumulative_logprob: float = 0.0  # while it holds an InputBatch slot, the slot's cum_logprob is the value
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     num_prompt_logprobs_done: int = 0  # prompt positions whose logprob is known (survives preemption)
     group_id: str = ""  # the user's request id (several sequences when n > 1)
-    # Read once at admission, used every step (_launch): SeqInput's temperature, top_k, top_p, min_p, seed.
+    # Read once, written into its InputBatch slot at each admission (input_batch.COLUMNS + penalised, prompt lps)
     sampling_row: tuple = ()
     penalised: bool = False  # params.uses_penalties
     # Reporting: output tokens (and logprobs: one per token) already reported, the text the detokenizer returned
@@ -83,11 +93,17 @@ class _SeqState:
     text_delta: str = ""
     finish_reported: bool = False
     keep_deltas: bool = True  # False for FINAL_ONLY: reported once, with the whole text (no deltas accumulated)
+    # A step that gave it a token must pass it to _outputs: always, except for a FINAL_ONLY group whose first-token
+    # time is stamped (it reports only at its finish, which comes with `finished`). Offline batches then build
+    # nothing per running request per step.
+    report_progress: bool = True
 
     def __post_init__(self):
         p = self.params
-        self.sampling_row = (p.temperature, p.top_k, p.top_p, p.min_p, self.seed)
         self.penalised = p.uses_penalties
+        self.sampling_row = (p.temperature, p.top_k, p.top_p, p.min_p, self.seed & 0xFFFFFFFF,
+                             int(self.logprobs is not None), p.presence_penalty, p.frequency_penalty,
+                             p.repetition_penalty, self.penalised, self.prompt_logprobs is not None)
 
 
 @dataclasses.dataclass
@@ -125,6 +141,7 @@ class LLMEngine:
         self.async_scheduling = scheduler.async_scheduling
         self._in_flight: _Step | None = None
         self._penalty_slots = PenaltySlots(int(getattr(runner, "num_penalty_slots", 0)))
+        self.input_batch = InputBatch(scheduler.max_num_seqs, -(-max_model_len // runner.page_size))
         self.spec = spec  # SpecControl or None
         self._failed_outputs: list[RequestOutput] = []  # requests ended with an error by _launch (isolation)
 
@@ -224,7 +241,7 @@ class LLMEngine:
             params_of = lambda rid: self._seqs[rid].params  # noqa: E731
             if self._in_flight is not None and spec_pipeline.can_pipeline(self.spec, self.async_scheduling):
                 plan = self._in_flight.pipe = spec_pipeline.prepare(self.spec, self.scheduler.running,
-                                                                     self._in_flight, params_of)
+                                                                     self._in_flight, params_of, self._row_in_flight)
             else:
                 if self._in_flight is not None:  # drafts need every token known: finish the step in flight first
                     outputs = self._finish_step(self._in_flight)
@@ -251,66 +268,85 @@ class LLMEngine:
             outputs += self._finish_step(launched)
         return outputs
 
+    def _row_in_flight(self, request_id: str) -> int | None:
+        """The output row of `request_id` in the step in flight (None: it does not sample there). Valid until the
+        next _launch frees or reuses slots."""
+        s = self.input_batch.slot(request_id)
+        rows = self._in_flight.slot_rows
+        row = -1 if s is None or s >= len(rows) else int(rows[s])
+        return None if row < 0 else row
+
     def _launch(self, sched) -> _Step | None:
-        for sid in sched.finished_ids + sched.preempted_ids:
+        ib = self.input_batch
+        for sid in sched.finished_ids + sched.preempted_ids:  # (before admissions: a freed id may come back)
             self._penalty_slots.release(sid)
+            gone = ib.remove(sid)
+            if gone is not None and gone[0] is not None:
+                gone[0].cumulative_logprob = gone[1]
         if not sched.scheduled:
             return None
-        prev_rows = self._in_flight.rows if self._in_flight is not None else {}
-        inputs, lp_targets, rows = [], {}, {}
+        scheduled = sched.scheduled
         seqs = self._seqs
-        for i, s in enumerate(sched.scheduled):
-            st = seqs[s.request_id]
-            prev_row = -1
-            if s.num_placeholders:
-                assert s.num_placeholders == 1 and s.request_id in prev_rows, "placeholder without a step in flight"
-                prev_row = prev_rows[s.request_id]
-            # Positional, in SeqInput's field order: token_ids, start_pos, page_table, (temperature, top_k, top_p,
-            # min_p, seed), step, want_logprobs, prev_row. Keywords cost ~0.5 µs more, per sequence per step.
-            inp = SeqInput(s.token_ids, s.start_pos, s.page_table, *st.sampling_row, s.output_index,
-                           st.logprobs is not None, prev_row)
-            if s.num_spec_tokens:
-                inp.num_spec = s.num_spec_tokens
-            inputs.append(inp)
-            if st.penalised:
-                self._penalty_feed(inp, st, s)
-            if s.sample:
-                rows[s.request_id] = i
-            if st.prompt_logprobs is not None:
-                tgt = self._prompt_logprob_targets(st, s)
-                if tgt is not None:
-                    lp_targets[i] = tgt
-        prev = self._in_flight.flight if self._in_flight is not None else None
+        in_flight = self._in_flight
+        prev_slot_rows = in_flight.slot_rows if in_flight is not None else None
+        def admit_row(sid):
+            st = seqs[sid]
+            return st.sampling_row + (st.cumulative_logprob, st.report_progress)
+
         try:
-            flight = self.runner.dispatch(inputs, prev, lp_targets or None)
+            batch, slot_rows = ib.make_step(scheduled, admit_row, prev_slot_rows, seqs.__getitem__)
+        except AdmissionError as e:  # a request whose sampling settings do not fit the columns: it fails alone
+            for gid in sorted({seqs[sid].group_id for sid, _ in e.failed}):
+                err = next(x for sid, x in e.failed if seqs[sid].group_id == gid)
+                log.error("request %s failed at admission (%s: %s); the rest continue", gid, type(err).__name__, err)
+                self._fail_group(gid, f"the engine step failed on this request: {type(err).__name__}: {err}")
+            scheduled = [s for s in scheduled if s.request_id in seqs]
+            sched = dataclasses.replace(sched, scheduled=scheduled, num_batched_tokens=sum(map(len, map(
+                operator.attrgetter("token_ids"), scheduled))))
+            if not scheduled:
+                return None
+            batch, slot_rows = ib.make_step(scheduled, admit_row, prev_slot_rows, seqs.__getitem__)
+        rows = batch.rows
+        lp_targets = {}
+        pen = np.flatnonzero(ib.penalised[rows])  # the few rows needing per-row work
+        for i in pen.tolist():
+            self._penalty_feed(batch, i, seqs[scheduled[i].request_id], scheduled[i])
+        for i in np.flatnonzero(ib.prompt_logprobs[rows]).tolist():
+            tgt = self._prompt_logprob_targets(seqs[scheduled[i].request_id], scheduled[i])
+            if tgt is not None:
+                lp_targets[i] = tgt
+        prev = in_flight.flight if in_flight is not None else None
+        ids = ib.step_ids
+        try:
+            flight = self.runner.dispatch(batch, prev, lp_targets or None)
         except Exception as e:  # noqa: BLE001 - one request's row can fail the batch: end it alone (isolation.py)
-            sched, inputs, lp_targets, rows = self._drop_failing_rows(sched, inputs, lp_targets, prev, e)
+            sched, batch, lp_targets, slot_rows = self._drop_failing_rows(sched, batch, lp_targets, prev, e)
             if not sched.scheduled:
                 return None
-            flight = self.runner.dispatch(inputs, prev, lp_targets or None)  # still failing: the caller's problem
-        speculative = any(map(_NUM_SPEC_TOKENS, sched.scheduled))  # (C-level scan: every step)
-        return _Step(sched, flight, rows, speculative)
+            ids = tuple(map(_RID, sched.scheduled))
+            flight = self.runner.dispatch(batch, prev, lp_targets or None)  # still failing: the caller's problem
+        speculative = bool(batch.num_spec.any())
+        rows = batch.rows
+        plain = (not speculative and self.spec is None and self.tokenizer is None and not lp_targets
+                 and not ib.prompt_logprobs[rows].any() and not ib.sampling["want_logprobs"][rows].any())
+        if not plain:
+            return _Step(sched, flight, slot_rows, speculative)
+        return _Step(sched, flight, slot_rows, plain=True, rows=rows, gen=ib.gen[rows], sample=slot_rows[rows] >= 0,
+                     ids=ids)
 
-    def _drop_failing_rows(self, sched, inputs: list[SeqInput], lp_targets: dict, prev, err: Exception):
+    def _drop_failing_rows(self, sched, batch: StepBatch, lp_targets: dict, prev, err: Exception):
         """The step's dispatch raised `err`: find the rows that fail alone (probe dispatches, isolation.py), end
         their requests (every sequence of the group) with an error output, and return the step without them:
-        (sched, inputs, prompt-logprob targets, sample rows), re-indexed. Re-raises `err` if no row fails alone."""
+        (sched, batch, prompt-logprob targets, slot rows), re-indexed. Re-raises `err` if no row fails alone."""
         def ok(idx) -> bool:
-            sub = []
-            for i in idx:
-                inp = inputs[i]
-                if inp.penalty_slot >= 0:  # a probe must not count its discarded sample
-                    inp = copy.copy(inp)
-                    inp.penalty_slot = -1
-                sub.append(inp)
             tg = {k: lp_targets[i] for k, i in enumerate(idx) if i in lp_targets}
-            try:
-                self.runner.fetch(self.runner.dispatch(sub, prev, tg or None))
+            try:  # a probe must not count its discarded sample into the penalty table
+                self.runner.fetch(self.runner.dispatch(batch.select(idx, drop_penalty_slots=True), prev, tg or None))
                 return True
             except Exception:  # noqa: BLE001
                 return False
 
-        bad = failing_rows(len(inputs), ok)
+        bad = failing_rows(batch.num_seqs, ok)
         if not bad:
             raise err
         msg = f"the engine step failed on this request: {type(err).__name__}: {err}"
@@ -322,9 +358,13 @@ class LLMEngine:
         keep = [i for i, s in enumerate(sched.scheduled) if s.request_id in self._seqs]
         new_sched = dataclasses.replace(sched, scheduled=[sched.scheduled[i] for i in keep],
                                         num_batched_tokens=sum(len(sched.scheduled[i].token_ids) for i in keep))
-        rows = {s.request_id: k for k, s in enumerate(new_sched.scheduled) if s.sample}
+        sub = batch.select(keep)
+        slot_rows = np.full(self.input_batch.num_slots, -1, np.int64)
+        for k, s in enumerate(new_sched.scheduled):
+            if s.sample:
+                slot_rows[sub.rows[k]] = k
         targets = {k: lp_targets[i] for k, i in enumerate(keep) if i in lp_targets}
-        return new_sched, [inputs[i] for i in keep], targets, rows
+        return new_sched, sub, targets, slot_rows
 
     def _fail_group(self, gid: str, message: str) -> None:
         """End every sequence of request `gid` now (finish_reason 'abort') and queue its final output, carrying
@@ -339,25 +379,54 @@ class LLMEngine:
             o.error = message
         self._failed_outputs += outs
 
-    def _penalty_feed(self, inp: SeqInput, st: _SeqState, s: ScheduledSeq) -> None:
-        """Penalty fields of a penalised sequence's row; on its first schedule since admission, take a slot of the
-        device count table and have the runner fill it from the known tokens (engine/penalty_slots.py)."""
-        p, req = st.params, st.request
+    def _penalty_feed(self, batch: StepBatch, i: int, st: _SeqState, s: ScheduledSeq) -> None:
+        """Penalty slot of penalised sequence i of the step (its penalty values are slot columns); on its first
+        schedule since admission, take a slot of the device count table and have the runner fill it from the
+        known tokens (engine/penalty_slots.py)."""
+        req = st.request
         slot = self._penalty_slots.get(req.request_id)
         if slot is None:
             # Just admitted (new or after preemption): nothing of it was in flight before this step, so the
             # known outputs are all of them (this step's sample is the only pending one).
             assert req.num_pending_tokens == int(s.sample), (req, s)
             slot = self._penalty_slots.acquire(req.request_id)
-            inp.penalty_init = (slot, list(req.prompt_token_ids), list(req.output_token_ids))
-        inp.presence_penalty, inp.frequency_penalty = p.presence_penalty, p.frequency_penalty
-        inp.repetition_penalty = p.repetition_penalty
-        inp.penalty_slot = slot if s.sample else -1
+            batch.penalty_inits[i] = (slot, list(req.prompt_token_ids), list(req.output_token_ids))
+        batch.penalty_slot[i] = slot if s.sample else -1
+
+    def _finish_plain(self, done: _Step, out) -> list[RequestOutput]:
+        """_finish_step of a plain step (one sampled token per sampling row, nothing per token to build): the
+        rows' results as columns, the logprob sums in the InputBatch; Python per row only in Scheduler.update and
+        for the requests that report (_outputs)."""
+        ib = self.input_batch
+        valid = done.sample & (ib.gen[done.rows] == done.gen)  # the request still holds the slot it ran in
+        rids = list(itertools.compress(done.ids, valid.tolist()))
+        sampled = dict(zip(rids, map(list, zip(out.tokens[valid].tolist()))))
+        finished = {r.request_id for r in self.scheduler.update(done.sched, sampled)}
+        rows = done.rows[valid]
+        ib.cum_logprob[rows] += out.logprobs[valid]  # (rows of a step are distinct slots)
+        progress = ib.progress[rows]
+        touched = set(itertools.compress(rids, progress.tolist())) if progress.any() else set()
+        return self._outputs(touched | finished, finished)
+
+    def _cum_logprob(self, st: _SeqState) -> float:
+        ib = self.input_batch
+        s = ib.slot(st.request.request_id)
+        return float(ib.cum_logprob[s]) if s is not None and ib.owner[s] is st else st.cumulative_logprob
+
+    def _add_logprob(self, st: _SeqState, lp: float) -> None:
+        ib = self.input_batch
+        s = ib.slot(st.request.request_id)
+        if s is not None and ib.owner[s] is st:
+            ib.cum_logprob[s] += lp
+        else:
+            st.cumulative_logprob += lp
 
     def _finish_step(self, done: _Step, next_step: _Step | None = None) -> list[RequestOutput]:
         """Apply a fetched step. next_step: the step dispatched after it (still in flight), whose chunks
         pipelined speculation moves by this step's rejected drafts (spec_pipeline.reconcile)."""
         out = self.runner.fetch(done.flight)
+        if done.plain and out.num_accepted is None and not out.prompt_logprobs:
+            return self._finish_plain(done, out)
         sched = done.sched
         sampled: dict[str, list[int]] = {}
         sampled_lps: dict[str, list[float]] = {}
@@ -368,8 +437,8 @@ class LLMEngine:
                                             out.spec_logprobs.tolist())
         for i, s in enumerate(sched.scheduled):
             st = self._seqs.get(s.request_id)
-            if st is None or st.request.is_finished:
-                continue  # aborted or stopped while this step ran: its results are dropped
+            if st is None or st.request.is_finished or (s.request is not None and st.request is not s.request):
+                continue  # aborted or stopped while this step ran (its id maybe reused since): results dropped
             if i in out.prompt_logprobs:
                 self._record_prompt_logprobs(st, s, out.prompt_logprobs[i])
             if s.sample and s.num_spec_tokens:  # verified drafts: accepted ones + the target's next token
@@ -390,8 +459,9 @@ class LLMEngine:
             st = self._seqs[sid]
             if st.detok is None and st.logprobs is None and not s.num_spec_tokens:  # hot path: one plain token
                 if len(st.request.output_token_ids) > s.output_index:  # kept (not preempted in between)
-                    st.cumulative_logprob += sampled_lps[sid][0]
-                    touched.add(sid)
+                    self._add_logprob(st, sampled_lps[sid][0])
+                    if st.report_progress:
+                        touched.add(sid)
                 continue
             # tokens the scheduler kept (none if preempted in between; none after a stop)
             new = st.request.output_token_ids[s.output_index:s.output_index + len(sampled[sid])]
@@ -399,7 +469,7 @@ class LLMEngine:
                 self.spec.record(sid, s.num_spec_tokens, len(sampled[sid]) - 1, st.request.num_computed_tokens)
             for j, tok in enumerate(new):
                 lp = sampled_lps[sid][j]
-                st.cumulative_logprob += lp
+                self._add_logprob(st, lp)
                 if st.logprobs is not None:  # (requests asking for logprobs never speculate: j == 0)
                     st.logprobs.append(self._logprob_dict(tok, lp, out.top_ids[i], out.top_logprobs[i],
                                                           st.params.logprobs))
@@ -450,6 +520,13 @@ class LLMEngine:
                 continue
             if g.first_token_time is None:
                 g.first_token_time = now
+                if g.kind is _FINAL_ONLY:  # nothing more to do for it until it finishes
+                    ib = self.input_batch
+                    for s in g.seq_ids:
+                        all_seqs[s].report_progress = False
+                        slot = ib.slot(s)
+                        if slot is not None and ib.owner[slot] is all_seqs[s]:
+                            ib.progress[slot] = False
             if g.kind is not _FINAL_ONLY or sid in finished:
                 gids.add(g.request_id)
         # sort key: the group's smallest sequence id in seq_ids
@@ -486,7 +563,7 @@ class LLMEngine:
                     lps = lps[k:] if kind is _DELTA else list(lps)
                 st.finish_reported = fin
                 comps.append(CompletionOutput(
-                    idx, text, new_ids if kind is _DELTA else list(ids), st.cumulative_logprob, lps,
+                    idx, text, new_ids if kind is _DELTA else list(ids), self._cum_logprob(st), lps,
                     r.finish_reason if fin else None, r.stop_reason if fin else None, delta_text, new_ids))
             if not comps:
                 continue

@@ -40,7 +40,9 @@ _FINISH_REASON = {
 }
 
 
-@dataclass(eq=False)  # identity equality: two requests are never "equal"
+# identity equality: two requests are never "equal". slots: the scheduler touches every running request several
+# times per step, and a slotted object is one compact block (no per-instance __dict__ to look attributes up in).
+@dataclass(eq=False, slots=True)
 class Request:
     """Host state of one sequence.
 
@@ -69,6 +71,11 @@ class Request:
     # schedule(), consumed or dropped by it). A decode-ready request with drafts is scheduled as one chunk of
     # [last token] + drafts; update() rolls num_computed_tokens back past the rejected ones.
     spec_token_ids: list[int] = field(default_factory=list, repr=False)
+    # Read from `sampling` once, in __post_init__.
+    max_tokens: int | None = field(init=False, repr=False, default=None)
+    stop_token_ids: frozenset = field(init=False, repr=False, default=frozenset())
+    ignore_eos: bool = field(init=False, repr=False, default=False)
+    min_tokens: int = field(init=False, repr=False, default=0)
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)
@@ -76,10 +83,10 @@ class Request:
         # The sampling knobs the scheduler reads every step, read once (the scheduler's per-step cost is per
         # request, so attribute lookups through `sampling` showed up in host profiles at batch 256).
         sp = self.sampling
-        self.max_tokens: int | None = getattr(sp, "max_tokens", None)
-        self.stop_token_ids: frozenset[int] = frozenset(getattr(sp, "stop_token_ids", None) or ())
-        self.ignore_eos: bool = bool(getattr(sp, "ignore_eos", False))
-        self.min_tokens: int = int(getattr(sp, "min_tokens", 0) or 0)
+        self.max_tokens = getattr(sp, "max_tokens", None)
+        self.stop_token_ids = frozenset(getattr(sp, "stop_token_ids", None) or ())
+        self.ignore_eos = bool(getattr(sp, "ignore_eos", False))
+        self.min_tokens = int(getattr(sp, "min_tokens", 0) or 0)
 
     # ---- token views -------------------------------------------------------------------------------
     @property

@@ -70,6 +70,9 @@ class ScheduledSeq:
     num_placeholders: int = 0
     output_index: int = 0     # index (in the request's outputs) of the token this chunk samples
     num_spec_tokens: int = 0  # speculative decoding: the last num_spec_tokens of token_ids are draft tokens
+    # The Request scheduled (None only for hand-built ones): update() and the engine apply results only to this
+    # object, never to a later request that reuses the id (abort + re-add while the step is in flight).
+    request: Request | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -310,9 +313,9 @@ class Scheduler:
             if placeholders or k:
                 token_ids = token_ids + [-1] * placeholders + list(spec)
         # positional: request_id, token_ids, start_pos, page_table, sample, is_prefill, num_placeholders,
-        # output_index, num_spec_tokens (keywords cost ~0.3 µs more per call, once per request per step)
+        # output_index, num_spec_tokens, request (keywords cost ~0.3 µs more per call, once per request per step)
         seq = ScheduledSeq(req.request_id, token_ids, start, self.kv.page_table(req.request_id), sample,
-                           n - k > 1 or start == 0, placeholders, num_outputs + req.num_pending_tokens, k)
+                           n - k > 1 or start == 0, placeholders, num_outputs + req.num_pending_tokens, k, req)
         req.num_computed_tokens += n
         if sample:
             req.num_pending_tokens += 1
@@ -331,8 +334,8 @@ class Scheduler:
         running = RequestStatus.RUNNING
         for seq in output.scheduled:  # validate everything first so a bad call changes nothing
             req = self._requests.get(seq.request_id)
-            if req is None or req.status is not running:
-                continue
+            if req is None or req.status is not running or (seq.request is not None and seq.request is not req):
+                continue  # ended since schedule() (its id may have been reused by a new request since)
             if seq.sample and seq.output_index != len(req.output_token_ids):
                 raise RuntimeError(f"request {seq.request_id!r}: update() got the sample for output {seq.output_index} "
                                    f"but the request has {req.num_output_tokens} outputs; call update() exactly "

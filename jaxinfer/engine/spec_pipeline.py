@@ -36,15 +36,15 @@ def can_pipeline(spec, async_scheduling: bool) -> bool:
             and getattr(spec.proposer, "can_pipeline", True))
 
 
-def prepare(spec, running, in_flight, params_of) -> PipePlan:
+def prepare(spec, running, in_flight, params_of, row_of) -> PipePlan:
     """Bump the pending tokens of step n's sampling requests to the worst case and give placeholder drafts to those
-    that may speculate (spec: SpecControl; in_flight: the engine's _Step of step n)."""
+    that may speculate (spec: SpecControl; in_flight: the engine's _Step of step n; row_of(request id): its output
+    row in step n, None when it did not sample there)."""
     k_n = {s.request_id: s.num_spec_tokens for s in in_flight.sched.scheduled if s.num_spec_tokens}
-    rows = in_flight.rows
     plan = PipePlan({}, {})
     for req in running:
         rid = req.request_id
-        row = rows.get(rid)
+        row = row_of(rid)
         if row is None or req.num_pending_tokens != 1:
             continue  # not sampled by step n (mid-prefill, or admitted since): no drafts this step
         k = k_n.get(rid, 0)

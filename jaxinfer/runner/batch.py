@@ -1,8 +1,10 @@
 """Pack one step's ragged mix of sequences into fixed-shape numpy arrays (host side, no jax).
 
-Input: a list of `SeqInput` (the tokens to compute for each sequence this step, where they start, the pages of
-the sequence, sampling settings). Output: `HostBatch`, numpy arrays padded to a `Bucket`, copied to the device
-in one transfer. Padding tokens have slot -1 (their K/V are not written) and are never attended to; padding
+Input: a `StepBatch` (`pack_step`: the engine's columns, gathered from its persistent slot tables) or a list of
+`SeqInput` (`pack`, the reference and the draft model's path: the tokens to compute for each sequence this step,
+where they start, the pages of the sequence, sampling settings). Output: `HostBatch`, numpy arrays padded to a
+`Bucket`, copied to the device in one transfer. pack_step and pack give equal arrays for equal inputs
+(tests/engine/test_input_batch.py drives random schedules through both). Padding tokens have slot -1 (their K/V are not written) and are never attended to; padding
 rows of the page tables point at the reserved page 0.
 """
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jaxinfer.outputs import SeqInput
+from jaxinfer.outputs import SeqInput, StepBatch
 from jaxinfer.runner.buckets import Bucket
 
 
@@ -36,9 +38,12 @@ class HostBatch:
     num_tokens: int
     num_seqs: int
     token_offsets: np.ndarray  # [num_seqs + 1] start of each sequence in the flat tokens
+    buffers: tuple[np.ndarray, np.ndarray] | None = None  # pack_step: the (ints, floats) the arrays are views of
 
     def flat(self) -> tuple[np.ndarray, np.ndarray]:
         """(int32 buffer, float32 buffer) holding every field, laid out as `layout(bucket)` says."""
+        if self.buffers is not None:
+            return self.buffers
         ints = np.concatenate([self.arrays[n].reshape(-1).view(np.int32) for n in INT_FIELDS])
         floats = np.concatenate([self.arrays[n].reshape(-1) for n in FLOAT_FIELDS])
         return ints, floats
@@ -55,6 +60,11 @@ def field_shapes(bucket: Bucket) -> dict[str, tuple[int, ...]]:
 
 
 def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
+    """The reference packing of a list of SeqInput (also the draft model's path); see pack_step."""
+    return pack_reference(seqs, bucket, page_size)
+
+
+def pack_reference(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
     """Vectorised over sequences and tokens (numpy): at batch 256 a per-sequence Python loop here cost more host
     time than the device step. tests/engine/test_batch_pack.py checks it against a plain per-sequence loop."""
     T, S, NT, Bq, W = bucket.num_tokens, bucket.num_seqs, bucket.num_tiles, bucket.query_tile, bucket.table_width
@@ -148,6 +158,12 @@ def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
 
 def _verify_rows(seqs: Sequence[SeqInput], bucket: Bucket, offsets: np.ndarray, lens: np.ndarray,
                  flat_ids: np.ndarray) -> dict:
+    """_verify_arrays of a SeqInput list."""
+    return _verify_arrays(np.fromiter(map(_NUM_SPEC, seqs), np.int64, len(seqs)), bucket, offsets, lens, flat_ids)
+
+
+def _verify_arrays(ks: np.ndarray, bucket: Bucket, offsets: np.ndarray, lens: np.ndarray,
+                   flat_ids: np.ndarray) -> dict:
     """Verify rows (speculative decoding): flat token indices of the K + 1 scored positions, the sequence (sampled
     row) they belong to (S = padding), the drafts and their count (0 = padding row). Vectorised over the
     speculating sequences (a per-sequence loop here cost ~5 µs a sequence, on the critical path of every
@@ -157,7 +173,6 @@ def _verify_rows(seqs: Sequence[SeqInput], bucket: Bucket, offsets: np.ndarray, 
     verify_row = np.full(R, S, np.int32)
     draft_tokens = np.zeros((R, K), np.int32)
     num_draft = np.zeros(R, np.int32)
-    ks = np.fromiter(map(_NUM_SPEC, seqs), np.int64, len(seqs))
     rows = np.flatnonzero(ks)  # sequence index of each verify row
     if rows.size:
         k, end = ks[rows], offsets[rows + 1]  # drafts and flat end of each speculating sequence
@@ -174,3 +189,107 @@ def _verify_rows(seqs: Sequence[SeqInput], bucket: Bucket, offsets: np.ndarray, 
         draft_tokens[:nv] = np.where(np.arange(K)[None, :] < k[:, None], flat_ids[idx[:, 1:]], 0)
         num_draft[:nv] = k
     return dict(verify_idx=verify_idx, verify_row=verify_row, draft_tokens=draft_tokens, num_draft=num_draft)
+
+
+# ---- pack_step: from the engine's columns, into per-bucket templates --------------------------------------------
+
+_PAD = dict(prev_src=-1, slot_mapping=-1, top_k=-1, penalty_slot=-1, top_p=1.0, repetition_penalty=1.0)
+_TEMPLATES: dict = {}  # Bucket -> (ints, floats, {field: (buffer index, offset, shape)})
+
+
+def _template(bucket: Bucket):
+    """The bucket's two flat buffers filled with every field's padding value (tile_tokens T, tile_seq and
+    verify_row S, the fills above, zeros elsewhere), and where each field lies in them (HostBatch.flat's layout)."""
+    t = _TEMPLATES.get(bucket)
+    if t is None:
+        shapes = field_shapes(bucket)
+        pad = dict(_PAD, tile_tokens=bucket.num_tokens, tile_seq=bucket.num_seqs, verify_row=bucket.num_seqs)
+        where, bufs = {}, []
+        for b, names in enumerate((INT_FIELDS, FLOAT_FIELDS)):
+            parts, off = [], 0
+            for name in names:
+                size = int(np.prod(shapes[name]))
+                parts.append(np.full(size, pad.get(name, 0), np.int32 if b == 0 else np.float32))
+                where[name] = (b, off, off + size, shapes[name] if len(shapes[name]) > 1 else None)
+                off += size
+            bufs.append(np.concatenate(parts))
+        t = _TEMPLATES[bucket] = (bufs[0], bufs[1], where)
+    return t
+
+
+def pack_step(sb: StepBatch, bucket: Bucket, page_size: int) -> HostBatch:
+    """Pack a StepBatch: copies of the bucket's padded template buffers, then only the live prefix of each field is
+    written (gathers from the slot tables, numpy over sequences and tokens; no Python loop over sequences).
+    The result equals pack() of the same sequences as SeqInputs (same errors for the same faults)."""
+    T, S, NT, Bq, W = bucket.num_tokens, bucket.num_seqs, bucket.num_tiles, bucket.query_tile, bucket.table_width
+    n_seqs = sb.num_seqs
+    if n_seqs > S:
+        raise ValueError(f"{n_seqs} sequences do not fit bucket {bucket}")
+    lens, starts, rows = sb.lens, sb.starts, sb.rows
+    offsets = np.zeros(n_seqs + 1, np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    n_tok = int(offsets[-1])
+    if n_tok > T:
+        raise ValueError(f"{n_tok} tokens do not fit bucket {bucket}")
+    n_pages = sb.num_pages[rows].astype(np.int64)
+    if n_seqs and n_pages.max() > W:
+        i = int(n_pages.argmax())
+        raise ValueError(f"sequence has {n_pages[i]} pages but the page-table width is {W}")
+    short = n_pages * page_size < starts + lens
+    if short.any():
+        i = int(short.argmax())
+        raise ValueError(f"page table of {n_pages[i]} pages cannot hold {starts[i] + lens[i]} tokens "
+                         f"(page_size {page_size})")
+    ints_t, floats_t, where = _template(bucket)
+    bufs = (ints_t.copy(), floats_t.copy())
+    arrays = {name: bufs[b][lo:hi] if shape is None else bufs[b][lo:hi].reshape(shape)
+              for name, (b, lo, hi, shape) in where.items()}  # views into the two buffers
+    view = arrays.__getitem__
+
+    page_tables = view("page_tables")  # [S + 1, W]; row S and the rows past n_seqs stay 0 (reserved page)
+    w = min(W, sb.page_table.shape[1])
+    page_tables[:n_seqs, :w] = sb.page_table[rows, :w]  # columns past a row's pages are 0 (StepBatch invariant)
+
+    tok_seq = np.repeat(np.arange(n_seqs), lens)  # [n_tok] sequence of each token
+    pos = np.arange(n_tok) - offsets[:-1][tok_seq] + starts[tok_seq]
+    input_ids, prev_src = view("input_ids"), view("prev_src")
+    input_ids[:n_tok] = sb.token_ids
+    has_prev = sb.prev_row >= 0
+    last = offsets[1:] - 1
+    input_ids[last[has_prev]] = 0
+    prev_src[last[has_prev]] = sb.prev_row[has_prev]
+    view("positions")[:n_tok] = pos
+    view("slot_mapping")[:n_tok] = page_tables[tok_seq, pos // page_size] * page_size + pos % page_size
+
+    n_tiles = -(-lens // Bq)
+    total_tiles = int(n_tiles.sum())
+    if total_tiles > NT:
+        raise AssertionError(f"{total_tiles} query tiles exceed the bucket's {NT}")  # impossible by construction
+    if n_tok == n_seqs:  # every sequence one token (decodes): one tile each, its token in column 0
+        tile_s = np.arange(n_seqs)
+        view("tile_tokens")[:n_seqs, 0] = np.arange(n_seqs)
+        view("tile_kv_len")[:n_seqs] = starts + 1
+    else:
+        tile_s = np.repeat(np.arange(n_seqs), n_tiles)  # [tiles] sequence of each tile
+        tile_j = np.arange(total_tiles) - np.repeat(np.cumsum(n_tiles) - n_tiles, n_tiles)
+        first = tile_j * Bq
+        r = np.arange(Bq)[None, :]
+        in_seq = first[:, None] + r < lens[tile_s][:, None]
+        view("tile_tokens")[:total_tiles] = np.where(in_seq, offsets[:-1][tile_s][:, None] + first[:, None] + r, T)
+        view("tile_kv_len")[:total_tiles] = starts[tile_s] + np.minimum(first + Bq, lens[tile_s])
+    view("tile_seq")[:total_tiles] = tile_s
+
+    view("sample_idx")[:n_seqs] = last
+    view("step")[:n_seqs] = sb.step
+    view("penalty_slot")[:n_seqs] = sb.penalty_slot
+    cols = sb.sampling
+    for name in ("temperature", "top_k", "top_p", "min_p", "want_logprobs", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty"):
+        view(name)[:n_seqs] = cols[name][rows]
+    arrays["seed"].view(np.uint32)[:n_seqs] = cols["seed"][rows]
+    arrays["seed"] = arrays["seed"].view(np.uint32)
+    ks = sb.num_spec
+    if ks.any():  # (no drafts: the template's padding is what _verify_arrays gives)
+        for name, a in _verify_arrays(ks, bucket, offsets, lens, sb.token_ids).items():
+            arrays[name][...] = a
+    return HostBatch(bucket, arrays, n_tok, n_seqs, offsets, bufs)

@@ -1,6 +1,6 @@
 """Device side of the engine: weights, the paged KV cache, the compiled step per bucket.
 
-The engine (host) hands over a list of `SeqInput`; the runner packs it into the smallest bucket, copies it to the
+The engine (host) hands over a `StepBatch` (or a list of `SeqInput`: the draft model's paths); the runner packs it into the smallest bucket, copies it to the
 device as two buffers (int32, float32), launches that bucket's ahead-of-time compiled step without waiting
 (`dispatch`), and later copies the sampled tokens back (`fetch`).
 """
@@ -21,8 +21,8 @@ from tqdm.auto import tqdm
 
 from jaxinfer.config import EngineConfig
 from jaxinfer.weights.loader import LoadedModel
-from jaxinfer.outputs import RunnerOutput, SeqInput
-from jaxinfer.runner.batch import _TOKEN_IDS, pack
+from jaxinfer.outputs import RunnerOutput, SeqInput, StepBatch
+from jaxinfer.runner.batch import _TOKEN_IDS, pack, pack_step
 from jaxinfer.runner.buckets import BucketLadder
 from jaxinfer.runner.cpu_defaults import cpu_kv_pages, ladder_args
 from jaxinfer.runner.penalties import host_row, write_row
@@ -348,17 +348,24 @@ class ModelRunner:
         return self._write_penalty_row_exe
 
     # ---- run ----------------------------------------------------------------------------------------------
-    def dispatch(self, seqs: Sequence[SeqInput], prev: "InFlight | None" = None,
+    def dispatch(self, seqs: StepBatch | Sequence[SeqInput], prev: "InFlight | None" = None,
                  prompt_logprob_targets: dict[int, np.ndarray] | None = None) -> "InFlight":
         """Pack and launch one step without waiting for it. `prev`: the step still in flight whose sampled
         tokens fill this step's placeholders. prompt_logprob_targets: seq index -> next-token ids of that
         sequence's tokens (their log-probs are computed on the device too)."""
-        n_tok = sum(map(len, map(_TOKEN_IDS, seqs)))
-        bucket = self.ladder.pick(n_tok, len(seqs))
-        batch = pack(seqs, bucket, self.page_size)
+        if isinstance(seqs, StepBatch):
+            n_seqs = seqs.num_seqs
+            bucket = self.ladder.pick(seqs.num_tokens, n_seqs)
+            batch = pack_step(seqs, bucket, self.page_size)
+            inits = list(seqs.penalty_inits.values())
+        else:
+            n_seqs = len(seqs)
+            bucket = self.ladder.pick(sum(map(len, map(_TOKEN_IDS, seqs))), n_seqs)
+            batch = pack(seqs, bucket, self.page_size)
+            inits = [x for x in map(_PENALTY_INIT, seqs) if x is not None]  # (no Python loop over all seqs)
         step = self.step_program(batch)
         # a penalised sequence starting (or restarting): its counts row, from its known tokens
-        for init in [x for x in map(_PENALTY_INIT, seqs) if x is not None]:  # (no Python loop over all seqs)
+        for init in inits:
             slot, prompt_ids, output_ids = init
             if not 0 <= slot < self.num_penalty_slots:
                 raise ValueError(f"penalty slot {slot} is outside [0, {self.num_penalty_slots})")
@@ -379,7 +386,7 @@ class ModelRunner:
         want_top = bool(batch.arrays["want_logprobs"].any())  # packed already: no second pass over seqs
         verify_row = batch.arrays["verify_row"]  # packed already: verify row r holds sequence spec_seqs[r]
         spec_seqs = verify_row[verify_row < bucket.num_seqs].tolist()
-        return InFlight(out, prompt, dict(prompt_logprob_targets or {}), batch.token_offsets, len(seqs), want_top,
+        return InFlight(out, prompt, dict(prompt_logprob_targets or {}), batch.token_offsets, n_seqs, want_top,
                         spec_seqs)
 
     def fetch(self, flight: "InFlight") -> RunnerOutput:

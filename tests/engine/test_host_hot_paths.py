@@ -56,3 +56,39 @@ def test_non_streaming_group_reported_once_equal_to_its_streaming_twin(engine):
     assert len(q.outputs[0].token_ids) != len(q.outputs[1].token_ids)
     # first_token_time is stamped when the first token came, not when the group was finally reported
     assert q.metrics["first_token_time"] <= first_s_output_time < q.metrics["finished_time"]
+
+
+def test_plain_step_logprob_sums_equal_the_per_token_path(engine):
+    """Steps without logprobs finish as columns (LLMEngine._finish_plain, sums kept in the InputBatch); the same
+    requests asking for logprobs take the per-token path: their cumulative_logprob is the sum of their reported token
+    logprobs, and the plain runs' must equal it (same greedy tokens), also for requests admitted mid-run into the
+    slots of finished ones."""
+    from jaxinfer import SamplingParams
+
+    prompts = [[3 + i, 40 + 2 * i, 77, 9 + i] for i in range(6)]
+
+    def run(tag, sp, max_tokens):
+        finals, k = {}, 0
+        for i, p in enumerate(prompts[:3]):
+            engine.add_request(f"{tag}{i}", p, sp.clone(max_tokens=max_tokens[i]), stream=i % 2 == 0)
+        while engine.has_unfinished():
+            if k == 4:  # later admissions reuse the slots of the finished ones
+                for i, p in enumerate(prompts[3:], start=3):
+                    engine.add_request(f"{tag}{i}", p, sp.clone(max_tokens=max_tokens[i]), stream=False)
+            for o in engine.step():
+                if o.finished:
+                    finals[o.request_id[len(tag):]] = o.outputs[0]
+            k += 1
+        return finals
+
+    lens = [3, 9, 2, 8, 5, 9]
+    plain = run("p", SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True), lens)
+    traced = run("t", SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, logprobs=0), lens)
+    assert set(plain) == set(traced) == {str(i) for i in range(6)}
+    for i, t in traced.items():
+        p = plain[i]
+        assert p.token_ids == t.token_ids and len(p.token_ids) == lens[int(i)]
+        want = sum(d[tok].logprob for d, tok in zip(t.logprobs, t.token_ids))
+        assert t.cumulative_logprob == pytest.approx(want, rel=1e-6)
+        assert p.cumulative_logprob == pytest.approx(want, rel=1e-6)
+        assert p.cumulative_logprob != 0.0

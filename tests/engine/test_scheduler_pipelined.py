@@ -96,3 +96,84 @@ def test_pipelined_random_operations(data):
         if r.max_tokens is not None:
             assert r.num_output_tokens <= r.max_tokens
         assert r.num_tokens <= mml
+
+
+class _PositionRunner:
+    """A fake device: every sampling row returns the position of the token it samples (start + length of its
+    chunk), so each token says which request's step produced it. Takes a StepBatch or a SeqInput list."""
+    num_pages, page_size = 64, 4
+
+    def dispatch(self, batch, prev=None, prompt_logprob_targets=None):
+        if isinstance(batch, list):
+            return [s.start_pos + len(s.token_ids) for s in batch]
+        return (batch.starts + batch.lens).tolist()
+
+    def fetch(self, flight):
+        import numpy as np
+
+        from jaxinfer.outputs import RunnerOutput
+
+        return RunnerOutput(np.asarray(flight, np.int32), np.zeros(len(flight), np.float32), None, None, {})
+
+
+def test_engine_id_reused_after_abort_while_its_step_is_in_flight_gets_only_its_own_tokens():
+    """Pipelined engine: step n (the old request's prefill, sampling its first token) is in flight when the request
+    is aborted and a new one with the same id is added; step n+1 admits the new one before n's tokens are read.
+    The new request must get only tokens of its own steps (positions 3, 4, ... of its 3-token prompt), never the
+    old request's sample (position 10), and the engine must not fail on the stale row."""
+    from jaxinfer.config import SchedulerConfig
+    from jaxinfer.engine.engine import LLMEngine
+    from jaxinfer.sampling_params import SamplingParams
+
+    eng = LLMEngine(_PositionRunner(), None, SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=4,
+                                                             async_scheduling=True),
+                    max_model_len=64, eos_token_ids={1}, vocab_size=1000)
+    sp = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    for old_outputs in (0, 2):  # aborted in its prefill step, or after a few decodes (output_index > 0)
+        eng.add_request("x", list(range(100, 110)), sp)
+        outs = []
+        for _ in range(1 + old_outputs):
+            outs += eng.step()
+        assert eng._in_flight is not None  # a step of the old "x" is in flight
+        assert eng.abort("x")
+        eng.add_request("x", [7, 8, 9], sp)
+        eng.add_request("y", [7, 8], sp)
+        while eng.has_unfinished():
+            outs += eng.step()
+        final = {o.request_id: o for o in outs if o.finished}
+        assert final["x"].outputs[0].token_ids == [3, 4, 5, 6]
+        assert final["y"].outputs[0].token_ids == [2, 3, 4, 5]
+
+
+class _FailingRunner(_PositionRunner):
+    """Raises for any batch holding a row with temperature 0.5 (a stand-in for a row the device step rejects)."""
+
+    def dispatch(self, batch, prev=None, prompt_logprob_targets=None):
+        if (batch.sampling["temperature"][batch.rows] == 0.5).any():
+            raise ValueError("row rejected")
+        if (batch.penalty_slot >= 0).any():
+            raise AssertionError("test requests are unpenalised")
+        return super().dispatch(batch, prev, prompt_logprob_targets)
+
+
+def test_engine_row_failing_dispatch_ends_alone_and_the_rest_keep_their_tokens():
+    """The dispatch-failure isolation (engine/isolation.py bisection over StepBatch.select) with the plain finish:
+    the failing request ends with an error; the others, in the same steps, get exactly their own tokens."""
+    from jaxinfer.config import SchedulerConfig
+    from jaxinfer.engine.engine import LLMEngine
+    from jaxinfer.sampling_params import SamplingParams
+
+    eng = LLMEngine(_FailingRunner(), None, SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=4,
+                                                            async_scheduling=True),
+                    max_model_len=64, eos_token_ids={1}, vocab_size=1000)
+    sp = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    eng.add_request("a", [7, 8, 9], sp)
+    outs = eng.step()
+    eng.add_request("bad", [7, 8], sp.clone(temperature=0.5))
+    eng.add_request("b", [7, 8], sp)
+    while eng.has_unfinished():
+        outs += eng.step()
+    final = {o.request_id: o for o in outs if o.finished}
+    assert final["bad"].error and "row rejected" in final["bad"].error
+    assert final["a"].outputs[0].token_ids == [3, 4, 5, 6]
+    assert final["b"].outputs[0].token_ids == [2, 3, 4, 5]

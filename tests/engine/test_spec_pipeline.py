@@ -55,7 +55,7 @@ def _step(s, ctl, prev):
     """prepare (if a step is in flight) + schedule, as LLMEngine.step does; returns the new _Step."""
     plan = None
     if prev is not None:
-        plan = prev.pipe = spec_pipeline.prepare(ctl, s.running, prev, lambda rid: SP())
+        plan = prev.pipe = spec_pipeline.prepare(ctl, s.running, prev, lambda rid: SP(), prev.rows.get)
     sched = s.schedule()
     if plan is not None:
         spec_pipeline.device_drafts(ctl.proposer, plan, sched, None, s.get)

@@ -1,0 +1,206 @@
+"""InputBatch: the engine's persistent, columnar state of the running sequences (host only: numpy, never jax).
+
+Like vLLM v1's InputBatch. Each running sequence holds one row ("slot") of fixed-size tables from its first
+schedule until it finishes, is aborted or is preempted (then the row is freed and reused by a later admission):
+
+  page_table    i32[S, W]  the slot's pages in token order, 0 past num_pages (the reserved page)
+  num_pages     i32[S]
+  num_computed  i64[S]     tokens with KV (computed or in flight) after the slot's latest scheduled chunk
+  sampling      [S] columns written once at admission: temperature top_k top_p min_p seed want_logprobs
+                presence/frequency/repetition penalties
+  penalised, prompt_logprobs  bool[S] flags the engine reads to find the few rows needing per-row work
+  progress      bool[S]    the engine must report the slot's next token (False: offline, first token seen)
+  cum_logprob   f64[S]     the sum of the slot's sampled tokens' logprobs (the engine's, while the slot is held)
+  gen           i64[S]     bumped at every add and remove: a step's row whose slot generation changed since its
+                           launch belongs to a request that has left (its results are stale)
+  owner         [S]        an object the engine attaches to the slot (returned by remove)
+
+Per step (make_step) nothing is rebuilt per sequence: the page table of a slot is only extended with the pages
+allocated since its previous schedule (a diff of lengths), and rewritten whole only after a step that verified
+drafts (update() may have released tail pages and the next allocate() taken others); the scheduler's per-sequence
+fields are read with map(attrgetter) into numpy columns. The result, a StepBatch (jaxinfer/outputs.py), references
+these tables: the runner packs it during dispatch, before the next make_step changes them.
+
+Invariant (tests/engine/test_input_batch.py): for every scheduled sequence, page_table[slot, :num_pages[slot]]
+equals its ScheduledSeq.page_table, and runner/batch.pack_step of the StepBatch equals runner/batch.pack of the
+SeqInput list the engine used to build.
+"""
+from __future__ import annotations
+
+import itertools
+from operator import attrgetter
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..outputs import StepBatch
+
+# A ScheduledSeq's fields, read in ONE pass over the step's sequences (each pass over ~256 objects costs about as
+# much as the reads themselves: the objects are touched, and cache-missed, once instead of four times).
+_FIELDS = attrgetter("request_id", "page_table", "token_ids", "start_pos", "output_index", "num_spec_tokens",
+                     "num_placeholders", "sample")
+
+# Admission row: (temperature, top_k, top_p, min_p, seed, want_logprobs, presence_penalty, frequency_penalty,
+# repetition_penalty, penalised, prompt_logprobs[, cum_logprob, progress]), in this order.
+COLUMNS = (("temperature", np.float32, 0.0), ("top_k", np.int32, -1), ("top_p", np.float32, 1.0),
+           ("min_p", np.float32, 0.0), ("seed", np.uint32, 0), ("want_logprobs", np.int32, 0),
+           ("presence_penalty", np.float32, 0.0), ("frequency_penalty", np.float32, 0.0),
+           ("repetition_penalty", np.float32, 1.0))
+
+
+class AdmissionError(ValueError):
+    """Some sequences' admission rows do not fit the slot columns (e.g. a top_k beyond int32): `failed` holds
+    (seq_id, exception) of each; they hold no slot, the others admitted are kept."""
+
+    def __init__(self, failed: list[tuple[str, Exception]]):
+        super().__init__("; ".join(f"{sid}: {type(e).__name__}: {e}" for sid, e in failed))
+        self.failed = failed
+
+
+class InputBatch:
+    def __init__(self, max_num_seqs: int, table_width: int):
+        """max_num_seqs rows of table_width pages; both grow if ever exceeded (never expected)."""
+        S, W = max(1, max_num_seqs), max(1, table_width)
+        self.page_table = np.zeros((S, W), np.int32)
+        self.num_pages = np.zeros(S, np.int32)
+        self.num_computed = np.zeros(S, np.int64)
+        self.sampling = {name: np.full(S, fill, dtype) for name, dtype, fill in COLUMNS}
+        self.penalised = np.zeros(S, bool)
+        self.prompt_logprobs = np.zeros(S, bool)
+        self.progress = np.ones(S, bool)
+        self.cum_logprob = np.zeros(S, np.float64)
+        self.gen = np.zeros(S, np.int64)
+        self.owner: list = [None] * S
+        self._dirty = np.zeros(S, bool)  # the slot's page row must be rewritten whole at its next schedule
+        self._slot_of: dict[str, int] = {}
+        self.step_ids: tuple = ()
+        self._free = list(range(S - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
+
+    # ---- slots --------------------------------------------------------------------------------------------
+    @property
+    def num_slots(self) -> int:
+        return len(self.num_pages)
+
+    def slot(self, seq_id: str) -> int | None:
+        return self._slot_of.get(seq_id)
+
+    def __len__(self) -> int:
+        return len(self._slot_of)
+
+    def add(self, seq_id: str, row: Sequence, owner=None) -> int:
+        """Give seq_id a free slot and write its admission row (see COLUMNS, then penalised, prompt_logprobs and
+        optionally cum_logprob, progress)."""
+        assert seq_id not in self._slot_of, f"{seq_id!r} already holds slot {self._slot_of[seq_id]}"
+        if not self._free:
+            self._grow_rows()
+        s = self._slot_of[seq_id] = self._free.pop()
+        try:
+            for (name, _, _), v in zip(COLUMNS, row):
+                self.sampling[name][s] = v
+        except Exception:
+            self.remove(seq_id)
+            raise
+        self.penalised[s], self.prompt_logprobs[s] = row[len(COLUMNS)], row[len(COLUMNS) + 1]
+        extra = row[len(COLUMNS) + 2:]
+        self.cum_logprob[s] = extra[0] if extra else 0.0
+        self.progress[s] = extra[1] if len(extra) > 1 else True
+        self.owner[s] = owner
+        self.gen[s] += 1
+        self.num_pages[s] = 0
+        self.num_computed[s] = 0
+        self._dirty[s] = False
+        return s
+
+    def remove(self, seq_id: str) -> tuple | None:
+        """Free seq_id's slot: its page row back to zeros. Returns (owner, cum_logprob) of the slot, or None if
+        seq_id holds none."""
+        s = self._slot_of.pop(seq_id, None)
+        if s is None:
+            return None
+        self.page_table[s, :self.num_pages[s]] = 0
+        self.num_pages[s] = 0
+        self.gen[s] += 1
+        owner, self.owner[s] = self.owner[s], None
+        self._free.append(s)
+        return owner, float(self.cum_logprob[s])
+
+    def _grow_rows(self) -> None:
+        S = self.num_slots
+        self.page_table = np.concatenate([self.page_table, np.zeros_like(self.page_table)])
+        for name in ("num_pages", "num_computed", "penalised", "prompt_logprobs", "_dirty", "cum_logprob", "gen"):
+            a = getattr(self, name)
+            setattr(self, name, np.concatenate([a, np.zeros_like(a)]))
+        self.progress = np.concatenate([self.progress, np.ones(S, bool)])
+        self.owner += [None] * S
+        for name, dtype, fill in COLUMNS:
+            self.sampling[name] = np.concatenate([self.sampling[name], np.full(S, fill, dtype)])
+        self._free = list(range(2 * S - 1, S - 1, -1)) + self._free
+
+    # ---- one step -----------------------------------------------------------------------------------------
+    def make_step(self, scheduled: Sequence, admit_row: Callable[[str], Sequence],
+                  prev_slot_rows: np.ndarray | None, owner_of: Callable[[str], object] | None = None
+                  ) -> tuple[StepBatch, np.ndarray]:
+        """The StepBatch of `scheduled` (ScheduledSeqs, batch order), admitting sequences without a slot
+        (admit_row(seq_id) gives their admission row) and applying page-table diffs. prev_slot_rows: the
+        previous (in-flight) step's output row of each slot (-1: none), for placeholders. Returns the StepBatch
+        and this step's i64[S] output row of each slot (sampling sequences; -1 elsewhere). Raises AdmissionError
+        (nothing else changed but the other admissions) if some admission rows do not fit the columns."""
+        n = len(scheduled)
+        slot_of = self._slot_of
+        rids, tables, token_lists, *int_cols = zip(*map(_FIELDS, scheduled))
+        self.step_ids = rids  # the sequence ids of this step, in batch order (a tuple; read by the engine)
+        rows = np.fromiter(map(slot_of.get, rids, itertools.repeat(-1, n)), np.int64, n)
+        if (rows < 0).any():
+            failed = []
+            for i in np.flatnonzero(rows < 0).tolist():
+                try:
+                    rows[i] = self.add(rids[i], admit_row(rids[i]), owner_of(rids[i]) if owner_of else None)
+                except (ValueError, OverflowError, TypeError) as e:
+                    failed.append((rids[i], e))
+            if failed:
+                raise AdmissionError(failed)
+        npg = np.fromiter(map(len, tables), np.int64, n)
+        stale = (npg != self.num_pages[rows]) | self._dirty[rows]
+        if stale.any():
+            self._apply_page_diffs(np.flatnonzero(stale).tolist(), rows, tables, npg)
+        lens = np.fromiter(map(len, token_lists), np.int64, n)
+        flat = np.fromiter(itertools.chain.from_iterable(token_lists), np.int64, int(lens.sum()))
+        ints = np.fromiter(itertools.chain.from_iterable(int_cols), np.int64, 5 * n).reshape(5, n)
+        starts, num_spec, ph = ints[0], ints[2], ints[3]
+        self.num_computed[rows] = starts + lens
+        if num_spec.any():  # update() may truncate these pages after the step: rewrite them at the next schedule
+            self._dirty[rows[num_spec > 0]] = True
+        prev_row = np.full(n, -1, np.int64)
+        if ph.any():
+            has = ph > 0
+            if prev_slot_rows is None or (ph > 1).any() or (prev_slot_rows[rows[has]] < 0).any():
+                raise AssertionError("placeholder without its sample in the step in flight")
+            prev_row[has] = prev_slot_rows[rows[has]]
+        sample = ints[4].astype(bool)
+        slot_rows = np.full(self.num_slots, -1, np.int64)
+        slot_rows[rows[sample]] = np.flatnonzero(sample)
+        sb = StepBatch(flat, lens, starts, rows, prev_row, ints[1].astype(np.int32),
+                       num_spec, np.full(n, -1, np.int32), self.page_table, self.num_pages, self.sampling)
+        return sb, slot_rows
+
+    def _apply_page_diffs(self, idx: list[int], rows: np.ndarray, tables: list, npg: np.ndarray) -> None:
+        """Slots whose page count changed since their previous schedule get their new pages (appended; a
+        shorter list clears the tail); dirty slots are rewritten whole."""
+        need = int(npg[idx].max())
+        if need > self.page_table.shape[1]:
+            grown = np.zeros((self.num_slots, max(need, 2 * self.page_table.shape[1])), np.int32)
+            grown[:, :self.page_table.shape[1]] = self.page_table
+            self.page_table = grown
+        pt, num = self.page_table, self.num_pages
+        for i in idx:
+            r, m = int(rows[i]), int(npg[i])
+            old = int(num[r])
+            if self._dirty[r]:
+                pt[r, :m] = tables[i]
+                pt[r, m:max(old, m)] = 0
+                self._dirty[r] = False
+            elif m > old:
+                pt[r, old:m] = tables[i][old:]
+            else:
+                pt[r, m:old] = 0
+            num[r] = m
