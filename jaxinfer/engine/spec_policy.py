@@ -33,11 +33,13 @@ UNMEASURED = None
 # UNPIPELINED path (each speculative step finished before the next), k = 4, H200, 8B target, 128 new tokens:
 # results/spec-speed-unpipelined-2026-12-02.json (main at b39eacd, fused draft steps), batch 1 / 8 / 32; batch 64
 # and 128 from results/spec-speed-*2026-12-01.json (free drafts, a = 0.7: 1.24x, 0.95x).
-# The PIPELINED path (engine/spec_pipeline.py) is UNMEASURED: re-run spec_speed.py and replace these rows.
+# The PIPELINED path (engine/spec_pipeline.py, the default): free drafts at batch 1 and 8, a = 0.7 / 0.9, from
+# results/spec-speed-pipelined-2026-12-02.json (e571497; unpipelined 1.907 / 2.824 and 1.466 / 1.894); the other
+# rows are still the unpipelined figures (a lower bound for the pipelined path where that path runs).
 SPEEDUP: dict[tuple[str, int], dict[int, dict[float, float | None]]] = {
     ("free", 4): {
-        1: {0.5: UNMEASURED, 0.7: 1.907, 0.9: 2.824},
-        8: {0.5: UNMEASURED, 0.7: 1.466, 0.9: 1.894},
+        1: {0.5: UNMEASURED, 0.7: 1.89, 0.9: 3.233},
+        8: {0.5: UNMEASURED, 0.7: 1.656, 0.9: 2.316},
         32: {0.5: UNMEASURED, 0.7: 0.935, 0.9: 1.615},
         64: {0.5: UNMEASURED, 0.7: 1.24, 0.9: UNMEASURED},
         128: {0.5: UNMEASURED, 0.7: 0.95, 0.9: UNMEASURED},
