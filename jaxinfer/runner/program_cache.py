@@ -21,7 +21,8 @@ Invariants:
   * entries are written atomically (temp file + os.replace); the directory is trimmed to `max_bytes` (oldest
     first) after each store.
 
-Where: $JAXINFER_CACHE/programs (default ~/.cache/jaxinfer/programs). Off: JAXINFER_PROGRAM_CACHE=0.
+Where: $JAXINFER_CACHE/programs (default ~/.cache/jaxinfer/programs). On by default on CPU only (DEFAULT_BACKENDS);
+JAXINFER_PROGRAM_CACHE=0 / 1 forces it off / on.
 """
 from __future__ import annotations
 
@@ -48,8 +49,17 @@ def cache_root() -> str:
     return os.environ.get("JAXINFER_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "jaxinfer")
 
 
-def program_cache_enabled() -> bool:
-    return os.environ.get("JAXINFER_PROGRAM_CACHE", "1").lower() not in ("0", "false", "no", "off")
+# Backends the cache is on for by default: verified on XLA:CPU (jax 0.10, tests/test_startup_caches.py); not yet
+# run on a GPU (jax 0.11), where a store that fails would cost one cold start, so there it is opt-in.
+DEFAULT_BACKENDS = ("cpu",)
+
+
+def program_cache_enabled(backend: str | None = None) -> bool:
+    """JAXINFER_PROGRAM_CACHE=1 / 0 turns it on / off; unset: on for DEFAULT_BACKENDS only."""
+    v = os.environ.get("JAXINFER_PROGRAM_CACHE")
+    if v is not None:
+        return v.lower() not in ("0", "false", "no", "off")
+    return (backend or jax.default_backend()) in DEFAULT_BACKENDS
 
 
 @functools.lru_cache(maxsize=None)
