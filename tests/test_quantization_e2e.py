@@ -270,6 +270,9 @@ def test_xla_nk_backend_in_engine(tiny_llama_dir, float_llm, monkeypatch):
     W8A8 'large' table every projection takes that table: the 'w8a8' backend's results, within its float bound."""
     from jaxinfer.models import quant_paths
 
+    # the tables are patched below: compile every engine fresh (the program cache keys by config and source,
+    # not by a patched module table)
+    monkeypatch.setenv("JAXINFER_PROGRAM_CACHE", "0")
     ref = jaxinfer.LLM(tiny_llama_dir, quantization="int8", quantized_matmul="reference", **OPTS)
     nk = jaxinfer.LLM(tiny_llama_dir, quantization="int8", quantized_matmul="xla-nk", **OPTS)
     down = nk.model.module().layers[0].mlp.down
