@@ -102,12 +102,28 @@ class DeviceNgramProposer:
         """host: engine/ngram_proposer.NgramProposer (its min_n / max_n are used here too)."""
         self.host = host
         self.min_n, self.max_n, self.K = host.min_n, host.max_n, num_speculative_tokens
-        self.hist = jnp.zeros((max_num_seqs, max_model_len), jnp.int32)
+        # committed to the device like the runner's carry (single-device runners), so warm-up compiles the same
+        # program as the steps use
+        self._device = jax.devices()[0]
+        self.hist = jax.device_put(np.zeros((max_num_seqs, max_model_len), np.int32), self._device)
         self._free_slots = list(range(max_num_seqs - 1, -1, -1))
         self._slot: dict[str, int] = {}
         self._synced: dict[str, int] = {}  # request id -> hist[slot, :synced] holds its known tokens
         self._pending: dict[str, tuple[int, list[int]]] = {}  # host drafts (first position, tokens) to write
         self._fn = jax.jit(_cycle, donate_argnums=(0,), static_argnames=("min_n", "max_n", "lookback"))
+
+    def warmup(self, progress=None) -> None:
+        """Compile the proposal program (the target's carry shape) and every host-write size (64 .. all slots
+        full), running them on padding (no effect)."""
+        M, L = self.hist.shape
+        carry = jax.device_put(np.zeros((M, DRAFT + self.K), np.int32), self._device)
+        pad = np.full(M, M, np.int32)
+        self.hist, _ = self._fn(self.hist, carry, pad, pad, np.ones(M, np.int32), np.zeros(M, np.int32),
+                                min_n=self.min_n, max_n=self.max_n, lookback=LOOKBACK)
+        W = 64
+        while W <= _pad_len(M * L):
+            self.hist = _write(self.hist, np.full(W, M, np.int32), np.zeros(W, np.int32), np.zeros(W, np.int32))
+            W *= 2
 
     def propose(self, seqs: Sequence[tuple[str, Sequence[int], int]]) -> dict[str, list[int]]:
         out = self.host.propose(seqs)
