@@ -84,7 +84,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--methods", nargs="+", default=["ngram", "layer_skip"], choices=["ngram", "layer_skip"])
+    ap.add_argument("--methods", nargs="+", default=["ngram", "layer_skip"], choices=["ngram", "ngram_unpipelined", "layer_skip"],
+                    help="ngram: pipelined (device prompt lookup, runner/ngram_device.py); ngram_unpipelined: the "
+                         "host proposer, each speculative step finished before the next")
     ap.add_argument("--skip-plain", action="store_true", help="no plain-decoding run (outputs_equal_plain: null)")
     ap.add_argument("--layers", type=int, nargs="+", default=None,
                     help="layer_skip draft depths (default: a quarter and half of the target's layers)")
@@ -98,7 +100,8 @@ def main(argv=None):
     layers = a.layers or [max(1, n_layers // 4), n_layers // 2]
     ref = {} if a.skip_plain else {kind: run(base, prompts, a.max_tokens)
                                    for kind, prompts in (("quoting", QUOTING), ("chat", CHAT))}
-    methods = ([("ngram", dict(method="ngram"))] if "ngram" in a.methods else []) + [
+    methods = ([("ngram", dict(method="ngram"))] if "ngram" in a.methods else []) + (
+        [("ngram_unpipelined", dict(method="ngram", pipelined=False))] if "ngram_unpipelined" in a.methods else []) + [
         (f"layer_skip_{n}of{n_layers}", dict(method="layer_skip", num_draft_layers=n)) for n in layers
         if "layer_skip" in a.methods]
     results = {"plain": {kind: {"wall_s": round(dt, 2)} for kind, (_, dt) in ref.items()}}

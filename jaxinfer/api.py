@@ -139,6 +139,11 @@ class LLM:
             from jaxinfer.engine.ngram_proposer import NgramProposer
 
             proposer = NgramProposer(sc.ngram_min_n, sc.ngram_max_n)
+            if sc.pipelined:  # drafts also made on the device from the step in flight's carry (pipelined steps)
+                from jaxinfer.runner.ngram_device import DeviceNgramProposer
+
+                proposer = DeviceNgramProposer(proposer, self.config.scheduler.max_num_seqs, max_len,
+                                               sc.num_speculative_tokens)
         else:
             from jaxinfer.draft_model import build_model_proposer
 

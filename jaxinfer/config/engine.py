@@ -32,8 +32,8 @@ class SpeculativeConfig:
     draft_num_pages: KV pages of the draft's own cache (default: as many as the target's).
     pipelined: verification step n+1 is dispatched before step n's accepted counts are read (engine/spec_pipeline.py,
         runner/spec_carry.py) where the drafter runs on the device ("draft", "layer_skip": one program per cycle,
-        runner/draft_cycle.py); "ngram" drafts are made on the host and stay unpipelined. False: every speculative
-        step is finished before the next is scheduled.
+        runner/draft_cycle.py; "ngram": the prompt lookup on the device, runner/ngram_device.py). False: every
+        speculative step is finished before the next is scheduled (n-gram drafts from the host proposer).
     batch_policy: per step, speculation on/off and a cap on k from the measured speed-up table of
         engine/spec_policy.py (batch size x draft agreement, per drafter kind) on top of max_batch_size. Off by
         default until the table holds measurements of the pipelined path.

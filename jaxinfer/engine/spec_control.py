@@ -2,8 +2,10 @@
 acceptance bookkeeping. The proposer (n-gram here in engine/, or a draft model on the device, injected) makes the
 drafts; the scheduler turns them into one k+1-token chunk; the device verifies (runner/spec_decode.py).
 
-Pipelining: drafts can only be proposed from known tokens, and a step's number of accepted tokens is unknown until
-it comes back. So a step that speculates is not pipelined: the engine finishes the step in flight before proposing,
+Pipelining: host drafts can only be proposed from known tokens, and a step's number of accepted tokens is unknown
+until it comes back. With a device draft source (`propose_device`: the draft model's cycle, the device n-gram lookup
+of runner/ngram_device.py) steps pipeline through engine/spec_pipeline.py. Otherwise a step that speculates is not
+pipelined: the engine finishes the step in flight before proposing,
 and finishes a speculative step before scheduling the next. The cost is the host/device overlap of those steps
 (the host work of one step — schedule, pack, propose, update — is added to each speculative step's latency).
 Above `max_batch_size` running requests speculation is off and steps pipeline as usual.
