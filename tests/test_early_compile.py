@@ -25,12 +25,6 @@ def test_early_start_matches_ordinary_start(smollm2_gguf):
     assert {r.ladder.pick(1, 1), r.ladder.pick(len(ids), 1)} <= started
     out = llm.generate([ids], sp, use_tqdm=False)[0].outputs[0].token_ids
     assert list(out) == list(ref)
-    # programs compiled from the shapes and from the weights share their program-cache keys (warm starts hit)
-    from jaxinfer.runner.program_cache import abstract_signature
-    from jaxinfer.weights.loader import abstract_model
-
-    shapes = abstract_model(llm.source, llm.model.dtype).params
-    assert abstract_signature(shapes) == abstract_signature(r.loaded.params)
     for a, b in zip(r.loaded.params, ref_llm.runner.loaded.params):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

@@ -252,8 +252,7 @@ def abstract_model(src: ModelSource, dtype="auto") -> LoadedModel:
     jdtype = resolve_dtype(dtype, cfg) if isinstance(dtype, str) else dtype
     graphdef, abs_state = nnx.split(nnx.eval_shape(lambda: arch.module(cfg, jdtype, mlp_blocks=1)))
     leaves, treedef = jax.tree.flatten(abs_state)
-    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])  # where load_model puts them: the same program keys
-    leaves = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one) for x in leaves]
+    leaves = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
     return LoadedModel(cfg, src, graphdef, leaves, treedef, jdtype)
 
 
