@@ -36,7 +36,7 @@ class LLM:
 
     def __init__(self, model: str | None = None, dtype: str = "auto", load_format: str = "auto",
                  tokenizer: str | None = None, warmup: bool = True, progress: bool = True,
-                 config: EngineConfig | None = None, first_prompt: str | list | None = None, **engine_options):
+                 config: EngineConfig | None = None, **engine_options):
         if config is None:
             config = EngineConfig.from_options(model=model, dtype=dtype, load_format=load_format, **engine_options)
         elif engine_options or (model, dtype, load_format) != (None, "auto", "auto"):
@@ -47,7 +47,6 @@ class LLM:
         t0 = time.perf_counter()
         self._progress = progress
         self._warmup = warmup
-        self._first_prompt = first_prompt
         # seconds per start-up phase (benchmarks/startup.py prints them); tokenizer_s ran on its own thread
         self.startup_breakdown = times = {}
         from jaxinfer.weights.loader import resolve_model
@@ -96,24 +95,18 @@ class LLM:
 
             plans = make_plans(par.tensor_parallel_size, par.data_parallel_size)
         # dtype "auto": the checkpoint's dtype (bfloat16 for most), float32 on CPU (runner/cpu_defaults.py)
-        dtype = compute_dtype(config.load.dtype)
-        if self._early_compile(plans):
-            self._build_early(config, dtype, tokenizer_future)
-            t = time.perf_counter()
-        else:
-            self.model = load_model(self.source, dtype, seed=config.seed, progress=progress,
-                                    quantization=config.quant_spec, plan=plans[0])
-            self.models = [self.model] + [replicate_model(self.model, p) for p in plans[1:]]
-            times["weights_s"], t = time.perf_counter() - t, time.perf_counter()
-            self.model_config = self.model.cfg
-            max_len = self._max_model_len()
-            self.runners = [ModelRunner(m, self.config, max_len) for m in self.models]
-            self.runner = self.runners[0]
-            times["runner_s"], t = time.perf_counter() - t, time.perf_counter()
-            self.tokenizer = tokenizer_future.result()
-            times["tokenizer_wait_s"], t = time.perf_counter() - t, time.perf_counter()
-        cfg = self.model_config
-        max_len = self.runner.max_model_len
+        self.model = load_model(self.source, compute_dtype(config.load.dtype), seed=config.seed, progress=progress,
+                                quantization=config.quant_spec, plan=plans[0])
+        self.models = [self.model] + [replicate_model(self.model, p) for p in plans[1:]]
+        times["weights_s"], t = time.perf_counter() - t, time.perf_counter()
+        cfg = self.model.cfg
+        self.model_config = cfg
+        max_len = self._max_model_len()
+        self.runners = [ModelRunner(m, self.config, max_len) for m in self.models]
+        self.runner = self.runners[0]
+        times["runner_s"], t = time.perf_counter() - t, time.perf_counter()
+        self.tokenizer = tokenizer_future.result()
+        times["tokenizer_wait_s"], t = time.perf_counter() - t, time.perf_counter()
         eos = set(cfg.eos_token_ids)
         if self.tokenizer is not None:
             eos |= set(self.tokenizer.eos_token_ids)
@@ -135,49 +128,6 @@ class LLM:
         times["programs_s"] = time.perf_counter() - t  # compile or load every bucket's programs (warm-up)
 
     # ---- set-up helpers -----------------------------------------------------------------------------------
-    def _early_compile(self, plans) -> bool:
-        """A lazy start (warmup=False: `jaxinfer generate`) of float weights on one device, no draft model:
-        the first request's programs compile from the weights' shapes while the weights load (_build_early)."""
-        c = self.config
-        return (not self._warmup and plans == [None] and c.quant_spec is None and c.speculative is None
-                and self.source.kind in ("gguf", "hf"))
-
-    def _build_early(self, config, dtype, tokenizer_future):
-        """Runner from the abstract model (weights/loader.py abstract_model); the decode bucket's step compiles
-        on a worker thread at once, the first prompt's bucket (first_prompt, tokenized when the tokenizer is
-        ready) on another, while this thread loads the weights, which then replace the abstract ones. The
-        compiles run outside the GIL: on 2 cores they overlap the weight load instead of following it."""
-        from jaxinfer.weights.loader import abstract_model, load_model
-        from jaxinfer.runner.model_runner import ModelRunner
-
-        times = self.startup_breakdown
-        t = time.perf_counter()
-        self.model = abstract_model(self.source, dtype)
-        self.model_config = self.model.cfg
-        runner = ModelRunner(self.model, config, self._max_model_len())
-        runner.compile_in_background([runner.ladder.pick(1, 1)])
-        times["runner_s"], t = time.perf_counter() - t, time.perf_counter()
-        self.tokenizer = tokenizer_future.result()
-        times["tokenizer_wait_s"], t = time.perf_counter() - t, time.perf_counter()
-        n = self._first_prompt_tokens()
-        if n:
-            runner.compile_in_background([runner.ladder.pick(min(n, config.scheduler.max_num_batched_tokens), 1)])
-        self.model = load_model(self.source, dtype, seed=config.seed, progress=self._progress)
-        runner.set_weights(self.model)
-        times["weights_s"] = time.perf_counter() - t
-        self.models, self.runners, self.runner = [self.model], [runner], runner
-
-    def _first_prompt_tokens(self) -> int:
-        """Tokens of first_prompt (a string, token ids, or chat messages: the chat template's), 0 when none."""
-        p = self._first_prompt
-        if p is None or (isinstance(p, str) and self.tokenizer is None):
-            return 0
-        if isinstance(p, str):
-            return len(self.tokenizer.encode(p))
-        if p and isinstance(p[0], dict):
-            return 0 if self.tokenizer is None else len(self.tokenizer.apply_chat_template(p))
-        return len(p)
-
     def _speculation(self, max_len: int):
         """SpecControl with the configured proposer, or None (engine/spec_control.py)."""
         sc = self.config.speculative

@@ -22,9 +22,7 @@ def cmd_generate(a) -> int:
     config = config_from_args(a)  # validated before anything is loaded
     init_distributed(a)  # multi-host: every process runs this same command with the same prompt
     # One prompt needs two or three of the buckets: compile those on first use instead of all at start.
-    # first_prompt: its bucket and the decode bucket compile while the weights load (api.py _build_early)
-    first = [{"role": "user", "content": a.prompt}] if a.chat else a.prompt
-    llm = LLM(config=config, progress=not a.quiet, warmup=False, first_prompt=first)
+    llm = LLM(config=config, progress=not a.quiet, warmup=False)
     if a.chat:
         if llm.tokenizer is None:
             raise ValueError("--chat needs a model with a tokenizer and chat template")

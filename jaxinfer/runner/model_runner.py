@@ -165,19 +165,6 @@ class ModelRunner:
         self._program_parts = (repr(config), repr(cfg), str(jnp.dtype(loaded.dtype)), repr(loaded.quantization),
                                repr(opts), max_model_len, self.num_pages, self._device.id)
 
-    def set_weights(self, loaded: LoadedModel) -> None:
-        """Put the real weights in place of the abstract ones this runner was built with (weights/loader.py
-        abstract_model: programs compiled from shapes while the weights loaded). Raises ValueError unless the
-        model has the same structure, shapes and dtypes (the compiled programs would not fit it)."""
-        old = self.loaded
-        same = (old.treedef == loaded.treedef and old.cfg == loaded.cfg and old.quantization == loaded.quantization
-                and jnp.dtype(old.dtype) == jnp.dtype(loaded.dtype) and loaded.plan is None
-                and [(p.shape, p.dtype) for p in old.params] == [(p.shape, p.dtype) for p in loaded.params])
-        if not same:
-            raise ValueError(f"set_weights: the loaded model {loaded.source.name!r} does not match the abstract "
-                             "model the runner's programs were compiled for (structure, shapes or dtypes differ)")
-        self.loaded = loaded
-
     # ---- memory -------------------------------------------------------------------------------------------
     @property
     def bytes_per_page(self) -> int:

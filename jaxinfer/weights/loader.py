@@ -243,19 +243,6 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
                        layout=layout)
 
 
-def abstract_model(src: ModelSource, dtype="auto") -> LoadedModel:
-    """The LoadedModel load_model(src, dtype) returns for float weights on one device, with jax.ShapeDtypeStruct
-    params: enough to lower and compile its programs before the weights are read (api.py's early compile).
-    Invariant: same cfg, graphdef, treedef, dtype and param shapes/dtypes as the loaded model
-    (ModelRunner.set_weights checks)."""
-    arch, cfg = registry.model_config(src.hf_config)
-    jdtype = resolve_dtype(dtype, cfg) if isinstance(dtype, str) else dtype
-    graphdef, abs_state = nnx.split(nnx.eval_shape(lambda: arch.module(cfg, jdtype, mlp_blocks=1)))
-    leaves, treedef = jax.tree.flatten(abs_state)
-    leaves = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
-    return LoadedModel(cfg, src, graphdef, leaves, treedef, jdtype)
-
-
 def _load_gguf_prepared(src: ModelSource, cfg: ModelConfig, names, dtype, progress: bool) -> dict:
     """A GGUF's float weights from the prepared-weights cache (weights/prepared.py: memory-mapped, no
     dequantization), else dequantized from the file and stored there for the next start."""
