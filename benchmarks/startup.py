@@ -48,15 +48,13 @@ def main():
     t0 = time.perf_counter()
     from jaxinfer import LLM, SamplingParams
 
-    prompt = [1, 2, 3, 4]
-    # lazy: as `jaxinfer generate`, the prompt's and the decode bucket compile while the weights load
-    llm = LLM(config=config, progress=False, warmup=not a.lazy, first_prompt=prompt if a.lazy else None)
+    llm = LLM(config=config, progress=False, warmup=not a.lazy)
     t_ready = time.perf_counter()
     runner = llm.runner
     wait0 = runner.program_wait_s
     if a.lazy:
         runner.compile_in_background([runner.ladder.pick(1, 1)])
-    llm.generate([prompt], SamplingParams(max_tokens=1), use_tqdm=False)
+    llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=1), use_tqdm=False)
     t_first = time.perf_counter()
     request_wait = runner.program_wait_s - wait0
     breakdown = dict(llm.startup_breakdown)  # its import_s: the imports LLM() makes; add the script's own
