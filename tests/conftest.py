@@ -6,6 +6,10 @@ import pytest
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("JAXINFER_CACHE", os.path.join(_REPO, ".cache"))
+# The whole-program cache keys by a digest of jaxinfer's source, so after any edit every entry misses and its
+# fresh compiles bypass JAX's persistent cache: the suite would compile everything cold after each change. Tests
+# run on JAX's cache; tests/test_startup_caches.py turns the program cache on where it tests it.
+os.environ.setdefault("JAXINFER_PROGRAM_CACHE", "0")
 # 8 simulated CPU devices for the tensor/data-parallel tests (tests/parallel). Must be set before jax creates its
 # backend; single-device code keeps using device 0, so the other tests are unaffected.
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
