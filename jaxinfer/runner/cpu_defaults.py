@@ -10,23 +10,17 @@ benchmarks/cpu_decode.py, benchmarks/results/cpu-decode-cpu-*.json:
     bucket did 16x the matmul work of a one-token decode; x4 keeps the ladder (and warm-up compiles) short.
   * a KV pool sized for the request limits (max_num_seqs full-length sequences), at most CPU_KV_BUDGET_BYTES,
     instead of a fixed share of host RAM: zero-filling and holding a pool the requests cannot use is waste.
-  * step programs compiled at LLVM optimisation level 1 (CPU_COMPILER_OPTIONS, per executable: XLA_FLAGS and
-    other programs untouched): XLA:CPU's compile of a step is most of a cold `jaxinfer generate`
-    (benchmarks/probes/cpu_compile_options.py, results/cpu-compile-options-cpu-*.json; O0 is ~4x slower to run).
-    A key the user sets in XLA_FLAGS is theirs: it is never overridden.
 Other backends get none of this (None / {} from every function here).
 """
 from __future__ import annotations
 
 import math
-import os
 
 import jax
 
 CPU_COMPUTE_DTYPE = "float32"
 CPU_KV_BUDGET_BYTES = 1 << 30  # upper bound of the CPU KV pool (no device memory statistics on CPU)
 CPU_LADDER = dict(min_tokens=1, growth=4)  # buckets 1, 4, 16, 64, ... up to max_num_batched_tokens
-CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}  # per-executable XLA options of the step programs
 
 
 def on_cpu() -> bool:
@@ -48,12 +42,3 @@ def cpu_kv_pages(bytes_per_page: int, max_num_seqs: int, max_model_len: int, pag
     at CPU_KV_BUDGET_BYTES."""
     limit = max_num_seqs * math.ceil(max_model_len / page_size) + 1
     return min(limit, CPU_KV_BUDGET_BYTES // bytes_per_page)
-
-
-def compiler_options() -> dict:
-    """Per-executable XLA options for the step programs on this backend (CPU: CPU_COMPILER_OPTIONS less any
-    option the user names in XLA_FLAGS, which per-executable options would otherwise override; else {})."""
-    if not on_cpu():
-        return {}
-    user = os.environ.get("XLA_FLAGS", "")
-    return {k: v for k, v in CPU_COMPILER_OPTIONS.items() if f"--{k}" not in user}

@@ -24,7 +24,7 @@ from jaxinfer.weights.loader import LoadedModel
 from jaxinfer.outputs import RunnerOutput, SeqInput, StepBatch
 from jaxinfer.runner.batch import _TOKEN_IDS, pack, pack_step
 from jaxinfer.runner.buckets import BucketLadder
-from jaxinfer.runner.cpu_defaults import compiler_options as cpu_compiler_options, cpu_kv_pages, ladder_args
+from jaxinfer.runner.cpu_defaults import cpu_kv_pages, ladder_args
 from jaxinfer.runner.penalties import host_row, write_row
 from jaxinfer.weights.prepared import release_writes
 from jaxinfer.runner.program_cache import ProgramCache, abstract_signature, program_cache_enabled, program_key
@@ -57,10 +57,10 @@ EAGER_GENERAL_MAX_TOKENS = 256
 
 def step_compiler_options(bucket) -> dict | None:
     """Per-executable XLA options of a bucket's step: command buffers off on the GPU above
-    COMMAND_BUFFER_MAX_TOKENS tokens; on CPU runner/cpu_defaults.py compiler_options (other backends: none)."""
+    COMMAND_BUFFER_MAX_TOKENS tokens (other backends: none)."""
     if jax.default_backend() == "gpu" and bucket.num_tokens > COMMAND_BUFFER_MAX_TOKENS:
         return {"xla_gpu_enable_command_buffer": ""}
-    return cpu_compiler_options() or None
+    return None
 
 
 def compile_lowered(lowered, compiler_options: dict | None):
