@@ -59,6 +59,27 @@ def field_shapes(bucket: Bucket) -> dict[str, tuple[int, ...]]:
                 verify_row=(R,), draft_tokens=(R, K), num_draft=(R,))
 
 
+def _check_fits(bucket: Bucket, lens, starts, n_pages, page_size: int):
+    """The sequences' token counts, start positions and page counts (i64[n]) fit the bucket and their page tables:
+    ValueError naming the fault if not. Returns (offsets i64[n + 1]: start of each sequence in the flat tokens,
+    total tokens)."""
+    offsets = np.zeros(len(lens) + 1, np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    n_tok = int(offsets[-1])
+    if n_tok > bucket.num_tokens:
+        raise ValueError(f"{n_tok} tokens do not fit bucket {bucket}")
+    W = bucket.table_width
+    if len(n_pages) and n_pages.max() > W:
+        i = int(n_pages.argmax())
+        raise ValueError(f"sequence has {n_pages[i]} pages but the page-table width is {W}")
+    short = n_pages * page_size < starts + lens
+    if short.any():
+        i = int(short.argmax())
+        raise ValueError(f"page table of {n_pages[i]} pages cannot hold {starts[i] + lens[i]} tokens "
+                         f"(page_size {page_size})")
+    return offsets, n_tok
+
+
 def pack(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> HostBatch:
     """The reference packing of a list of SeqInput (also the draft model's path); see pack_step."""
     return pack_reference(seqs, bucket, page_size)
@@ -74,21 +95,9 @@ def pack_reference(seqs: Sequence[SeqInput], bucket: Bucket, page_size: int) -> 
     # Per-sequence fields are read with map(attrgetter) rather than generator expressions: ~1.5x faster, and pack
     # reads ~17 fields of every sequence every step.
     lens = np.fromiter(map(len, map(_TOKEN_IDS, seqs)), np.int64, n_seqs)
-    offsets = np.zeros(n_seqs + 1, np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    n_tok = int(offsets[-1])
-    if n_tok > T:
-        raise ValueError(f"{n_tok} tokens do not fit bucket {bucket}")
     starts = np.fromiter(map(attrgetter("start_pos"), seqs), np.int64, n_seqs)
     n_pages = np.fromiter(map(len, map(_PAGE_TABLE, seqs)), np.int64, n_seqs)
-    if n_seqs and n_pages.max() > W:
-        i = int(n_pages.argmax())
-        raise ValueError(f"sequence has {n_pages[i]} pages but the page-table width is {W}")
-    short = n_pages * page_size < starts + lens
-    if short.any():
-        i = int(short.argmax())
-        raise ValueError(f"page table of {n_pages[i]} pages cannot hold {starts[i] + lens[i]} tokens "
-                         f"(page_size {page_size})")
+    offsets, n_tok = _check_fits(bucket, lens, starts, n_pages, page_size)
 
     # Row S stays all zeros: empty tiles point at it, so they gather only the reserved page 0 (L2-resident)
     # instead of re-reading a real sequence's pages.
@@ -226,20 +235,8 @@ def pack_step(sb: StepBatch, bucket: Bucket, page_size: int) -> HostBatch:
     if n_seqs > S:
         raise ValueError(f"{n_seqs} sequences do not fit bucket {bucket}")
     lens, starts, rows = sb.lens, sb.starts, sb.rows
-    offsets = np.zeros(n_seqs + 1, np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    n_tok = int(offsets[-1])
-    if n_tok > T:
-        raise ValueError(f"{n_tok} tokens do not fit bucket {bucket}")
     n_pages = sb.num_pages[rows].astype(np.int64)
-    if n_seqs and n_pages.max() > W:
-        i = int(n_pages.argmax())
-        raise ValueError(f"sequence has {n_pages[i]} pages but the page-table width is {W}")
-    short = n_pages * page_size < starts + lens
-    if short.any():
-        i = int(short.argmax())
-        raise ValueError(f"page table of {n_pages[i]} pages cannot hold {starts[i] + lens[i]} tokens "
-                         f"(page_size {page_size})")
+    offsets, n_tok = _check_fits(bucket, lens, starts, n_pages, page_size)
     ints_t, floats_t, where = _template(bucket)
     bufs = (ints_t.copy(), floats_t.copy())
     arrays = {name: bufs[b][lo:hi] if shape is None else bufs[b][lo:hi].reshape(shape)
