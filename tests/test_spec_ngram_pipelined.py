@@ -15,6 +15,7 @@ from jaxinfer import SamplingParams
 from jaxinfer.engine.ngram_proposer import ngram_propose
 from jaxinfer.runner.ngram_device import DeviceNgramProposer
 from jaxinfer.runner.spec_carry import DRAFT, SHIFT
+from tests.spec_cases import greedy, run_staggered, speculates
 
 KW = dict(max_model_len=256, max_num_batched_tokens=32, max_num_seqs=8, progress=False)
 K = 3
@@ -45,21 +46,12 @@ def spec_llm(bigram_dir):
                                                                          num_speculative_tokens=K), **KW)
 
 
-def _greedy(m, stop=None):
-    return SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True, stop_token_ids=stop)
-
-
-def _speculates(inputs) -> bool:
-    num_spec = getattr(inputs, "num_spec", None)
-    return bool(num_spec.any()) if num_spec is not None else any(i.num_spec for i in inputs)
-
-
 def test_pipelined_ngram_identical_to_plain(base, spec_llm):
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, 512, size=int(rng.integers(1, 30))).tolist() for _ in range(9)]
     prompts[2] = prompts[2] * 3  # quoting prompts
     max_tokens = [int(rng.integers(1, 40)) for _ in prompts]
-    ref = [o.outputs[0].token_ids for o in base.generate(prompts, [_greedy(m) for m in max_tokens], use_tqdm=False)]
+    ref = [o.outputs[0].token_ids for o in base.generate(prompts, [greedy(m) for m in max_tokens], use_tqdm=False)]
     assert [len(r) for r in ref] == max_tokens
     stops = {i: [r[len(r) // 2]] for i, r in enumerate(ref) if i % 3 == 0 and len(r) > 4}
     want = {i: (r[:r.index(stops[i][0]) + 1] if i in stops else r) for i, r in enumerate(ref)}
@@ -71,7 +63,7 @@ def test_pipelined_ngram_identical_to_plain(base, spec_llm):
     calls = []  # (request id, actual tokens before the drafts, k, device drafts)
 
     def spy(inputs, prev, *a):
-        launched.append((_speculates(inputs), prev is not None))
+        launched.append((speculates(inputs), prev is not None))
         return dispatch(inputs, prev, *a)
 
     def spy_propose(flight, todo):
@@ -84,19 +76,7 @@ def test_pipelined_ngram_identical_to_plain(base, spec_llm):
     eng.runner.dispatch, prop.propose_device = spy, spy_propose
     seqs = {f"r{i}": p for i, p in enumerate(prompts)}
     try:
-        pending, done, step = list(range(len(prompts))), {}, 0
-        eng.add_request("victim", prompts[0], _greedy(40))
-        while pending or eng.has_unfinished():
-            for _ in range(5 if step == 0 else int(rng.integers(0, 3))):
-                if pending:
-                    i = pending.pop(0)
-                    eng.add_request(f"r{i}", prompts[i], _greedy(max_tokens[i], stops.get(i)))
-            for out in eng.step():
-                if out.finished and out.request_id != "victim":
-                    done[int(out.request_id[1:])] = out
-            step += 1
-            if step == 6:
-                assert eng.abort("victim")  # with a step in flight
+        done = run_staggered(eng, prompts, max_tokens, stops, rng, victim_tokens=40, abort_at=6)
     finally:
         eng.runner.dispatch, prop.propose_device = dispatch, propose_device
     assert {i: o.outputs[0].token_ids for i, o in done.items()} == want

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import jaxinfer
-from jaxinfer import SamplingParams
 from jaxinfer.engine.spec_control import SpecControl
 from jaxinfer.runner.spec_carry import TableProposer
+from tests.spec_cases import greedy, run_staggered, speculates
 
 KW = dict(max_model_len=256, max_num_batched_tokens=32, max_num_seqs=8, progress=False)
 K = 3
@@ -26,16 +26,6 @@ def spec_llm(tiny_llama_dir):
                                                                             num_speculative_tokens=K), **KW)
 
 
-def _speculates(inputs) -> bool:
-    """A dispatched step verifies drafts (inputs: the engine's StepBatch, or a list of SeqInput)."""
-    num_spec = getattr(inputs, "num_spec", None)
-    return bool(num_spec.any()) if num_spec is not None else any(i.num_spec for i in inputs)
-
-
-def _greedy(m, stop=None):
-    return SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True, stop_token_ids=stop)
-
-
 def _noisy(ref, rng, p_bad):
     return [t if rng.random() >= p_bad else (t + 1 + int(rng.integers(0, 500))) % 512 for t in ref]
 
@@ -45,7 +35,7 @@ def test_pipelined_greedy_identical_to_plain(base, spec_llm, p_bad):
     rng = np.random.default_rng(int(p_bad * 10))
     prompts = [rng.integers(3, 512, size=int(rng.integers(1, 40))).tolist() for _ in range(8)]
     max_tokens = [int(rng.integers(1, 24)) for _ in prompts]
-    ref = [o.outputs[0].token_ids for o in base.generate(prompts, [_greedy(m) for m in max_tokens], use_tqdm=False)]
+    ref = [o.outputs[0].token_ids for o in base.generate(prompts, [greedy(m) for m in max_tokens], use_tqdm=False)]
     stops = {i: [r[len(r) // 2]] for i, r in enumerate(ref) if i % 3 == 0 and len(r) > 4}
     want = {i: (r[:r.index(stops[i][0]) + 1] if i in stops else r) for i, r in enumerate(ref)}
 
@@ -56,24 +46,12 @@ def test_pipelined_greedy_identical_to_plain(base, spec_llm, p_bad):
     launched, dispatch = [], eng.runner.dispatch
 
     def spy(inputs, prev, *a):  # a speculative step dispatched while another is in flight: pipelined
-        launched.append((_speculates(inputs), prev is not None))
+        launched.append((speculates(inputs), prev is not None))
         return dispatch(inputs, prev, *a)
 
     eng.runner.dispatch = spy
     try:
-        pending, done, step = list(range(len(prompts))), {}, 0
-        eng.add_request("victim", prompts[0], _greedy(30))
-        while pending or eng.has_unfinished():
-            for _ in range(5 if step == 0 else int(rng.integers(0, 3))):
-                if pending:
-                    i = pending.pop(0)
-                    eng.add_request(f"r{i}", prompts[i], _greedy(max_tokens[i], stops.get(i)))
-            for out in eng.step():
-                if out.finished and out.request_id != "victim":
-                    done[int(out.request_id[1:])] = out
-            step += 1
-            if step == 5:
-                assert eng.abort("victim")  # with a step in flight
+        done = run_staggered(eng, prompts, max_tokens, stops, rng, victim_tokens=30, abort_at=5)
     finally:
         eng.runner.dispatch = dispatch
     assert {i: o.outputs[0].token_ids for i, o in done.items()} == want
@@ -103,13 +81,13 @@ def test_draft_model_cycles_are_pipelined(tiny_llama_dir, base, method):
     rng = np.random.default_rng(5)
     prompts = [rng.integers(3, 512, size=int(rng.integers(1, 40))).tolist() for _ in range(5)]
     max_tokens = [int(rng.integers(2, 30)) for _ in prompts]
-    ref = [o.outputs[0].token_ids for o in base.generate(prompts, [_greedy(m) for m in max_tokens], use_tqdm=False)]
+    ref = [o.outputs[0].token_ids for o in base.generate(prompts, [greedy(m) for m in max_tokens], use_tqdm=False)]
     eng = llm.engine
     launched, dispatch = [], eng.runner.dispatch
     eng.runner.dispatch = lambda inputs, prev, *a: (launched.append(
-        (_speculates(inputs), prev is not None)) or dispatch(inputs, prev, *a))
+        (speculates(inputs), prev is not None)) or dispatch(inputs, prev, *a))
     try:
-        got = [o.outputs[0].token_ids for o in llm.generate(prompts, [_greedy(m) for m in max_tokens],
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, [greedy(m) for m in max_tokens],
                                                              use_tqdm=False)]
     finally:
         eng.runner.dispatch = dispatch
