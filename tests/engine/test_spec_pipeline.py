@@ -9,20 +9,7 @@ from jaxinfer.engine.kv_cache import KVCacheManager
 from jaxinfer.engine.request import Request
 from jaxinfer.engine.scheduler import Scheduler
 from jaxinfer.engine.spec_control import SpecControl
-
-
-@dataclass
-class SP:
-    max_tokens: int | None = 32
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = True
-    min_tokens: int = 0
-    logprobs: int | None = None
-    temperature: float = 0.0
-    top_k: int = -1
-    top_p: float = 1.0
-    min_p: float = 0.0
-    uses_penalties: bool = False
+from tests.engine.test_spec_scheduler import SP  # the sampling-params stub of the scheduler tests
 
 
 class _Dev:
