@@ -39,15 +39,18 @@ from .detokenizer import IncrementalDetokenizer
 from .input_batch import AdmissionError, InputBatch
 from .isolation import failing_rows
 from .kv_cache import KVCacheManager
+from .output_builder import (add_logprob, build_outputs, logprob_dict, prompt_logprob_targets,
+                             record_prompt_logprobs)
 from .penalty_slots import PenaltySlots
 from .request import Request
 from .scheduler import Scheduler, ScheduledSeq
+from .seq_state import Group, SeqState
 from ..config import SchedulerConfig
-from ..outputs import CompletionOutput, Logprob, RequestOutput, Runner, StepBatch
+from ..outputs import RequestOutput, Runner, StepBatch
 from ..sampling_params import RequestOutputKind, SamplingParams
 
 _RID = operator.attrgetter("request_id")
-_CUMULATIVE, _DELTA, _FINAL_ONLY = RequestOutputKind.CUMULATIVE, RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY
+_FINAL_ONLY = RequestOutputKind.FINAL_ONLY
 
 
 log = logging.getLogger("jaxinfer")
@@ -71,53 +74,6 @@ class _Step:
     ids: tuple = ()  # the sequence ids of its rows
 
 
-@dataclasses.dataclass
-class _SeqState:
-    """Engine-side bookkeeping of one sequence (one of the n samples of a request)."""
-
-    request: Request
-    params: SamplingParams
-    seed: int
-    detok: IncrementalDetokenizer | None
-    logprobs: list[dict[int, Logprob]] | None
-    cumulative_logprob: float = 0.0  # while it holds an InputBatch slot, the slot's cum_logprob is the value
-    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
-    num_prompt_logprobs_done: int = 0  # prompt positions whose logprob is known (survives preemption)
-    group_id: str = ""  # the user's request id (several sequences when n > 1)
-    # Read once, written into its InputBatch slot at each admission (input_batch.COLUMNS + penalised, prompt lps)
-    sampling_row: tuple = ()
-    penalised: bool = False  # params.uses_penalties
-    # Reporting: output tokens (and logprobs: one per token) already reported, the text the detokenizer returned
-    # since the last report, and whether the finish was reported (DELTA reports a completion's finish once).
-    num_reported: int = 0
-    text_delta: str = ""
-    finish_reported: bool = False
-    keep_deltas: bool = True  # False for FINAL_ONLY: reported once, with the whole text (no deltas accumulated)
-    # A step that gave it a token must pass it to _outputs: always, except for a FINAL_ONLY group whose first-token
-    # time is stamped (it reports only at its finish, which comes with `finished`). Offline batches then build
-    # nothing per running request per step.
-    report_progress: bool = True
-
-    def __post_init__(self):
-        p = self.params
-        self.penalised = p.uses_penalties
-        self.sampling_row = (p.temperature, p.top_k, p.top_p, p.min_p, self.seed & 0xFFFFFFFF,
-                             int(self.logprobs is not None), p.presence_penalty, p.frequency_penalty,
-                             p.repetition_penalty, self.penalised, self.prompt_logprobs is not None)
-
-
-@dataclasses.dataclass
-class _Group:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    seq_ids: list[str]
-    arrival_time: float
-    first_token_time: float | None = None
-    kind: RequestOutputKind = _CUMULATIVE  # what step() reports for it (SamplingParams.output_kind)
-    reported: bool = False  # some output was reported (DELTA sends prompt_logprobs in the first one only)
-
-
 class LLMEngine:
     def __init__(self, runner: Runner, tokenizer, scheduler: SchedulerConfig, *, max_model_len: int,
                  eos_token_ids: set[int], vocab_size: int, seed: int = 0, spec=None):
@@ -134,8 +90,8 @@ class LLMEngine:
                                  extra_key=("kv_dtype", str(getattr(runner, "kv_dtype", None))))
         self.scheduler = Scheduler(self.kv, scheduler.max_num_batched_tokens, scheduler.max_num_seqs, max_model_len,
                                    set(eos_token_ids))
-        self._seqs: dict[str, _SeqState] = {}
-        self._groups: dict[str, _Group] = {}
+        self._seqs: dict[str, SeqState] = {}
+        self._groups: dict[str, Group] = {}
         self._rng = random.Random(seed)
         self._ids = itertools.count()
         self.async_scheduling = scheduler.async_scheduling
@@ -185,7 +141,7 @@ class LLMEngine:
                 detok = IncrementalDetokenizer(self.tokenizer, list(ids), params.skip_special_tokens,
                                                list(params.stop or []), params.include_stop_str_in_output,
                                                min_tokens=params.min_tokens)
-            new_states.append(_SeqState(req, params, base_seed + i, detok,
+            new_states.append(SeqState(req, params, base_seed + i, detok,
                                         [] if params.logprobs is not None else None,
                                         prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
                                         group_id=request_id))
@@ -201,7 +157,7 @@ class LLMEngine:
         for st in new_states:
             st.keep_deltas = kind is not _FINAL_ONLY
             self._seqs[st.request.request_id] = st
-        self._groups[request_id] = _Group(request_id, prompt_text, list(ids), seq_ids, time.monotonic(),
+        self._groups[request_id] = Group(request_id, prompt_text, list(ids), seq_ids, time.monotonic(),
                                           kind=kind)
         return request_id
 
@@ -312,7 +268,7 @@ class LLMEngine:
         for i in pen.tolist():
             self._penalty_feed(batch, i, seqs[scheduled[i].request_id], scheduled[i])
         for i in np.flatnonzero(ib.prompt_logprobs[rows]).tolist():
-            tgt = self._prompt_logprob_targets(seqs[scheduled[i].request_id], scheduled[i])
+            tgt = prompt_logprob_targets(seqs[scheduled[i].request_id], scheduled[i])
             if tgt is not None:
                 lp_targets[i] = tgt
         prev = in_flight.flight if in_flight is not None else None
@@ -379,7 +335,7 @@ class LLMEngine:
             o.error = message
         self._failed_outputs += outs
 
-    def _penalty_feed(self, batch: StepBatch, i: int, st: _SeqState, s: ScheduledSeq) -> None:
+    def _penalty_feed(self, batch: StepBatch, i: int, st: SeqState, s: ScheduledSeq) -> None:
         """Penalty slot of penalised sequence i of the step (its penalty values are slot columns); on its first
         schedule since admission, take a slot of the device count table and have the runner fill it from the
         known tokens (engine/penalty_slots.py)."""
@@ -408,19 +364,6 @@ class LLMEngine:
         touched = set(itertools.compress(rids, progress.tolist())) if progress.any() else set()
         return self._outputs(touched | finished, finished)
 
-    def _cum_logprob(self, st: _SeqState) -> float:
-        ib = self.input_batch
-        s = ib.slot(st.request.request_id)
-        return float(ib.cum_logprob[s]) if s is not None and ib.owner[s] is st else st.cumulative_logprob
-
-    def _add_logprob(self, st: _SeqState, lp: float) -> None:
-        ib = self.input_batch
-        s = ib.slot(st.request.request_id)
-        if s is not None and ib.owner[s] is st:
-            ib.cum_logprob[s] += lp
-        else:
-            st.cumulative_logprob += lp
-
     def _finish_step(self, done: _Step, next_step: _Step | None = None) -> list[RequestOutput]:
         """Apply a fetched step. next_step: the step dispatched after it (still in flight), whose chunks
         pipelined speculation moves by this step's rejected drafts (spec_pipeline.reconcile)."""
@@ -440,7 +383,7 @@ class LLMEngine:
             if st is None or st.request.is_finished or (s.request is not None and st.request is not s.request):
                 continue  # aborted or stopped while this step ran (its id maybe reused since): results dropped
             if i in out.prompt_logprobs:
-                self._record_prompt_logprobs(st, s, out.prompt_logprobs[i])
+                record_prompt_logprobs(self.tokenizer, st, s, out.prompt_logprobs[i])
             if s.sample and s.num_spec_tokens:  # verified drafts: accepted ones + the target's next token
                 m = num_acc[i]
                 sampled[s.request_id] = spec_toks[i][:m + 1]
@@ -459,7 +402,7 @@ class LLMEngine:
             st = self._seqs[sid]
             if st.detok is None and st.logprobs is None and not s.num_spec_tokens:  # hot path: one plain token
                 if len(st.request.output_token_ids) > s.output_index:  # kept (not preempted in between)
-                    self._add_logprob(st, sampled_lps[sid][0])
+                    add_logprob(self.input_batch, st, sampled_lps[sid][0])
                     if st.report_progress:
                         touched.add(sid)
                 continue
@@ -469,9 +412,9 @@ class LLMEngine:
                 self.spec.record(sid, s.num_spec_tokens, len(sampled[sid]) - 1, st.request.num_computed_tokens)
             for j, tok in enumerate(new):
                 lp = sampled_lps[sid][j]
-                self._add_logprob(st, lp)
+                add_logprob(self.input_batch, st, lp)
                 if st.logprobs is not None:  # (requests asking for logprobs never speculate: j == 0)
-                    st.logprobs.append(self._logprob_dict(tok, lp, out.top_ids[i], out.top_logprobs[i],
+                    st.logprobs.append(logprob_dict(self.tokenizer, tok, lp, out.top_ids[i], out.top_logprobs[i],
                                                           st.params.logprobs))
                 if st.detok is None:
                     continue
@@ -497,126 +440,6 @@ class LLMEngine:
                     st.text_delta += delta
         return self._outputs(touched | finished, finished)
 
-    # ---- outputs ------------------------------------------------------------------------------------------
     def _outputs(self, seq_ids: set[str], finished: set[str]) -> list[RequestOutput]:
-        """RequestOutputs of the groups of seq_ids (sequences that progressed), in sorted order of their first
-        sequence id there, each as its group's kind asks (RequestOutputKind). A FINAL_ONLY group is reported only
-        once all its sequences have finished, which can first be true in the step one of them finished: the
-        others are only stamped with first_token_time (the per-step cost of a batch of non-streaming decodes is
-        then a dict lookup each, not a group scan).
-
-        Invariant (DELTA): a sequence's reported token_ids / logprobs / text, concatenated over the outputs, are
-        its CUMULATIVE final ones: st.num_reported counts the output tokens (and logprobs, one per token) already
-        reported, st.text_delta holds the detokenizer's deltas since the last report. Output tokens are only ever
-        appended (preemption keeps them; a stop string truncates them in the step it matched, before this runs),
-        so output_token_ids[num_reported:] is exactly what is new."""
-        now = time.monotonic()
-        all_seqs, all_groups = self._seqs, self._groups
-        gids = set()
-        for sid in seq_ids:
-            st = all_seqs.get(sid)
-            g = all_groups.get(st.group_id) if st is not None else None
-            if g is None:
-                continue
-            if g.first_token_time is None:
-                g.first_token_time = now
-                if g.kind is _FINAL_ONLY:  # nothing more to do for it until it finishes
-                    ib = self.input_batch
-                    for s in g.seq_ids:
-                        all_seqs[s].report_progress = False
-                        slot = ib.slot(s)
-                        if slot is not None and ib.owner[slot] is all_seqs[s]:
-                            ib.progress[slot] = False
-            if g.kind is not _FINAL_ONLY or sid in finished:
-                gids.add(g.request_id)
-        # sort key: the group's smallest sequence id in seq_ids
-        key = {gid: min(sid for sid in all_groups[gid].seq_ids if sid in seq_ids) for gid in gids}
-        outs = []
-        for gid in sorted(gids, key=key.__getitem__):
-            g = all_groups[gid]
-            kind = g.kind
-            if kind is _FINAL_ONLY and not all(all_seqs[sid].request.status.is_finished for sid in g.seq_ids):
-                continue
-            comps = []
-            done = True  # every sequence finished (a finished request always has a finish_reason)
-            for idx, sid in enumerate(g.seq_ids):
-                st = all_seqs[sid]
-                r = st.request
-                fin = r.status.is_finished
-                done = done and fin
-                ids, k = r.output_token_ids, st.num_reported
-                new_ids = ids[k:]
-                if kind is _FINAL_ONLY:  # nothing reported before: everything is new (no delta was kept)
-                    text = st.detok.text if st.detok is not None else ""
-                    delta_text = text
-                else:
-                    delta_text, st.text_delta = st.text_delta, ""
-                    if kind is _DELTA:
-                        if not new_ids and not delta_text and (not fin or st.finish_reported):
-                            continue  # nothing new for this completion
-                        text = delta_text
-                    else:
-                        text = st.detok.text if st.detok is not None else ""
-                st.num_reported = len(ids)
-                lps = st.logprobs
-                if lps is not None:
-                    lps = lps[k:] if kind is _DELTA else list(lps)
-                st.finish_reported = fin
-                comps.append(CompletionOutput(
-                    idx, text, new_ids if kind is _DELTA else list(ids), self._cum_logprob(st), lps,
-                    r.finish_reason if fin else None, r.stop_reason if fin else None, delta_text, new_ids))
-            if not comps:
-                continue
-            first = all_seqs[g.seq_ids[0]]
-            prompt_lps = first.prompt_logprobs
-            if prompt_lps is not None:
-                prompt_lps = None if kind is _DELTA and g.reported else list(prompt_lps)
-            g.reported = True
-            metrics = {"arrival_time": g.arrival_time, "first_token_time": g.first_token_time,
-                       "finished_time": now if done else None}
-            if self.spec is not None:
-                metrics.update(self.spec.request_metrics(g.seq_ids))
-            outs.append(RequestOutput(
-                request_id=gid, prompt=g.prompt, prompt_token_ids=g.prompt_token_ids,
-                prompt_logprobs=prompt_lps, outputs=comps, finished=done, metrics=metrics))
-            if done:
-                for sid in g.seq_ids:
-                    self._seqs.pop(sid, None)
-                    if self.spec is not None:
-                        self.spec.free(sid, forget=True)
-                del self._groups[gid]
-        return outs
-
-    def _logprob_dict(self, tok, lp, top_ids, top_lps, n):
-        d = {}
-        for rank, (t, l) in enumerate(zip(top_ids[:n], top_lps[:n]), start=1):
-            d[int(t)] = Logprob(float(l), rank, self._decode_token(int(t)))
-        if tok not in d:
-            rank = next((k + 1 for k, t in enumerate(top_ids) if int(t) == tok), None)
-            d[tok] = Logprob(lp, rank, self._decode_token(tok))
-        return d
-
-    def _decode_token(self, tok: int) -> str | None:
-        return None if self.tokenizer is None else self.tokenizer.decode([tok], skip_special_tokens=False)
-
-    def _prompt_logprob_targets(self, st: _SeqState, s: ScheduledSeq):
-        if st.prompt_logprobs is None:
-            return None
-        n_prompt = len(st.request.prompt_token_ids)
-        # Position j predicts token j+1; only prompt tokens are targets, each computed once.
-        first = max(s.start_pos, st.num_prompt_logprobs_done)
-        last = min(s.start_pos + len(s.token_ids), n_prompt - 1)
-        if first >= last:
-            return None
-        return st.request.prompt_token_ids[s.start_pos + 1: last + 1]
-
-    def _record_prompt_logprobs(self, st: _SeqState, s: ScheduledSeq, arrays):
-        lp, ids, top = arrays
-        n = st.params.prompt_logprobs
-        for j in range(len(lp)):
-            pos = s.start_pos + j  # predicts prompt token pos + 1
-            if pos < st.num_prompt_logprobs_done:
-                continue
-            tok = st.request.prompt_token_ids[pos + 1]
-            st.prompt_logprobs.append(self._logprob_dict(tok, float(lp[j]), ids[j], top[j], n))
-            st.num_prompt_logprobs_done = pos + 1
+        """RequestOutputs of the groups of seq_ids (output_builder.build_outputs; finished groups are dropped)."""
+        return build_outputs(self._seqs, self._groups, self.input_batch, self.spec, seq_ids, finished)
