@@ -32,10 +32,12 @@ class LLM:
              max_model_len, max_num_batched_tokens, max_num_seqs, tensor_parallel_size, data_parallel_size,
              quantization, speculative_config, ...; EngineConfig.option_names()). Unknown options are errors.
     LLM(config=EngineConfig(...)): the whole configuration at once (what the command line builds, cli_args.py).
+      warmup: compile every bucket's programs before returning (default: on, unless JAXINFER_WARMUP=0); off, each
+             program compiles the first time a step needs it (nothing else changes).
     """
 
     def __init__(self, model: str | None = None, dtype: str = "auto", load_format: str = "auto",
-                 tokenizer: str | None = None, warmup: bool = True, progress: bool = True,
+                 tokenizer: str | None = None, warmup: bool | None = None, progress: bool = True,
                  config: EngineConfig | None = None, **engine_options):
         if config is None:
             config = EngineConfig.from_options(model=model, dtype=dtype, load_format=load_format, **engine_options)
@@ -46,7 +48,8 @@ class LLM:
                               "the config, e.g. config.replace(max_num_seqs=8)")
         t0 = time.perf_counter()
         self._progress = progress
-        self._warmup = warmup
+        # warmup None: JAXINFER_WARMUP (default on; "0" compiles each program on first use, as the test suite does)
+        self._warmup = (os.environ.get("JAXINFER_WARMUP", "1") != "0") if warmup is None else warmup
         # seconds per start-up phase (benchmarks/startup.py prints them); tokenizer_s ran on its own thread
         self.startup_breakdown = times = {}
         from jaxinfer.weights.loader import resolve_model

@@ -10,10 +10,21 @@ os.environ.setdefault("JAXINFER_CACHE", os.path.join(_REPO, ".cache"))
 # fresh compiles bypass JAX's persistent cache: the suite would compile everything cold after each change. Tests
 # run on JAX's cache; tests/test_startup_caches.py turns the program cache on where it tests it.
 os.environ.setdefault("JAXINFER_PROGRAM_CACHE", "0")
+# LLM() compiles each program on first use instead of every bucket's at construction (a tiny model's warm-up is
+# ~20 s of cold XLA:CPU compiles, most of them for buckets its test never runs). Tests of warm-up pass warmup=True.
+os.environ.setdefault("JAXINFER_WARMUP", "0")
 # 8 simulated CPU devices for the tensor/data-parallel tests (tests/parallel). Must be set before jax creates its
 # backend; single-device code keeps using device 0, so the other tests are unaffected.
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+
+
+def pytest_runtest_logreport(report):
+    """JAXINFER_TEST_TIMES=path: append each test's call time as it finishes (a run that dies still leaves them)."""
+    path = os.environ.get("JAXINFER_TEST_TIMES")
+    if path and report.when in ("setup", "call"):
+        with open(path, "a") as f:
+            f.write(f"{report.duration:.2f} {report.when} {report.nodeid}\n")
 
 
 @pytest.fixture(scope="session")

@@ -12,8 +12,9 @@ GREEDY = dict(temperature=0.0, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama_dir):
+    # warmup=True: test_no_compilation_after_warmup checks that it compiled everything (the suite defaults to lazy)
     return jaxinfer.LLM(tiny_llama_dir, num_pages=200, max_model_len=512, max_num_batched_tokens=128,
-                        max_num_seqs=16, progress=False)
+                        max_num_seqs=16, progress=False, warmup=True)
 
 
 def _workload(seed=0, n=32):
