@@ -42,7 +42,7 @@ def _spec_llm(path, method):
     if method not in _LLMS:
         extra = {"layer_skip": dict(num_draft_layers=1), "draft": dict(draft_model=path)}.get(method, {})
         _LLMS[method] = jaxinfer.LLM(path, num_pages=8, speculative_config=dict(
-            method=method, num_speculative_tokens=3, **extra), **KW)
+            method=method, num_speculative_tokens=3, **extra), warmup=True, **KW)  # (it checks nothing compiles after warm-up)
     return _LLMS[method]
 
 
