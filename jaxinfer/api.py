@@ -49,7 +49,9 @@ class LLM:
         t0 = time.perf_counter()
         self._progress = progress
         # warmup None: JAXINFER_WARMUP (default on; "0" compiles each program on first use, as the test suite does)
-        self._warmup = (os.environ.get("JAXINFER_WARMUP", "1") != "0") if warmup is None else warmup
+        # (off values as JAXINFER_PROGRAM_CACHE / JAXINFER_PREPARED_CACHE read them)
+        self._warmup = (os.environ.get("JAXINFER_WARMUP", "1").lower() not in ("0", "false", "no", "off")
+                        if warmup is None else warmup)
         # seconds per start-up phase (benchmarks/startup.py prints them); tokenizer_s ran on its own thread
         self.startup_breakdown = times = {}
         from jaxinfer.weights.loader import resolve_model

@@ -41,8 +41,9 @@ def _spec_llm(path, method):
     requests get preempted."""
     if method not in _LLMS:
         extra = {"layer_skip": dict(num_draft_layers=1), "draft": dict(draft_model=path)}.get(method, {})
+        # warmup=True: the test checks that nothing compiles after warm-up (the suite defaults to lazy)
         _LLMS[method] = jaxinfer.LLM(path, num_pages=8, speculative_config=dict(
-            method=method, num_speculative_tokens=3, **extra), warmup=True, **KW)  # (it checks nothing compiles after warm-up)
+            method=method, num_speculative_tokens=3, **extra), warmup=True, **KW)
     return _LLMS[method]
 
 
