@@ -43,7 +43,7 @@ THR=(--model llama3-8b --num-requests 1000 --prompt-len 512 --output-len 256)
 SRV=(--model llama3-8b --rates 4 16 32 64 --num-prompts 80 1000 1000 1000)
 ST=(--model llama3-8b)
 HOST=(--model llama3-8b --batch 1 64 256 --steps 40)
-SPEC=()
+SPEC=(--batch 1 8 32)  # the default 1/4/8/16/32 does not fit the part's 240 s
 PROF=()
 if [[ ${SUITE_SMOKE:-0} == 1 ]]; then  # CPU check of this script: the tiny model, a few requests
   ENGINE=(--max-model-len 256 --max-num-seqs 8 --max-num-batched-tokens 64)
@@ -113,7 +113,7 @@ want profile && part profile profile 150 60 5 "$PY" benchmarks/probes/step_profi
 
 log "summary:"
 grep -h -E "^(device|batch +[0-9]+:|plain-XLA peer|fixed +:|sharegpt +:|rate +[0-9.]+ \(|rate [0-9.]+: completed|targets:|jaxinfer serve ready|startup \(|wrote)" \
-  "$OUT_DIR"/latency.log "$OUT_DIR"/throughput.log "$OUT_DIR"/serving.log "$OUT_DIR"/startup.log 2>/dev/null \
+  "$OUT_DIR"/latency.log "$OUT_DIR"/throughput.log "$OUT_DIR"/host.log "$OUT_DIR"/spec.log "$OUT_DIR"/serving.log "$OUT_DIR"/startup.log 2>/dev/null \
   | tee -a "$SUITE_LOG"
 pack
 log "done; results.tar.gz: $(tar tzf "$OUT_DIR/results.tar.gz" 2>/dev/null | tr '\n' ' ')"
