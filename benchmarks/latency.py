@@ -193,13 +193,14 @@ def main():
               max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
               gpu_memory_utilization=a.gpu_memory_utilization, attention_backend=a.attention_backend)
     startup = time.perf_counter() - t0
+    background_s = llm.runner.finish_background_compiles()  # steady state: no compile beside the steps
     weight_bytes = llm.model.num_bytes
     kv_tok = llm.runner.bytes_per_page / llm.runner.page_size  # K + V of all layers, one token
     roof1 = bw / (weight_bytes + ctxs[0] * kv_tok)
     print(f"device {jax.devices()[0].device_kind}; HBM {bw / 1e12:.2f} TB/s; weights {weight_bytes / 1e9:.2f} GB; "
           f"KV {kv_tok / 1024:.0f} KiB/token; batch-1 roofline {roof1:.0f} tok/s; LLM() {startup:.1f} s "
           f"({cache_before} compilation-cache entries before: {'cold' if cache_before == 0 else 'warm'}); "
-          f"KV pages {llm.runner.num_pages}", flush=True)
+          f"KV pages {llm.runner.num_pages}; then {background_s:.1f} s for background compiles", flush=True)
     rows = []
     for b, ctx in zip(a.batch, ctxs):
         prof = None
@@ -247,7 +248,8 @@ def main():
         path = write_result("latency", dict(
             model=a.model, attention_backend=a.attention_backend, prompt_len=a.prompt_len,
             new_tokens=a.new_tokens, config=vars(a), hbm_TBps=bw / 1e12, weight_GB=weight_bytes / 1e9,
-            kv_bytes_per_token=kv_tok, startup_s=startup, compilation_cache_entries_before=cache_before,
+            kv_bytes_per_token=kv_tok, startup_s=startup, background_compile_s=background_s,
+            compilation_cache_entries_before=cache_before,
             num_pages=llm.runner.num_pages,
             peer_note="plain_xla_tok_s: benchmarks/peers/plain_xla.py in a subprocess before the engine, same batch "
                       "and context", rows=rows))

@@ -205,6 +205,8 @@ def main():
 
         tok_llm = LLM(config=config, tokenizer=default_model_path(), progress=False)
         llms["offline+tok"] = llms["stream+tok"] = tok_llm
+    for llm in set(llms.values()):  # no background compile beside the timed steps
+        llm.runner.finish_background_compiles()
     sec = Sections()  # one for all engines: the module-level pack is wrapped once
     sec.wrap(model_runner_mod, "pack", "pack")  # the names dispatch calls (pack_step: from the engine's StepBatch)
     if hasattr(model_runner_mod, "pack_step"):

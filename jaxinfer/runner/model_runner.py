@@ -282,6 +282,15 @@ class ModelRunner:
             self._pending[b, g] = pool.submit(self.compile_step, b, step_compiler_options(b), specs, g)
         pool.shutdown(wait=False)
 
+    def finish_background_compiles(self) -> float:
+        """Wait for every compile_in_background program (warm-up defers the general programs of large buckets to
+        a background thread); returns the seconds waited. Benchmarks call it before a steady-state window: a
+        background compile's Python lowering holds the GIL in slices, so steps that run beside it are slower."""
+        t0 = time.perf_counter()
+        for key in list(self._pending):
+            self._compiled[key] = self._pending.pop(key).result()
+        return time.perf_counter() - t0
+
     def _general_deferred(self, bucket) -> bool:
         """Warm-up leaves this bucket's general step program to a background compile (EAGER_GENERAL_MAX_TOKENS)."""
         return self.greedy_programs and bucket.num_tokens > EAGER_GENERAL_MAX_TOKENS
