@@ -167,6 +167,9 @@ def main():
     ap.add_argument("--max-num-seqs", type=int, default=256, help="at least the largest --batch")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--attention-backend", default="auto", choices=["auto", "reference", "pallas"])
+    ap.add_argument("--min-bucket-tokens", type=int, default=None,
+                    help="KernelConfig.min_bucket_tokens: tokens of the smallest step shape (batch 1 pads to it)")
+    ap.add_argument("--tag", default="", help="appended to the result file's name")
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--device-only-context", type=int, default=None,
                     help="also time the device-only step of every batch at this context (e.g. 704, issue 17's "
@@ -191,7 +194,8 @@ def main():
     t0 = time.perf_counter()
     llm = LLM(a.model, load_format=a.load_format, max_model_len=a.max_model_len,
               max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
-              gpu_memory_utilization=a.gpu_memory_utilization, attention_backend=a.attention_backend)
+              gpu_memory_utilization=a.gpu_memory_utilization, attention_backend=a.attention_backend,
+              min_bucket_tokens=a.min_bucket_tokens)
     startup = time.perf_counter() - t0
     background_s = llm.runner.finish_background_compiles()  # steady state: no compile beside the steps
     weight_bytes = llm.model.num_bytes
@@ -245,7 +249,7 @@ def main():
               f"{r['ttft_s'] * 1e3:.1f} ms | all steps after the first token: {r['decode_tok_s']:.1f} tok/s",
               flush=True)
         # written after every batch, so a run cut short keeps its finished rows
-        path = write_result("latency", dict(
+        path = write_result("latency" + (f"-{a.tag}" if a.tag else ""), dict(
             model=a.model, attention_backend=a.attention_backend, prompt_len=a.prompt_len,
             new_tokens=a.new_tokens, config=vars(a), hbm_TBps=bw / 1e12, weight_GB=weight_bytes / 1e9,
             kv_bytes_per_token=kv_tok, startup_s=startup, background_compile_s=background_s,

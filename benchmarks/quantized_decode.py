@@ -68,6 +68,8 @@ def main():
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--num-pages", type=int, default=12000)
+    ap.add_argument("--min-bucket-tokens", type=int, default=None,
+                    help="KernelConfig.min_bucket_tokens: tokens of the smallest step shape (batch 1 pads to it)")
     ap.add_argument("--budget-s", type=float, default=430.0, help="skip the remaining methods past this time")
     ap.add_argument("--kv-capacity", action=argparse.BooleanOptionalAction, default=True,
                     help="first: concurrent --kv-request-len requests that fit with a bf16 vs an fp8 KV cache")
@@ -101,7 +103,7 @@ def main():
                   max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
                   num_pages=a.num_pages, quantization=None if quant == "bf16" else quant,
                   quantize_lm_head=None if quant == "bf16" else head, quantized_matmul=backend or "auto",
-                  progress=False)
+                  min_bucket_tokens=a.min_bucket_tokens, progress=False)
         row = dict(method=method, startup_s=time.perf_counter() - t0, weight_GB=llm.model.num_bytes / 1e9,
                    weights=weight_breakdown(llm.model))
         roof = bw / llm.model.num_bytes
@@ -110,7 +112,8 @@ def main():
         row.update(decode_b1_tok_s=tps, step_ms_median=step * 1e3, roofline_tok_s=roof,
                    pct_roofline=100 * tps / roof)
         print(f"{method:<10} weights {row['weight_GB']:6.2f} GB ({row['weights']}) | batch-1 decode {tps:7.1f} tok/s "
-              f"(roofline {roof:.0f}, {row['pct_roofline']:.0f}%) | startup {row['startup_s']:.0f} s", flush=True)
+              f"(roofline {roof:.0f}, {row['pct_roofline']:.0f}%; median step {step * 1e3:.2f} ms = {1 / step:.1f} "
+              f"tok/s) | startup {row['startup_s']:.0f} s", flush=True)
         if method in a.throughput_methods and time.perf_counter() - t_start < a.budget_s:
             work = make_workload("fixed", a.num_requests, a.tp_prompt_len, a.output_len,
                                  llm.model_config.vocab_size, 1024)

@@ -221,6 +221,8 @@ class KernelConfig:
     query_tile: int = _opt(16, "reference attention: tokens of one sequence per query tile")
     kv_chunk_pages: int | None = _opt(None, "reference attention: KV pages per loop iteration (default: 128 "
                                             "with the static loop, 16 with the dynamic one)")
+    min_bucket_tokens: int | None = _opt(None, "tokens of the smallest step shape; a step of fewer tokens pads to it "
+                                               "(default: 1 on CPU, 16 elsewhere: runner/cpu_defaults.py)")
     quantized_matmul: str = _opt("auto", "quantized layers: auto (on GPU the per-M table of models/quant_paths.py "
                                          "for int8/int4, XLA's fp8 dot for fp8; the jnp reference on CPU) | "
                                          "reference | xla | pallas | w8a8 (int8 only, activations quantized) | "
@@ -233,6 +235,9 @@ class KernelConfig:
     def __post_init__(self):
         _check_choice("attention_backend", self.attention_backend, ("auto", "reference", "pallas"))
         _check_choice("kv_loop", self.kv_loop, ("auto", "static", "dynamic"))
+        if self.min_bucket_tokens is not None and (not isinstance(self.min_bucket_tokens, int)
+                                                   or self.min_bucket_tokens < 1):
+            raise ConfigError(f"min_bucket_tokens must be an integer >= 1, got {self.min_bucket_tokens!r}")
 
 
 # keyword (and flag) -> the EngineConfig group that holds it; "speculative_config" and "seed" are its own fields

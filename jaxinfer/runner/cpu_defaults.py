@@ -32,9 +32,13 @@ def compute_dtype(dtype: str) -> str:
     return CPU_COMPUTE_DTYPE if dtype == "auto" and on_cpu() else dtype
 
 
-def ladder_args() -> dict:
-    """Extra BucketLadder.build arguments for this backend (CPU: 1-token and 4-token decode buckets)."""
-    return dict(CPU_LADDER) if on_cpu() else {}
+def ladder_args(min_bucket_tokens: int | None = None) -> dict:
+    """Extra BucketLadder.build arguments for this backend (CPU: 1-token and 4-token decode buckets);
+    min_bucket_tokens (KernelConfig) overrides the smallest bucket on any backend."""
+    args = dict(CPU_LADDER) if on_cpu() else {}
+    if min_bucket_tokens is not None:
+        args["min_tokens"] = min_bucket_tokens
+    return args
 
 
 def cpu_kv_pages(bytes_per_page: int, max_num_seqs: int, max_model_len: int, page_size: int) -> int:

@@ -126,7 +126,7 @@ class ModelRunner:
         self.ladder = BucketLadder.build(
             max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs,
             max_model_len=max_model_len, page_size=self.page_size, query_tile=config.kernels.query_tile,
-            kv_chunk_pages=kv_chunk, **_spec_ladder_args(config), **ladder_args())
+            kv_chunk_pages=kv_chunk, **_spec_ladder_args(config), **ladder_args(config.kernels.min_bucket_tokens))
         # auto: the Pallas kernel on GPU (faster than the reference everywhere it was measured on the H200:
         # benchmarks/results/step-breakdown-*.json, throughput-*.json), the jnp reference elsewhere.
         backend = config.kernels.attention_backend
