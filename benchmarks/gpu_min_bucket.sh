@@ -11,18 +11,18 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" JAXINFER_WARMUP=0
 OUT_DIR=${OUT:-/tmp/gpu-min-bucket-out}; mkdir -p "$OUT_DIR"
 PY=${PYTHON:-python3}
-MBS=${MIN_BUCKETS:-"16 4 1"}
+MBS=${MIN_BUCKETS:-"16 1"}
 peer=""
 for mb in $MBS; do
-  timeout 150 $PY benchmarks/latency.py --batch 1 1 --min-bucket-tokens "$mb" --tag "b1-mb$mb" $peer \
+  timeout 140 $PY benchmarks/latency.py --batch 1 1 --min-bucket-tokens "$mb" --tag "b1-mb$mb" $peer \
     > "$OUT_DIR/latency-mb$mb.log" 2>&1
   echo "latency mb$mb rc=$?" >> "$OUT_DIR/summary.log"
   grep "^batch\|plain-XLA" "$OUT_DIR/latency-mb$mb.log" >> "$OUT_DIR/summary.log"
   peer="--no-peer"  # the plain-XLA loop once (the first run)
 done
 QMB=${QUANT_MIN_BUCKET:-1}
-timeout 280 $PY benchmarks/quantized_decode.py --methods bf16 int8 int8:xla-nk int4 --throughput-methods \
-  --no-kv-capacity --min-bucket-tokens "$QMB" --budget-s 250 > "$OUT_DIR/quant-mb$QMB.log" 2>&1
+timeout 250 $PY benchmarks/quantized_decode.py --methods bf16 int8 int8:xla-nk int4 --throughput-methods \
+  --no-kv-capacity --min-bucket-tokens "$QMB" --budget-s 210 > "$OUT_DIR/quant-mb$QMB.log" 2>&1
 echo "quantized mb$QMB rc=$?" >> "$OUT_DIR/summary.log"
 grep "batch-1 decode" "$OUT_DIR/quant-mb$QMB.log" >> "$OUT_DIR/summary.log"
 tar czf "$OUT_DIR/results.tar.gz" benchmarks/results/latency-b1-mb*.json benchmarks/results/quantized-decode-2*.json \
