@@ -3,7 +3,7 @@
 A step with n tokens of m sequences runs in the smallest bucket whose token count T >= n; its other shapes
 follow from T, so the ladder is one list of ints and warm-up compiles exactly len(ladder) step programs:
   S  = min(T, max_num_seqs)           sampled rows / page-table rows (every sequence has >= 1 token)
-  Bq = 4 if T <= max_num_seqs or T is the smallest bucket, else query_tile
+  Bq = 4 if T <= max_num_seqs or T <= min_tokens (the smallest buckets), else query_tile
                                       query tile: small buckets are mostly decodes (one query per sequence),
                                       where a wide tile only multiplies padding work
   NT = ceil(T / Bq) + S               query tiles (a sequence of n tokens needs ceil(n / Bq) tiles)
@@ -38,12 +38,13 @@ class BucketLadder:
     @classmethod
     def build(cls, *, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, page_size: int,
               query_tile: int, kv_chunk_pages: int, min_tokens: int = 16, max_spec_seqs: int = 0,
-              num_spec_tokens: int = 0, growth: int = 2) -> "BucketLadder":
-        """Token counts min_tokens, min_tokens * growth, ... below max_num_batched_tokens, then
-        max_num_batched_tokens itself (CPU: min_tokens 1, growth 4; runner/cpu_defaults.py)."""
+              num_spec_tokens: int = 0, growth: int = 2, small_buckets: tuple[int, ...] = ()) -> "BucketLadder":
+        """Token counts small_buckets (those below min_tokens), then min_tokens, min_tokens * growth, ... below
+        max_num_batched_tokens, then max_num_batched_tokens itself (runner/cpu_defaults.py: CPU min_tokens 1,
+        growth 4; GPU small_buckets (1,), the batch-1 decode)."""
         if growth < 2:
             raise ValueError(f"bucket growth must be >= 2, got {growth}")
-        sizes = []
+        sizes = sorted({t for t in small_buckets if 1 <= t < min(min_tokens, max_num_batched_tokens)})
         t = max(min_tokens, 1)
         while t < max_num_batched_tokens:
             sizes.append(t)
@@ -54,11 +55,11 @@ class BucketLadder:
         buckets = []
         for t in sizes:
             s = min(t, max_num_seqs)
-            # Decode-sized tiles where the bucket is mostly decodes; the smallest bucket always, because a
+            # Decode-sized tiles where the bucket is mostly decodes; the smallest buckets always, because a
             # single-sequence decode (max_num_seqs 1..15) runs there: with 16-token tiles its one query token
             # padded a 64-row attention tile (H200, 8B at 4k context, max_num_seqs 1: 99 us per layer vs 36 us
             # with 4-token tiles; step_breakdown / decode_attention_cost 2026-12-01).
-            bq = min(query_tile, _DECODE_TILE) if t <= max_num_seqs or t == sizes[0] else query_tile
+            bq = min(query_tile, _DECODE_TILE) if t <= max_num_seqs or t <= max(min_tokens, 1) else query_tile
             r = min(s, max_spec_seqs) if num_spec_tokens else 0
             buckets.append(Bucket(t, s, math.ceil(t / bq) + s, bq, width, r, num_spec_tokens if r else 0))
         return cls(tuple(buckets))

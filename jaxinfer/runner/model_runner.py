@@ -123,10 +123,15 @@ class ModelRunner:
         chunk = config.kernels.kv_chunk_pages or (128 if static else 16)
         kv_chunk = min(chunk, math.ceil(max_model_len / self.page_size))
         sched = config.scheduler
+        backend_ladder = ladder_args(config.kernels.min_bucket_tokens)
         self.ladder = BucketLadder.build(
             max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs,
             max_model_len=max_model_len, page_size=self.page_size, query_tile=config.kernels.query_tile,
-            kv_chunk_pages=kv_chunk, **_spec_ladder_args(config), **ladder_args(config.kernels.min_bucket_tokens))
+            kv_chunk_pages=kv_chunk, **_spec_ladder_args(config), **backend_ladder)
+        # The GPU's extra 1-token bucket (cpu_defaults.GPU_LADDER) compiles in the background after warm-up, so
+        # cold start-up pays no compile for it: until its programs are ready a 1-token step runs in the next
+        # bucket up (dispatch), as it did before the bucket existed.
+        self._background_tokens = frozenset(backend_ladder.get("small_buckets", ()))
         # auto: the Pallas kernel on GPU (faster than the reference everywhere it was measured on the H200:
         # benchmarks/results/step-breakdown-*.json, throughput-*.json), the jnp reference elsewhere.
         backend = config.kernels.attention_backend
@@ -214,8 +219,10 @@ class ModelRunner:
         # step programs on two worker threads while this one compiles the prompt-logprob programs: XLA compiles
         # outside the GIL, so a 2-core CPU compiles about twice as fast
         deferred = [b for b in self.ladder.buckets if self._general_deferred(b)]
-        self.compile_in_background([b for b in self.ladder.buckets if b not in deferred], workers=2)
-        for b in tqdm(self.ladder.buckets, desc="compiling buckets", disable=not progress, leave=False):
+        later = [b for b in self.ladder.buckets if b.num_tokens in self._background_tokens]  # all their programs
+        eager = [b for b in self.ladder.buckets if b not in later]
+        self.compile_in_background([b for b in eager if b not in deferred], workers=2)
+        for b in tqdm(eager, desc="compiling buckets", disable=not progress, leave=False):
             self._prompt_program(b)
             steps = [] if b in deferred else [self._step_program(b)]
             if self.greedy_programs:
@@ -224,6 +231,10 @@ class ModelRunner:
                 ints, floats = jax.device_put(self.placeholder_batch(b), self._replicated)
                 for step in steps:
                     out, _ = self.run_compiled(step, ints, floats)
+        if later:  # the small buckets' programs: a 1-token step runs in the next bucket up until they are ready
+            if self.greedy_programs:
+                self.compile_in_background(later, workers=1, greedy_only=True)
+            self.compile_in_background(later, workers=1)
         if deferred:  # general programs of the large buckets: after warm-up, on one thread (a step waits for one)
             self.compile_in_background(deferred, workers=1)
         self._penalty_writer()
@@ -295,14 +306,40 @@ class ModelRunner:
         """Warm-up leaves this bucket's general step program to a background compile (EAGER_GENERAL_MAX_TOKENS)."""
         return self.greedy_programs and bucket.num_tokens > EAGER_GENERAL_MAX_TOKENS
 
-    def step_program(self, batch) -> Any:
+    def step_program(self, batch, wait: bool = True) -> Any:
         """The step executable for a packed batch: the greedy-only one when it has one and every row qualifies
-        (padding rows are greedy and unpenalised)."""
+        (padding rows are greedy and unpenalised). wait=False: None while that program is still compiling in
+        the background (compile_in_background) instead of waiting for it."""
+        key = self._program_key(batch)
+        if not wait and key not in self._compiled and key in self._pending and not self._pending[key].done():
+            return None
+        return self._step_program(*key)
+
+    def _program_key(self, batch) -> tuple:
+        """(bucket, greedy_only) of the step program a packed batch runs."""
         a = batch.arrays
-        if (self.greedy_programs and not a["want_logprobs"].any() and bool((a["temperature"] < GREEDY_EPS).all())
-                and bool((a["penalty_slot"] < 0).all())):
-            return self._step_program(batch.bucket, greedy_only=True)
-        return self._step_program(batch.bucket)
+        greedy = bool(self.greedy_programs and not a["want_logprobs"].any()
+                      and bool((a["temperature"] < GREEDY_EPS).all()) and bool((a["penalty_slot"] < 0).all()))
+        return batch.bucket, greedy
+
+    def _program_ready(self, key) -> bool:
+        """Compiled already, or compiled in the background and done: running it waits for nothing."""
+        return key in self._compiled or (key in self._pending and self._pending[key].done())
+
+    def _packed_step(self, seqs, bucket):
+        """(packed batch, its step executable, bucket) for `seqs`: in `bucket`, or while that bucket's program
+        is still compiling in the background, in the first larger bucket whose program is ready (a 1-token step
+        in the 16-token bucket while the GPU's 1-token bucket compiles); waits for its own program when none is."""
+        packer = pack_step if isinstance(seqs, StepBatch) else pack
+        batch = packer(seqs, bucket, self.page_size)
+        step = self.step_program(batch, wait=False)
+        if step is not None:
+            return batch, step, bucket
+        for bigger in self.ladder.buckets[self.ladder.buckets.index(bucket) + 1:]:
+            other = packer(seqs, bigger, self.page_size)
+            if self._program_ready(self._program_key(other)):  # (never a fresh compile of a bigger bucket)
+                return other, self.step_program(other), bigger
+        return batch, self.step_program(batch), bucket
 
     def _programs(self, bucket):
         """(step, prompt_logprobs) executables of a bucket, compiled on first use (warm-up does all)."""
@@ -365,14 +402,12 @@ class ModelRunner:
         if isinstance(seqs, StepBatch):
             n_seqs = seqs.num_seqs
             bucket = self.ladder.pick(seqs.num_tokens, n_seqs)
-            batch = pack_step(seqs, bucket, self.page_size)
             inits = list(seqs.penalty_inits.values())
         else:
             n_seqs = len(seqs)
             bucket = self.ladder.pick(sum(map(len, map(_TOKEN_IDS, seqs))), n_seqs)
-            batch = pack(seqs, bucket, self.page_size)
             inits = [x for x in map(_PENALTY_INIT, seqs) if x is not None]  # (no Python loop over all seqs)
-        step = self.step_program(batch)
+        batch, step, bucket = self._packed_step(seqs, bucket)
         # a penalised sequence starting (or restarting): its counts row, from its known tokens
         for init in inits:
             slot, prompt_ids, output_ids = init

@@ -189,3 +189,34 @@ def test_smallest_bucket_uses_decode_tiles(max_num_seqs):
     hb = pack([SeqInput(token_ids=list(range(16)), start_pos=5, page_table=[1, 2])], small, 16)
     assert (hb.arrays["tile_kv_len"] > 0).sum() == 4
     np.testing.assert_array_equal(hb.arrays["tile_kv_len"][:4], [9, 13, 17, 21])
+
+
+@pytest.mark.parametrize("max_num_seqs", [1, 4, 64])
+def test_gpu_ladder_adds_one_token_bucket_below_decode_tiled_sixteen(max_num_seqs):
+    """The GPU ladder (runner/cpu_defaults.py GPU_LADDER): a 1-token bucket for the batch-1 decode, then 16, 32, ...
+    as before; the 16-token bucket keeps 4-token query tiles (a decode of 2..15 sequences runs there whatever
+    max_num_seqs), and a step picks the 1-token bucket only when it is one token of one sequence."""
+    from jaxinfer.runner.cpu_defaults import GPU_LADDER
+
+    ladder = BucketLadder.build(max_num_batched_tokens=256, max_num_seqs=max_num_seqs, max_model_len=256,
+                                page_size=16, query_tile=16, kv_chunk_pages=4, **GPU_LADDER)
+    assert [b.num_tokens for b in ladder.buckets] == [1, 16, 32, 64, 128, 256]
+    one, sixteen = ladder.buckets[:2]
+    assert (one.num_seqs, one.query_tile, one.num_tiles) == (1, 4, 2)
+    assert sixteen.query_tile == 4
+    assert ladder.pick(1, 1) is one and ladder.pick(2, 1) is sixteen
+    assert max_num_seqs < 2 or ladder.pick(2, 2) is sixteen
+    hb = pack([SeqInput(token_ids=[7], start_pos=40, page_table=[1, 2, 3])], one, 16)
+    np.testing.assert_array_equal(hb.arrays["tile_kv_len"][:1], [41])
+
+
+def test_min_bucket_tokens_overrides_the_backend_ladder():
+    from jaxinfer.config import ConfigError, EngineConfig
+    from jaxinfer.runner.cpu_defaults import ladder_args
+
+    assert ladder_args(4)["min_tokens"] == 4 and "small_buckets" not in ladder_args(4)
+    ladder = BucketLadder.build(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=64, page_size=16,
+                                query_tile=16, kv_chunk_pages=4, **ladder_args(4))
+    assert ladder.buckets[0].num_tokens == 4
+    with pytest.raises(ConfigError, match="min_bucket_tokens must be an integer >= 1"):
+        EngineConfig.from_options(min_bucket_tokens=0)

@@ -21,7 +21,8 @@ def proposers(tiny_llama_dir):
     fused = model_proposer(draft, cfg, 128, 64)
     plain = model_proposer(draft, cfg, 128, 64, fused_steps=False)
     assert fused.fused is not None and plain.fused is None
-    fused.warmup(progress=False)  # (the per-step path compiles its buckets on first use)
+    # No warmup(): both paths compile the programs they use on first use (conftest JAXINFER_WARMUP=0); a warm-up
+    # would build every bucket of both runners (~25 s of the suite's CPU time for buckets no test runs).
     return fused, plain
 
 

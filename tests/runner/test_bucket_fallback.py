@@ -1,0 +1,46 @@
+"""A step whose bucket's program is still compiling in the background runs in the first larger bucket whose
+program is ready (runner/model_runner.py _packed_step): the GPU's 1-token bucket compiles after warm-up, and
+until then the batch-1 decode runs in the 16-token bucket as it did before that bucket existed. Same tokens
+either way (float32), and the small bucket is used as soon as its program is ready."""
+import threading
+from concurrent.futures import Future
+
+from jaxinfer import LLM, SamplingParams
+from jaxinfer.outputs import SeqInput
+
+
+def test_step_runs_in_a_larger_ready_bucket_while_its_own_compiles():
+    llm = LLM("tiny-llama", load_format="dummy", max_model_len=128, max_num_seqs=4, max_num_batched_tokens=64,
+              warmup=False, progress=False)
+    r = llm.runner
+    sp = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    prompt = [5, 6, 7, 8, 9]
+    want = llm.generate([prompt], sp, use_tqdm=False)[0].outputs[0].token_ids  # decodes in the 1-token bucket
+    one, four = r.ladder.buckets[:2]  # CPU ladder: 1, 4, 16, 64
+    assert (one.num_tokens, four.num_tokens) == (1, 4)
+    one_exe = r._compiled.pop((one, False))
+    r._step_program(four)  # the larger bucket's program is ready
+    pending = Future()  # "still compiling in the background"
+    r._pending[one, False] = pending
+    # a dispatch that waited for it would hang: fail it instead after a minute
+    guard = threading.Timer(60, lambda: pending.done() or pending.set_exception(TimeoutError("a step waited")))
+    guard.daemon = True
+    guard.start()
+    seqs = [SeqInput(token_ids=[5], start_pos=3, page_table=[1])]
+    batch, step, bucket = r._packed_step(seqs, one)
+    assert bucket == four and batch.bucket == four and step is r._compiled[four, False]
+
+    used = []
+    packed_step = r._packed_step
+    r._packed_step = lambda s, b: (lambda res: used.append(res[2]) or res)(packed_step(s, b))
+    try:
+        got = llm.generate([prompt], sp, use_tqdm=False)[0].outputs[0].token_ids
+        assert got == want
+        assert four in used and one not in used  # every decode ran in the 4-token bucket
+        pending.set_result(one_exe)  # the background compile finished
+        used.clear()
+        assert llm.generate([prompt], sp, use_tqdm=False)[0].outputs[0].token_ids == want
+        assert one in used and (one, False) in r._compiled and (one, False) not in r._pending
+    finally:
+        r._packed_step = packed_step
+        guard.cancel()
