@@ -185,6 +185,7 @@ def main(argv=None):
         prop.warmup(progress=False)
         inners[d] = prop
     setup_s = time.perf_counter() - t0
+    print(f"setup (engines, drafts, warm-ups) {setup_s:.1f} s", flush=True)
 
     rng = np.random.default_rng(0)
     rows = []
