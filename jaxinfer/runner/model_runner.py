@@ -81,7 +81,7 @@ def enable_compilation_cache(cache_dir: str | None):
 
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int,
-                 num_pages: int | None = None):
+                 num_pages: int | None = None, small_buckets: bool = True):
         self.loaded = loaded
         self.config = config
         self.max_model_len = max_model_len
@@ -124,6 +124,12 @@ class ModelRunner:
         kv_chunk = min(chunk, math.ceil(max_model_len / self.page_size))
         sched = config.scheduler
         backend_ladder = ladder_args(config.kernels.min_bucket_tokens)
+        if config.speculative is not None or not small_buckets:
+            # Speculation: a verification step has k + 1 tokens, so the 1-token bucket serves no decode, and a
+            # draft runner (small_buckets=False) would compile its fused k-step programs for it too (H200, spec
+            # engine + 1B draft: 225 s of setup with it vs 39 s without, and slower cycles while those compiled
+            # in the background: results/gpu-spec-diag-354aeb7-2026-12-03.log).
+            backend_ladder.pop("small_buckets", None)
         self.ladder = BucketLadder.build(
             max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs,
             max_model_len=max_model_len, page_size=self.page_size, query_tile=config.kernels.query_tile,

@@ -92,18 +92,21 @@ def test_engine_greedy_program_gives_the_same_outputs():
     assert r.step_program(logprobs) is r._programs(logprobs.bucket)[0]
 
 
-def test_warmup_defers_large_general_programs_and_sampling_still_matches():
+def test_warmup_defers_large_general_programs_and_sampling_still_matches(monkeypatch):
     """With greedy-only programs, warm-up compiles the general programs of large buckets in the background; a
     sampling request that lands in such a bucket waits for it and samples what a runner without the greedy
-    programs samples (same seed)."""
+    programs samples (same seed). "Large" is lowered to 4 tokens here (ladder 1, 4, 16: three buckets to warm up
+    instead of six at the real 256)."""
     from jaxinfer import LLM, SamplingParams
-    from jaxinfer.runner.model_runner import EAGER_GENERAL_MAX_TOKENS
+    from jaxinfer.runner import model_runner
 
-    prompt = [int(t) for t in np.random.default_rng(3).integers(3, 500, EAGER_GENERAL_MAX_TOKENS + 40)]
+    monkeypatch.setattr(model_runner, "EAGER_GENERAL_MAX_TOKENS", 4)
+    EAGER_GENERAL_MAX_TOKENS = 4
+    prompt = [int(t) for t in np.random.default_rng(3).integers(3, 500, 40)]  # prefill chunks in the 16 bucket
     sp = SamplingParams(max_tokens=6, temperature=0.9, top_p=0.8, seed=11, ignore_eos=True)
     outs = []
     for greedy_programs in (False, True):
-        llm = LLM("tiny-llama", load_format="dummy", max_model_len=512, max_num_seqs=4, max_num_batched_tokens=512,
+        llm = LLM("tiny-llama", load_format="dummy", max_model_len=128, max_num_seqs=4, max_num_batched_tokens=16,
                   warmup=False, progress=False)
         r = llm.runner
         r.greedy_programs = greedy_programs

@@ -44,3 +44,21 @@ def test_step_runs_in_a_larger_ready_bucket_while_its_own_compiles():
     finally:
         r._packed_step = packed_step
         guard.cancel()
+
+
+def test_small_buckets_only_without_speculation(monkeypatch, tiny_llama_dir):
+    """The GPU's 1-token bucket (GPU_LADDER small_buckets) is left out of a speculative engine (its verification
+    steps have k + 1 tokens) and of a draft model's runner (its fused k-step programs would compile for it too).
+    Simulated here by giving the CPU the GPU's ladder."""
+    from jaxinfer.runner import cpu_defaults
+
+    monkeypatch.setattr(cpu_defaults, "CPU_LADDER", dict(cpu_defaults.GPU_LADDER))
+    kw = dict(load_format="dummy", max_model_len=128, max_num_seqs=4, max_num_batched_tokens=64, warmup=False,
+              progress=False)
+    plain = LLM("tiny-llama", **kw)
+    assert [b.num_tokens for b in plain.runner.ladder.buckets] == [1, 16, 32, 64]
+    spec = LLM(tiny_llama_dir, speculative_config=dict(method="draft", draft_model=tiny_llama_dir,
+                                                       num_speculative_tokens=2), **kw)
+    assert [b.num_tokens for b in spec.runner.ladder.buckets] == [16, 32, 64]
+    draft_runner = spec.engine.spec.proposer.runner
+    assert [b.num_tokens for b in draft_runner.ladder.buckets] == [16, 32, 64]
