@@ -184,6 +184,8 @@ def main(argv=None):
             prop.can_pipeline = False
         prop.warmup(progress=False)
         inners[d] = prop
+    for llm in (plain, spec_llm):  # no background compile beside the timed runs (the plain engine's 1-token bucket)
+        llm.runner.finish_background_compiles()
     setup_s = time.perf_counter() - t0
     print(f"setup (engines, drafts, warm-ups) {setup_s:.1f} s", flush=True)
 
