@@ -222,7 +222,8 @@ class KernelConfig:
     kv_chunk_pages: int | None = _opt(None, "reference attention: KV pages per loop iteration (default: 128 "
                                             "with the static loop, 16 with the dynamic one)")
     min_bucket_tokens: int | None = _opt(None, "tokens of the smallest step shape; a step of fewer tokens pads to it "
-                                               "(default: 1 on CPU, 16 elsewhere: runner/cpu_defaults.py)")
+                                               "(default 1: on GPU a 1-token bucket below 16, 32, ..., or 16 with "
+                                               "speculation; runner/cpu_defaults.py)")
     quantized_matmul: str = _opt("auto", "quantized layers: auto (on GPU the per-M table of models/quant_paths.py "
                                          "for int8/int4, XLA's fp8 dot for fp8; the jnp reference on CPU) | "
                                          "reference | xla | pallas | w8a8 (int8 only, activations quantized) | "
