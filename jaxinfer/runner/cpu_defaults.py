@@ -37,13 +37,14 @@ def compute_dtype(dtype: str) -> str:
     return CPU_COMPUTE_DTYPE if dtype == "auto" and on_cpu() else dtype
 
 
-def ladder_args(min_bucket_tokens: int | None = None) -> dict:
+def ladder_args(min_bucket_tokens: int | None = None, small_buckets: bool = True) -> dict:
     """Extra BucketLadder.build arguments for this backend (CPU: 1-token and 4-token decode buckets; elsewhere a
     1-token bucket below the 16, 32, ... ladder: GPU_LADDER); min_bucket_tokens (KernelConfig) makes that the
-    smallest bucket on any backend (then growth 2 above it on GPU)."""
+    smallest bucket on any backend (then growth 2 above it on GPU); small_buckets=False: none below min_tokens."""
     args = dict(CPU_LADDER) if on_cpu() else dict(GPU_LADDER)
     if min_bucket_tokens is not None:
         args["min_tokens"] = min_bucket_tokens
+    if min_bucket_tokens is not None or not small_buckets:
         args.pop("small_buckets", None)
     return args
 

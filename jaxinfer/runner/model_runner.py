@@ -123,13 +123,12 @@ class ModelRunner:
         chunk = config.kernels.kv_chunk_pages or (128 if static else 16)
         kv_chunk = min(chunk, math.ceil(max_model_len / self.page_size))
         sched = config.scheduler
-        backend_ladder = ladder_args(config.kernels.min_bucket_tokens)
-        if config.speculative is not None or not small_buckets:
-            # Speculation: a verification step has k + 1 tokens, so the 1-token bucket serves no decode, and a
-            # draft runner (small_buckets=False) would compile its fused k-step programs for it too (H200, spec
-            # engine + 1B draft: 225 s of setup with it vs 39 s without, and slower cycles while those compiled
-            # in the background: results/gpu-spec-diag-354aeb7-2026-12-03.log).
-            backend_ladder.pop("small_buckets", None)
+        # Speculation: a verification step has k + 1 tokens, so the 1-token bucket serves no decode, and a draft
+        # runner (small_buckets=False) would compile its fused k-step programs for it too (H200, spec engine + 1B
+        # draft: 225 s of setup with it vs 39 s without, and slower cycles while those compiled in the
+        # background: results/gpu-spec-diag-354aeb7-2026-12-03.log).
+        backend_ladder = ladder_args(config.kernels.min_bucket_tokens,
+                                     small_buckets=small_buckets and config.speculative is None)
         self.ladder = BucketLadder.build(
             max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs,
             max_model_len=max_model_len, page_size=self.page_size, query_tile=config.kernels.query_tile,
@@ -312,14 +311,10 @@ class ModelRunner:
         """Warm-up leaves this bucket's general step program to a background compile (EAGER_GENERAL_MAX_TOKENS)."""
         return self.greedy_programs and bucket.num_tokens > EAGER_GENERAL_MAX_TOKENS
 
-    def step_program(self, batch, wait: bool = True) -> Any:
+    def step_program(self, batch) -> Any:
         """The step executable for a packed batch: the greedy-only one when it has one and every row qualifies
-        (padding rows are greedy and unpenalised). wait=False: None while that program is still compiling in
-        the background (compile_in_background) instead of waiting for it."""
-        key = self._program_key(batch)
-        if not wait and key not in self._compiled and key in self._pending and not self._pending[key].done():
-            return None
-        return self._step_program(*key)
+        (padding rows are greedy and unpenalised)."""
+        return self._step_program(*self._program_key(batch))
 
     def _program_key(self, batch) -> tuple:
         """(bucket, greedy_only) of the step program a packed batch runs."""
@@ -333,19 +328,21 @@ class ModelRunner:
         return key in self._compiled or (key in self._pending and self._pending[key].done())
 
     def _packed_step(self, seqs, bucket):
-        """(packed batch, its step executable, bucket) for `seqs`: in `bucket`, or while that bucket's program
-        is still compiling in the background, in the first larger bucket whose program is ready (a 1-token step
-        in the 16-token bucket while the GPU's 1-token bucket compiles); waits for its own program when none is."""
+        """(packed batch, its step executable) for `seqs`: in `bucket`, or while that bucket's program is still
+        compiling in the background, in the first larger bucket whose program is ready (a 1-token step in the
+        16-token bucket while the GPU's 1-token bucket compiles); waits for its own program when none is."""
         packer = pack_step if isinstance(seqs, StepBatch) else pack
         batch = packer(seqs, bucket, self.page_size)
-        step = self.step_program(batch, wait=False)
-        if step is not None:
-            return batch, step, bucket
-        for bigger in self.ladder.buckets[self.ladder.buckets.index(bucket) + 1:]:
-            other = packer(seqs, bigger, self.page_size)
-            if self._program_ready(self._program_key(other)):  # (never a fresh compile of a bigger bucket)
-                return other, self.step_program(other), bigger
-        return batch, self.step_program(batch), bucket
+        key = self._program_key(batch)
+        pending = self._pending.get(key)
+        if pending is not None and not pending.done():
+            for bigger in self.ladder.buckets[self.ladder.buckets.index(bucket) + 1:]:
+                other = packer(seqs, bigger, self.page_size)
+                other_key = self._program_key(other)
+                if self._program_ready(other_key):  # (never a fresh compile of a bigger bucket)
+                    batch, key = other, other_key
+                    break
+        return batch, self._step_program(*key)
 
     def _programs(self, bucket):
         """(step, prompt_logprobs) executables of a bucket, compiled on first use (warm-up does all)."""
@@ -413,7 +410,8 @@ class ModelRunner:
             n_seqs = len(seqs)
             bucket = self.ladder.pick(sum(map(len, map(_TOKEN_IDS, seqs))), n_seqs)
             inits = [x for x in map(_PENALTY_INIT, seqs) if x is not None]  # (no Python loop over all seqs)
-        batch, step, bucket = self._packed_step(seqs, bucket)
+        batch, step = self._packed_step(seqs, bucket)
+        bucket = batch.bucket
         # a penalised sequence starting (or restarting): its counts row, from its known tokens
         for init in inits:
             slot, prompt_ids, output_ids = init

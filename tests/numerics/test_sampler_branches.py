@@ -100,8 +100,8 @@ def test_warmup_defers_large_general_programs_and_sampling_still_matches(monkeyp
     from jaxinfer import LLM, SamplingParams
     from jaxinfer.runner import model_runner
 
-    monkeypatch.setattr(model_runner, "EAGER_GENERAL_MAX_TOKENS", 4)
     EAGER_GENERAL_MAX_TOKENS = 4
+    monkeypatch.setattr(model_runner, "EAGER_GENERAL_MAX_TOKENS", EAGER_GENERAL_MAX_TOKENS)
     prompt = [int(t) for t in np.random.default_rng(3).integers(3, 500, 40)]  # prefill chunks in the 16 bucket
     sp = SamplingParams(max_tokens=6, temperature=0.9, top_p=0.8, seed=11, ignore_eos=True)
     outs = []

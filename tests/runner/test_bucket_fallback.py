@@ -27,12 +27,12 @@ def test_step_runs_in_a_larger_ready_bucket_while_its_own_compiles():
     guard.daemon = True
     guard.start()
     seqs = [SeqInput(token_ids=[5], start_pos=3, page_table=[1])]
-    batch, step, bucket = r._packed_step(seqs, one)
-    assert bucket == four and batch.bucket == four and step is r._compiled[four, False]
+    batch, step = r._packed_step(seqs, one)
+    assert batch.bucket == four and step is r._compiled[four, False]
 
     used = []
     packed_step = r._packed_step
-    r._packed_step = lambda s, b: (lambda res: used.append(res[2]) or res)(packed_step(s, b))
+    r._packed_step = lambda s, b: (lambda res: used.append(res[0].bucket) or res)(packed_step(s, b))
     try:
         got = llm.generate([prompt], sp, use_tqdm=False)[0].outputs[0].token_ids
         assert got == want
