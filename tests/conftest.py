@@ -1,5 +1,6 @@
 """Test-wide settings and shared fixtures: offline hub, a repo-local cache (default model + XLA cache)."""
 import os
+import shutil
 
 import pytest
 
@@ -13,6 +14,10 @@ os.environ.setdefault("JAXINFER_PROGRAM_CACHE", "0")
 # LLM() compiles each program on first use instead of every bucket's at construction (a tiny model's warm-up is
 # ~20 s of cold XLA:CPU compiles, most of them for buckets its test never runs). Tests of warm-up pass warmup=True.
 os.environ.setdefault("JAXINFER_WARMUP", "0")
+# Triton kernels (pallas_kernels/quantized_matmul/triton_small_m.py) run in Triton's interpreter where there is no
+# GPU; it must be set before triton is imported (triton.jit reads it when the kernels are defined).
+if not shutil.which("nvidia-smi"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 # 8 simulated CPU devices for the tensor/data-parallel tests (tests/parallel). Must be set before jax creates its
 # backend; single-device code keeps using device 0, so the other tests are unaffected.
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):

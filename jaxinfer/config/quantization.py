@@ -22,13 +22,15 @@ from jaxinfer.config.model import ConfigError
 #   quantized_matmul: "auto" (on GPU: int8 'xla-nk', int4 the per-M table of models/quant_paths.py, XLA's native
 #                fp8 dot for fp8; the jnp reference on CPU), "reference", "xla", "pallas" (interpret mode on CPU: slow, for tests), "w8a8" (int8 only:
 #                activations quantized per token to int8, XLA's int8 dot; changes numerics), "xla-nk" (int8 only:
-#                [out, in] weights, weight-only, formulation per weight size and M from the table) or
-#                "xla-int4" (int4 only: XLA-native int4 weights, formulation per M from the table).
+#                [out, in] weights, weight-only, formulation per weight size and M from the table: the Triton
+#                small-M kernel on the large weights at M <= 16 where triton + jax-triton run), "xla-int4" (int4
+#                only: XLA-native int4 weights, formulation per M from the table) or "triton-int4" (int4 only:
+#                [out, in/2] packed weights, the Triton small-M kernel at M <= 16; single device).
 
 QUANT_METHODS = ("int8", "int4", "fp8")
 INT4_GROUP_SIZES = (32, 64, 128)
-MATMUL_BACKENDS = ("auto", "reference", "xla", "pallas", "w8a8", "xla-nk", "xla-int4")
-_BACKEND_METHODS = {"w8a8": "int8", "xla-nk": "int8", "xla-int4": "int4"}   # backends for one method only
+MATMUL_BACKENDS = ("auto", "reference", "xla", "pallas", "w8a8", "xla-nk", "xla-int4", "triton-int4")
+_BACKEND_METHODS = {"w8a8": "int8", "xla-nk": "int8", "xla-int4": "int4", "triton-int4": "int4"}  # one method only
 _INT4_RE = re.compile(r"int4(?:-g(\d+))?(-asym|-sym)?")
 
 

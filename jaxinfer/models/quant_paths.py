@@ -15,6 +15,9 @@ Model backends (the `quantized_matmul` option after quant.resolve_backend) and t
                              elements) / PATHS[('int8', 'xla-nk', 'large')]           int8 [N, K]
   'xla-int4'                 int4 only: XLA-native int4 [K, N] (packed s4) weights; the formulation per M from
                              PATHS[('int4', 'xla-int4')]                                int4 native
+  'triton-int4'              int4 only: packed uint8 [N, K/2] weights (K contiguous; same nibble order); the Triton
+                             small-M kernel at M <= 16, XLA dequantize + dot above (PATHS[('int4', 'triton-int4')])
+                                                                                        int4 packed-nk
   'auto'                     resolves to GPU_DEFAULT[method] on GPU (int8: 'xla-nk'); PATHS[(method, 'auto')] picks
                              per M among the paths of the int8 [K, N] / int4 packed layout for 'auto' itself
 PATHS[(method, backend)] = ((max_m, path), ...): the first row with M <= max_m is used. The defaults reproduce the
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 from pallas_kernels.quantized_matmul import kernel as qmm_kernel
 from pallas_kernels.quantized_matmul import reference as qmm_ref
+from pallas_kernels.quantized_matmul import triton_small_m as qmm_triton
 from pallas_kernels.quantized_matmul import xla as qmm_xla
 from pallas_kernels.quantized_matmul import xla_fused as qmm_fused
 
@@ -45,7 +49,14 @@ PATHS = {
     # +3.2% perplexity on SmolLM2 with W8A8 everywhere (results/quality-w8a8-cpu-2026-12-02.json; weight-only int8
     # +0.05%, the int8 bound +1%), so this weight-only backend does not use it ('w8a8' does, on [K, N] weights).
     ("int8", "xla-nk"): ((ANY_M, "convert-nk"),),
-    ("int8", "xla-nk", "large"): ((ANY_M, "convert-nk"),),
+    # Triton small-M kernel (pallas_kernels/quantized_matmul/triton_small_m.py) at M <= 16 on the large weights:
+    # H200, jax-triton, per op against XLA's convert-nk (results/kernel-triton-small-m-jax-2026-12-03.json, M=1):
+    # gate_up 46.9 vs 64.4 us, down 33.0 vs 36.3, lm_head 161 vs 207; on qkv / o XLA stays faster (21.6 vs 24.9,
+    # 16.4 vs 26.4), so the small weights keep convert-nk. Where the kernel cannot run (no triton / jax-triton,
+    # not a GPU) the path falls back to convert-nk (path_for).
+    ("int8", "xla-nk", "large"): ((16, "triton-nk"), (ANY_M, "convert-nk")),
+    # int4 on [N, K/2] packed weights ('triton-int4'): the Triton kernel at M <= 16, XLA dequantize + dot above.
+    ("int4", "triton-int4"): ((16, "triton-int4-nk"), (ANY_M, "xla-packed-nk")),
 }
 # Weights of at least this many elements take the 'large' table: 32M int8 weights are 32 MB, so past it a weight
 # no longer sits in the 50 MB L2 beside the activations (the 8B shapes: qkv 25M and o 17M below, down 59M,
@@ -57,17 +68,20 @@ GPU_DEFAULT = {"int8": "xla-nk", "int4": "auto", "fp8": "xla"}
 # Paths each weight layout can run (a table row naming another layout's path is an error, check_tables).
 LAYOUT_PATHS = {
     ("int8", "kn"): ("reference", "pallas", "pallas-interpret", "xla", "xla-mixed", "w8a8"),
-    ("int8", "nk"): ("reference-nk", "convert-nk", "mixed-nk", "w8a8-nk"),
+    ("int8", "nk"): ("reference-nk", "convert-nk", "mixed-nk", "w8a8-nk", "triton-nk"),
     ("int4", "packed"): ("reference", "pallas", "pallas-interpret", "xla"),
     ("int4", "native"): ("reference-native", "int4-dequant", "int4-grouped", "int4-grouped-mixed"),
+    ("int4", "packed-nk"): ("reference-packed-nk", "xla-packed-nk", "triton-int4-nk"),
 }
+# A Triton path where the kernels cannot run (triton_small_m.usable() is False) becomes this one.
+TRITON_FALLBACK = {"triton-nk": "convert-nk", "triton-int4-nk": "xla-packed-nk"}
 
 
 def weight_layout_of(method: str, backend: str) -> str:
     """The device layout a resolved model backend runs on: int4 'native' for 'xla-int4', else int4 'packed';
     int8 'nk' for 'xla-nk', else 'kn'; fp8 'nk' (e4m3 [N, K])."""
     if method == "int4":
-        return "native" if backend == "xla-int4" else "packed"
+        return {"xla-int4": "native", "triton-int4": "packed-nk"}.get(backend, "packed")
     if method == "int8":
         return "nk" if backend == "xla-nk" else "kn"
     return "nk"
@@ -79,8 +93,8 @@ def path_for(method: str, backend: str, M: int, K: int | None = None, N: int | N
     A 'pallas' pick for a shape the kernel does not take (K, N given) becomes 'xla'."""
     if method == "fp8":
         return "reference" if backend == "reference" else "xla"
-    if backend == "xla-int4":
-        path = _lookup(PATHS[("int4", "xla-int4")], M)
+    if backend in ("xla-int4", "triton-int4"):
+        path = _lookup(PATHS[("int4", backend)], M)
     elif backend == "xla-nk":
         large = K is not None and N is not None and K * N >= LARGE_WEIGHT
         path = _lookup(PATHS[("int8", "xla-nk", "large") if large else ("int8", "xla-nk")], M)
@@ -92,6 +106,8 @@ def path_for(method: str, backend: str, M: int, K: int | None = None, N: int | N
         path = backend
     if path == "pallas" and K is not None and not qmm_kernel.supports(method, K, N, group_size):
         path = "xla"
+    if path in TRITON_FALLBACK and not qmm_triton.usable():
+        path = TRITON_FALLBACK[path]
     return path
 
 
@@ -119,7 +135,7 @@ def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, 
     """One entry point over every implementation (see the module docstring); x [..., K] -> [..., N]."""
     M = x.size // x.shape[-1]
     K = x.shape[-1]
-    nk = method == "fp8" or (method == "int8" and weight_layout_of("int8", backend) == "nk")
+    nk = method == "fp8" or weight_layout_of(method, backend) in ("nk", "packed-nk")
     N = q.shape[0] if nk else q.shape[-1]
     path = path_for(method, backend, M, K, N, group_size)
     if method == "fp8":
@@ -128,6 +144,8 @@ def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, 
     if method == "int8" and nk:
         if path == "reference-nk":
             return qmm_ref.int8_matmul_reference(x, q.T, scale, out_dtype=out_dtype)
+        if path == "triton-nk":
+            return qmm_triton.int8_matmul_nk(x, q, scale, out_dtype=out_dtype)
         if path in ("convert-nk", "mixed-nk", "w8a8-nk"):
             fn = {"convert-nk": qmm_fused.int8_convert_xla, "mixed-nk": qmm_fused.int8_mixed_xla,
                   "w8a8-nk": qmm_fused.int8_w8a8_xla}[path]
@@ -153,6 +171,13 @@ def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, 
         if path in ("int4-grouped", "int4-grouped-mixed"):
             return qmm_fused.int4_native_grouped_xla(x, q, scale, offset, group_size=group_size,
                                                      out_dtype=out_dtype, mixed=path == "int4-grouped-mixed")
+    elif method == "int4" and weight_layout_of("int4", backend) == "packed-nk":
+        if path == "reference-packed-nk":
+            return qmm_ref.int4_matmul_reference(x, q.T, scale, offset, group_size=group_size, out_dtype=out_dtype)
+        if path == "xla-packed-nk":
+            return qmm_xla.int4_matmul_xla(x, q.T, scale, offset, group_size=group_size, out_dtype=out_dtype)
+        if path == "triton-int4-nk":
+            return qmm_triton.int4_matmul_nk(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype)
     elif method == "int4":
         if path == "reference":
             return qmm_ref.int4_matmul_reference(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype)

@@ -96,7 +96,8 @@ def quantize_rtn(w, method: str, *, group_size: int | None = None, symmetric: bo
 @functools.partial(jax.jit, static_argnames=("method", "group_size", "dtype", "layout"))
 def _device_leaves(q, scale, zero, *, method: str, group_size: int | None, dtype, layout: str = "packed"):
     """(q, scale, zero) in QuantizedTensor conventions -> the QuantLinear leaves (reference.py layouts).
-    layout: int4 'packed' (uint8 [K/2, N], the Pallas kernel's) or 'native' (int4 [K, N], XLA's packed s4;
+    layout: int4 'packed' (uint8 [K/2, N], the Pallas kernel's), 'packed-nk' (its transpose [N, K/2], the Triton
+    kernel's) or 'native' (int4 [K, N], XLA's packed s4;
     no offset leaf for symmetric weights: W = q * scale); int8 'kn' ([K, N]) or 'nk' ([N, K], backend 'xla-nk')."""
     if method == "int4" and layout == "native":
         scale = scale.astype(jnp.float32)
@@ -115,7 +116,9 @@ def _device_leaves(q, scale, zero, *, method: str, group_size: int | None, dtype
         u, offset = q.astype(jnp.int32) + 8, -8.0 * scale
     else:
         u, offset = q.astype(jnp.int32), -zero.astype(jnp.float32) * scale
-    packed = qmm_ref.pack_int4(u.astype(jnp.uint8), group_size)
+    packed = qmm_ref.pack_int4(u.astype(jnp.uint8), group_size)                # [K/2, N]
+    if layout == "packed-nk":                                                    # [N, K/2]: K contiguous
+        packed = packed.T
     return {"q": packed, "scale": scale.astype(dtype), "offset": offset.astype(dtype)}
 
 
@@ -253,6 +256,10 @@ class Quantizer:
     """
 
     def __init__(self, cfg, spec: QuantSpec, dtype, place=None):
+        if place is not None and weight_layout(spec) == "packed-nk":
+            raise QuantizationError(
+                "quantized_matmul='triton-int4' runs on a single device only (its [out, in/2] layout is not laid "
+                "out for tensor or data parallelism yet); use quantized_matmul='auto' under TP / DP")
         if place is not None and weight_layout(spec) == "native":
             # jax (0.10, CPU) hands out sharded int4 arrays unpacked while the step compiled for their shardings
             # wants them packed (a layout mismatch at the first call); not yet verified on the GPU either.

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -201,34 +202,38 @@ if triton is not None:
 # Configuration
 # ----------------------------------------------------------------------------------------------------------------
 DEFAULT_NUM_SMS = 132   # H100 / H200
+TARGET_PROGRAMS = 512   # split-K until the grid has about this many programs (~4 per SM on 132 SMs)
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def split_for(programs: int, K: int, block_k: int, num_sms: int = DEFAULT_NUM_SMS, per_sm: int = 4,
-              max_split: int = 16) -> int:
-    """Power-of-two split-K so that programs * split >= per_sm * num_sms, keeping >= 2 K steps per split."""
+def split_for(programs: int, K: int, block_k: int, target: int = TARGET_PROGRAMS, max_split: int = 16) -> int:
+    """Power-of-two split-K so that programs * split >= target, keeping >= 2 K steps per split."""
     split = 1
-    while programs * split < per_sm * num_sms and split < max_split and K // (block_k * split * 2) >= 2:
+    while programs * split < target and split < max_split and K // (block_k * split * 2) >= 2:
         split *= 2
     return split
 
 
-def default_config(kind: str, M: int, K: int, N: int, group_size: int | None = None,
-                   num_sms: int = DEFAULT_NUM_SMS) -> Config:
-    """The configuration the engine uses for one call (M <= 16); see the sweep in benchmarks/README.md."""
-    dot = M > 1
-    bm = 16 if dot else 1
+def default_config(kind: str, M: int, K: int, N: int, group_size: int | None = None) -> Config:
+    """The configuration the engine uses for one call, from the H200 sweep of benchmarks/kernels/triton_small_m.py
+    (results/kernel-triton-small-m-sweep-*.json; benchmarks/README.md "Triton small-M kernels"):
+      int8, any M <= 16: the tensor-core form (M padded to 16 rows beat the FMA form even at M = 1), BN 64,
+            BK 128 (256 when the grid needs no split, e.g. the LM head), 4 warps, 3 stages;
+      int4, M = 1: the FMA form, BN 128, 8 warps, 4 stages; M > 1: the tensor-core form, BN 64, 4 warps, 3 stages;
+    and split-K (split_for) to ~512 programs: the sweep's best split on every 8B shape within 3%."""
     if kind == "int8":
-        bn, bk = 64, 256
+        bm, bn, dot, warps, stages = 16, 64, True, 4, 3
+        bk = 256 if _cdiv(N, bn) * _cdiv(M, bm) >= TARGET_PROGRAMS else 128
+        split = split_for(_cdiv(N, bn) * _cdiv(M, bm), K, bk)
     else:
-        bn, bk = 128, int(group_size)
-    split = split_for(_cdiv(N, bn) * _cdiv(M, bm), K, bk, num_sms)
-    if kind == "int4":
-        split = int4_split(K, bk, split)
-    return Config(bm, bn, bk, split, dot, num_warps=4, num_stages=4)
+        dot = M > 1
+        bm, bn, warps, stages = (16, 64, 4, 3) if dot else (1, 128, 8, 4)
+        bk = int(group_size)
+        split = int4_split(K, bk, split_for(_cdiv(N, bn) * _cdiv(M, bm), K, bk))
+    return Config(bm, bn, bk, split, dot, num_warps=warps, num_stages=stages)
 
 
 def k_per_split(K: int, cfg: Config) -> tuple[int, int]:
@@ -253,6 +258,24 @@ def int4_split(K: int, group_size: int, split_k: int) -> int:
 # ----------------------------------------------------------------------------------------------------------------
 # JAX entry points (jax-triton)
 # ----------------------------------------------------------------------------------------------------------------
+def usable() -> bool:
+    """Whether the JAX entry points run here: triton and jax-triton importable, the default backend a GPU, and
+    JAXINFER_TRITON not "0" (the escape hatch, and the switch benchmarks use for the XLA peer). Where not, the
+    engine's Triton paths fall back to XLA (models/quant_paths.TRITON_FALLBACK). Read at trace time."""
+    return os.environ.get("JAXINFER_TRITON", "1") != "0" and _importable() and jax.default_backend() == "gpu"
+
+
+@functools.lru_cache(maxsize=None)
+def _importable() -> bool:
+    if triton is None:
+        return False
+    try:
+        import jax_triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _jt():
     try:
         import jax_triton
@@ -271,34 +294,51 @@ def _check_cfg(kind, cfg: Config, M, K, group_size):
         raise ValueError(f"int4 needs block_k == group_size ({group_size}) dividing K={K}, got {cfg}")
 
 
+def int4_kernel_inputs(x2, p_t, group_size: int):
+    """The int4 kernel's derived inputs: the packed bytes uint8 [N, K/2] read as little-endian int32 words
+    [N, K/8] (a bitcast, no copy) and the row sums of x per group f32 [M, K/g] (for the offsets)."""
+    M, K = x2.shape
+    N = p_t.shape[0]
+    words = jax.lax.bitcast_convert_type(p_t.reshape(N, K // 8, 4), jnp.int32)
+    xs = jnp.sum(x2.astype(jnp.float32).reshape(M, K // group_size, group_size), axis=2)
+    return words, xs
+
+
+def launch_params(kind: str, M: int, N: int, K: int, cfg: Config, group_size: int | None = None):
+    """(grid, number of splits, the kernel's constexpr arguments) of one call: shared by the jax-triton entry
+    points below and the CPU tests, which launch the same kernels with torch tensors under TRITON_INTERPRET."""
+    if kind == "int8":
+        ks, split = k_per_split(K, cfg)
+        meta = dict(K=K, K_PER_SPLIT=ks, BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, DOT=cfg.dot,
+                    EVEN_K=(K % ks == 0 and ks % cfg.block_k == 0))
+    else:
+        split = int4_split(K, group_size, cfg.split_k)
+        meta = dict(K=K, K_PER_SPLIT=K // split, BM=cfg.block_m, BN=cfg.block_n, G=group_size, DOT=cfg.dot)
+    return (_cdiv(N, cfg.block_n), split, _cdiv(M, cfg.block_m)), split, meta
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "out_dtype"))
 def _int8_call(x2, q_t, scale, *, cfg: Config, out_dtype):
     M, K = x2.shape
     N = q_t.shape[0]
-    ks, split = k_per_split(K, cfg)
+    grid, split, meta = launch_params("int8", M, N, K, cfg)
     part = _jt().triton_call(
-        x2, q_t, scale.astype(jnp.float32), M, N,
-        kernel=int8_nk_kernel, K=K, K_PER_SPLIT=ks, out_shape=jax.ShapeDtypeStruct((split, M, N), jnp.float32),
-        grid=(_cdiv(N, cfg.block_n), split, _cdiv(M, cfg.block_m)), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, DOT=cfg.dot,
-        EVEN_K=(K % ks == 0 and ks % cfg.block_k == 0), F32_DOT=False, name=f"int8_nk_bn{cfg.block_n}_bk{cfg.block_k}")
-    return jnp.sum(part, axis=0).astype(out_dtype)
+        x2, q_t, scale.astype(jnp.float32), M, N, kernel=int8_nk_kernel,
+        out_shape=jax.ShapeDtypeStruct((split, M, N), jnp.float32), grid=grid, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, F32_DOT=False, name=f"int8_nk_bn{cfg.block_n}_bk{cfg.block_k}", **meta)
+    return jnp.sum(part, axis=0).astype(out_dtype)                         # [M, N]: the splits' partials
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "group_size", "out_dtype"))
 def _int4_call(x2, p_t, scale, offset, *, cfg: Config, group_size: int, out_dtype):
     M, K = x2.shape
     N = p_t.shape[0]
-    split = int4_split(K, group_size, cfg.split_k)
-    ks = K // split
-    words = jax.lax.bitcast_convert_type(p_t.reshape(N, K // 8, 4), jnp.int32)       # [N, K/8], little-endian
-    xs = jnp.sum(x2.astype(jnp.float32).reshape(M, K // group_size, group_size), axis=2)  # [M, K/g]
+    grid, split, meta = launch_params("int4", M, N, K, cfg, group_size)
+    words, xs = int4_kernel_inputs(x2, p_t, group_size)
     part = _jt().triton_call(
-        x2, words, scale, offset, xs, M, N,
-        kernel=int4_nk_kernel, K=K, K_PER_SPLIT=ks, out_shape=jax.ShapeDtypeStruct((split, M, N), jnp.float32),
-        grid=(_cdiv(N, cfg.block_n), split, _cdiv(M, cfg.block_m)), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, BM=cfg.block_m, BN=cfg.block_n, G=group_size, DOT=cfg.dot, F32_DOT=False,
-        name=f"int4_nk_g{group_size}_bn{cfg.block_n}")
+        x2, words, scale, offset, xs, M, N, kernel=int4_nk_kernel,
+        out_shape=jax.ShapeDtypeStruct((split, M, N), jnp.float32), grid=grid, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, F32_DOT=False, name=f"int4_nk_g{group_size}_bn{cfg.block_n}", **meta)
     return jnp.sum(part, axis=0).astype(out_dtype)
 
 

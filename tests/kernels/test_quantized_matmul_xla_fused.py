@@ -172,16 +172,18 @@ def test_path_table_picks_by_m(monkeypatch):
 
 
 @pytest.mark.parametrize("quantization,backend", [("int8", "w8a8"), ("int4-g32", "xla-int4"),
-                                                  ("int4-g64-asym", "xla-int4")])
+                                                  ("int4-g64-asym", "xla-int4"), ("int4-g32", "triton-int4"),
+                                                  ("int4-g64-asym", "triton-int4")])
 def test_quant_linear_backends(quantization, backend):
     """QuantLinear with the new backends: leaves in the backend's layout, output = the path's own reference,
-    for M on both sides of the xla-int4 table's switch."""
+    for M on both sides of the xla-int4 / triton-int4 tables' switch (triton-int4 on CPU: its XLA fallback on
+    the [N, K/2] layout)."""
     K, N = 256, 48
     spec = parse_quantization(quantization, backend=backend)
     lin = QuantLinear(K, N, bias=False, dtype=jnp.float32, spec=spec, backend=backend)
     w = _weights(K, N, seed=7)
     qt = quantize_rtn(w, spec.method, group_size=spec.group_size, symmetric=spec.symmetric)
-    layout = "native" if backend == "xla-int4" else "packed"
+    layout = {"xla-int4": "native", "triton-int4": "packed-nk"}.get(backend, "packed")
     leaves = tensor_leaves(qt, jnp.float32, layout=layout)
     assert leaves["q"].shape == lin.q.shape and leaves["q"].dtype == lin.q.dtype
     assert (lin.offset is None) == ("offset" not in leaves)
@@ -192,6 +194,10 @@ def test_quant_linear_backends(quantization, backend):
         got = lin(x)
         if backend == "w8a8":
             ref = qr.int8_w8a8_matmul_reference(x, leaves["q"], leaves["scale"])
+        elif backend == "triton-int4":
+            assert leaves["q"].shape == (N, K // 2)
+            ref = qr.int4_matmul_reference(x, leaves["q"].T, leaves["scale"], leaves["offset"],
+                                           group_size=spec.group_size)
         else:
             ref = qr.int4_native_matmul_reference(x, leaves["q"], leaves["scale"], leaves.get("offset"),
                                                   group_size=spec.group_size)

@@ -1,0 +1,128 @@
+"""The Triton small-M kernels (pallas_kernels/quantized_matmul/triton_small_m.py) on CPU: the kernel bodies run in
+Triton's interpreter (TRITON_INTERPRET=1, set by tests/conftest.py where there is no GPU) with torch CPU tensors,
+launched with the same grid / constexprs as the jax-triton entry points (`launch_params`) and, for int4, the
+same derived inputs (`int4_kernel_inputs`), and compared with the jnp float32 references of reference.py on
+ragged shapes (N not a multiple of the block, K not a multiple of BK x split), M in 1..20, both inner forms and
+several split-K factors. The interpreter's bf16 dot is wrong (numpy has no bf16), so the dots run with F32_DOT
+(f32 operands); the bf16-operand form is checked on the GPU (test_triton_small_m_gpu.py)."""
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from pallas_kernels.quantized_matmul import reference as qr
+from pallas_kernels.quantized_matmul import triton_small_m as T
+from tests.kernels.quant_cases import rel_err
+
+assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available(), \
+    "tests/conftest.py sets TRITON_INTERPRET=1 on machines without a GPU"
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter tests; the GPU runs *_gpu.py")
+
+
+def _t(a):
+    return torch.from_numpy(np.array(a, order="C"))                          # a writable row-major copy
+
+
+def _run_int8(x, q_t, scale, cfg):
+    """x f32 [M, K], q_t int8 [N, K], scale f32 [N] -> the summed partials [M, N] (float64 numpy)."""
+    M, K = x.shape
+    N = q_t.shape[0]
+    grid, split, meta = T.launch_params("int8", M, N, K, cfg)
+    part = torch.full((split, M, N), float("nan"))                          # poison: every element must be written
+    T.int8_nk_kernel[grid](_t(x), _t(q_t), _t(scale), M, N, part, F32_DOT=True, **meta)
+    assert not torch.isnan(part).any(), "a partial was left unwritten"
+    return part.double().sum(0).numpy()
+
+
+def _run_int4(x, p_t, scale, offset, g, cfg):
+    M, K = x.shape
+    N = p_t.shape[0]
+    grid, split, meta = T.launch_params("int4", M, N, K, cfg, g)
+    words, xs = T.int4_kernel_inputs(jnp.asarray(x), jnp.asarray(p_t), g)
+    part = torch.full((split, M, N), float("nan"))
+    T.int4_nk_kernel[grid](_t(x), _t(words), _t(scale), _t(offset), _t(xs), M, N, part, F32_DOT=True, **meta)
+    assert not torch.isnan(part).any(), "a partial was left unwritten"
+    return part.double().sum(0).numpy()
+
+
+@pytest.mark.parametrize("M,K,N,dot,bn,bk,split", [
+    (1, 256, 48, False, 32, 64, 2),     # FMA form, N ragged (48 = 1.5 blocks)
+    (1, 200, 33, False, 16, 64, 2),     # K ragged (200 = 3.125 steps), N odd
+    (3, 320, 40, True, 32, 64, 4),      # tensor-core form, M < 16 rows masked, 4 splits over 5 steps
+    (16, 512, 64, True, 32, 128, 1),    # a whole 16-row block, no split
+    (20, 192, 24, True, 16, 64, 2),     # two M blocks, the second ragged
+])
+def test_int8_kernel_matches_reference(M, K, N, dot, bn, bk, split):
+    rng = np.random.default_rng(M * 1000 + K)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    q = rng.integers(-127, 128, (K, N)).astype(np.int8)                       # the [K, N] layout of the reference
+    scale = rng.uniform(1e-3, 1e-2, N).astype(np.float32)
+    cfg = T.Config(16 if dot else 1, bn, bk, split, dot, 4, 2)
+    got = _run_int8(x, q.T, scale, cfg)
+    want = qr.int8_matmul_reference(jnp.asarray(x), jnp.asarray(q), jnp.asarray(scale))
+    assert rel_err(got, want) < 1e-5
+
+
+@pytest.mark.parametrize("M,K,N,g,symmetric,dot,bn,split", [
+    (1, 256, 48, 32, True, False, 32, 2),
+    (1, 384, 40, 64, False, False, 16, 3),    # 3 splits of 2 groups; N ragged
+    (5, 384, 40, 64, True, True, 32, 2),
+    (16, 512, 64, 128, False, True, 32, 4),   # split 4 of 4 groups: one group per split
+    (18, 256, 24, 32, False, True, 16, 1),    # two M blocks
+])
+def test_int4_kernel_matches_reference(M, K, N, g, symmetric, dot, bn, split):
+    rng = np.random.default_rng(M * 7 + K + g)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    u = rng.integers(0, 16, (K, N)).astype(np.uint8)
+    packed = qr.pack_int4(u, g)                                                 # uint8 [K/2, N]
+    scale = rng.uniform(0.01, 0.1, (K // g, N)).astype(np.float32)
+    zero = 8.0 if symmetric else rng.integers(0, 16, (K // g, N)).astype(np.float32)
+    offset = (-zero * scale).astype(np.float32)
+    cfg = T.Config(16 if dot else 1, bn, g, split, dot, 4, 2)
+    got = _run_int4(x, packed.T, scale, offset, g, cfg)
+    want = qr.int4_matmul_reference(jnp.asarray(x), jnp.asarray(packed), jnp.asarray(scale), jnp.asarray(offset),
+                                    group_size=g)
+    # 128 + u is exact, but the dot accumulates x * (128 + u): 128x the magnitude of x * u in f32
+    assert rel_err(got, want) < 2e-5
+
+
+def test_int4_kernel_inputs_are_a_bitcast_and_group_sums():
+    """words[n, i] holds bytes 4i..4i+3 of row n little-endian; xs[m, j] = sum of x[m] over group j."""
+    rng = np.random.default_rng(3)
+    p_t = rng.integers(0, 256, (6, 16)).astype(np.uint8)
+    x = rng.standard_normal((2, 32)).astype(np.float32)
+    words, xs = T.int4_kernel_inputs(jnp.asarray(x), jnp.asarray(p_t), 16)
+    want = (p_t[:, 0::4].astype(np.int64) | p_t[:, 1::4].astype(np.int64) << 8 | p_t[:, 2::4].astype(np.int64) << 16
+            | p_t[:, 3::4].astype(np.int64) << 24)
+    np.testing.assert_array_equal(np.asarray(words).astype(np.int64) & 0xFFFFFFFF, want)
+    np.testing.assert_allclose(np.asarray(xs), x.reshape(2, 2, 16).sum(2), rtol=1e-6)
+
+
+def test_default_config_split_rule():
+    """~TARGET_PROGRAMS programs per call, >= 2 K steps per split, int4 splits dividing the groups."""
+    for K, N in ((4096, 28672), (14336, 4096), (4096, 6144), (4096, 4096), (4096, 128256)):
+        for M in (1, 4, 16):
+            for kind in ("int8", "int4"):
+                cfg = T.default_config(kind, M, K, N, 128 if kind == "int4" else None)
+                grid, split, meta = T.launch_params(kind, M, N, K, cfg, 128 if kind == "int4" else None)
+                programs = grid[0] * grid[1] * grid[2]
+                assert programs >= T.TARGET_PROGRAMS or split == 16 or K // (cfg.block_k * split * 2) < 2
+                assert meta["K_PER_SPLIT"] * split >= K and meta["K_PER_SPLIT"] % cfg.block_k == 0
+                if kind == "int4":
+                    assert (K // 128) % split == 0
+                assert cfg.dot == (kind == "int8" or M > 1)
+    with pytest.raises(ValueError, match="FMA form"):
+        T._check_cfg("int8", T.Config(1, 64, 128, 1, False, 4, 3), 2, 4096, None)
+    with pytest.raises(ValueError, match="block_k == group_size"):
+        T._check_cfg("int4", T.Config(16, 64, 64, 1, True, 4, 3), 16, 4096, 128)
+
+
+def test_not_usable_on_cpu():
+    """No GPU: the engine's Triton paths fall back to XLA (models/quant_paths.TRITON_FALLBACK)."""
+    from jaxinfer.models import quant_paths
+
+    assert not T.usable()
+    assert quant_paths.path_for("int8", "xla-nk", 1, K=4096, N=28672) == "convert-nk"
+    assert quant_paths.path_for("int4", "triton-int4", 1, K=4096, N=4096, group_size=128) == "xla-packed-nk"

@@ -1,0 +1,73 @@
+"""The Triton small-M kernels through their JAX entry points (jax-triton) on the GPU: bf16 activations, the
+default configuration and the other inner form, ragged shapes, against the float32 references of reference.py.
+Run on the H200 with `pytest -m gpu tests/kernels/test_triton_small_m_gpu.py` (jax-triton carried as a wheel)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.quantized_matmul import reference as qr
+from pallas_kernels.quantized_matmul import triton_small_m as T
+from tests.kernels.quant_cases import rel_err
+
+pytestmark = pytest.mark.gpu
+
+# bf16 activations and a bf16 output: ~2^-9 relative rounding of each output element
+BF16_BOUND = 1e-2
+
+
+def test_usable_on_gpu():
+    assert T.usable(), "triton + jax-triton + a GPU backend are needed for the Triton paths"
+
+
+@pytest.mark.parametrize("M", [1, 3, 16])
+@pytest.mark.parametrize("K,N", [(4096, 6144), (1000, 520), (14336, 4096)])
+@pytest.mark.parametrize("form", ["default", "other"])
+def test_int8_nk_matches_reference(M, K, N, form):
+    rng = np.random.default_rng(M + K + N)
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.bfloat16)
+    q = rng.integers(-127, 128, (K, N)).astype(np.int8)
+    scale = rng.uniform(1e-3, 1e-2, N).astype(np.float32)
+    cfg = None
+    if form == "other":     # the FMA form at M = 1, a wider tile and split 4 otherwise
+        cfg = (T.Config(1, 32, 256, 4, False, 4, 3) if M == 1 else T.Config(16, 128, 128, 4, True, 4, 3))
+    got = T.int8_matmul_nk(x, jnp.asarray(q.T), jnp.asarray(scale), cfg=cfg)
+    assert got.dtype == jnp.bfloat16 and got.shape == (M, N)
+    want = qr.int8_matmul_reference(x.astype(jnp.float32), jnp.asarray(q), jnp.asarray(scale))
+    assert rel_err(got.astype(jnp.float32), want) < BF16_BOUND
+
+
+@pytest.mark.parametrize("M", [1, 5, 16])
+@pytest.mark.parametrize("K,N,g", [(4096, 6144, 128), (1024, 520, 32), (14336, 4096, 64)])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_int4_nk_matches_reference(M, K, N, g, symmetric):
+    rng = np.random.default_rng(M * 3 + K + g)
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.bfloat16)
+    u = rng.integers(0, 16, (K, N)).astype(np.uint8)
+    packed = qr.pack_int4(u, g)
+    scale = jnp.asarray(rng.uniform(0.01, 0.1, (K // g, N)), jnp.bfloat16)
+    zero = 8.0 if symmetric else rng.integers(0, 16, (K // g, N)).astype(np.float32)
+    offset = (-zero * scale.astype(jnp.float32)).astype(jnp.bfloat16)
+    want = qr.int4_matmul_reference(x.astype(jnp.float32), jnp.asarray(packed), scale, offset, group_size=g)
+    for cfg in (None, T.Config(16, 64, g, 2, True, 4, 3)):     # default, and the tensor-core form at every M
+        got = T.int4_matmul_nk(x, jnp.asarray(packed.T), scale, offset, group_size=g, cfg=cfg)
+        assert got.shape == (M, N)
+        assert rel_err(got.astype(jnp.float32), want) < BF16_BOUND
+
+
+def test_engine_path_takes_the_kernel_on_large_weights():
+    """'xla-nk' runs the kernel on weights >= LARGE_WEIGHT at M <= 16 (here: in a jitted step-sized call)."""
+    from jaxinfer.models import quant_paths
+
+    assert quant_paths.path_for("int8", "xla-nk", 1, K=4096, N=28672) == "triton-nk"
+    assert quant_paths.path_for("int8", "xla-nk", 1, K=4096, N=4096) == "convert-nk"
+    assert quant_paths.path_for("int8", "xla-nk", 64, K=4096, N=28672) == "convert-nk"
+    assert quant_paths.path_for("int4", "triton-int4", 16, K=4096, N=4096, group_size=128) == "triton-int4-nk"
+    rng = np.random.default_rng(0)
+    q = rng.integers(-127, 128, (4096, 8192)).astype(np.int8)
+    scale = rng.uniform(1e-3, 1e-2, 8192).astype(np.float32)
+    x = jnp.asarray(rng.standard_normal((1, 4096)), jnp.bfloat16)
+    f = jax.jit(lambda x, q_t, s: quant_paths.quantized_matmul(x, "int8", q_t, s, backend="xla-nk"))
+    got = f(x, jnp.asarray(q.T), jnp.asarray(scale))
+    want = qr.int8_matmul_reference(x.astype(jnp.float32), jnp.asarray(q), jnp.asarray(scale))
+    assert rel_err(got.astype(jnp.float32), want) < BF16_BOUND
