@@ -246,7 +246,13 @@ def jax_part(args):
             conv = time_loop(lambda x, w: qf.int8_convert_xla(x, w[0], w[1], layout="nk"), x, q8,
                              q8bytes / 3e12 * 1e6)
             line = dict(shape=name, M=M, bf16_us=bf16, int8_xla_nk_us=conv)
+            if args.pallas:   # the engine's Pallas-Triton port (kernel_nk.py), default configuration
+                from pallas_kernels.quantized_matmul import kernel_nk
+                pal = time_loop(lambda x, w: kernel_nk.int8_matmul_nk(x, w[0], w[1]), x, q8, q8bytes / 3e12 * 1e6)
+                line["int8_pallas_nk_us"] = pal
             for kind, copies, qb in (("int8", q8, q8bytes), ("int4", q4, q4bytes)):
+                if kind not in args.kinds:
+                    continue
                 for label, cfg in (("default", None), ("best", best.get(f"{kind}/{name}/{min(M, 16) if M > 1 else 1}"))):
                     if label == "best" and cfg is None:
                         continue
@@ -276,6 +282,9 @@ def jax_part(args):
                             line["printed_error"] = True
             rows.append(line)
             msg = f"jax {name:8s} M={M:<3d} bf16 {bf16:7.2f} us  int8 xla-nk {conv:7.2f} ({bf16 / conv:.2f}x)"
+            if "int8_pallas_nk_us" in line:
+                pal = line["int8_pallas_nk_us"]
+                msg += f" | int8 pallas-nk {pal:7.2f} {q8bytes / pal / 1e6:4.2f} TB/s {bf16 / pal:.2f}x"
             for kind, qb in (("int8", q8bytes), ("int4", q4bytes)):
                 for label in ("default", "best"):
                     us = line.get(f"{kind}_{label}_us")
@@ -297,6 +306,8 @@ def main(argv=None):
     ap.add_argument("--best", default="/tmp/triton_small_m_best.json")
     ap.add_argument("--out", default=None)
     ap.add_argument("--budget-s", type=float, default=300.0)
+    ap.add_argument("--pallas", action="store_true", help="jax part: also time the Pallas-Triton port (kernel_nk)")
+    ap.add_argument("--kinds", nargs="+", default=["int8", "int4"], help="jax part: the jax-triton kinds to time")
     a = ap.parse_args(argv)
     a.m = a.m or ([1, 16] if a.part == "sweep" else [1, 4, 16])
     a.out = a.out or f"/tmp/triton_small_m_{a.part}.json"

@@ -27,7 +27,10 @@ on GPU (int8: 'xla-nk'; set 'int4' to 'xla-int4' to move int4 models to the nati
 """
 from __future__ import annotations
 
+import os
+
 from pallas_kernels.quantized_matmul import kernel as qmm_kernel
+from pallas_kernels.quantized_matmul import kernel_nk as qmm_kernel_nk
 from pallas_kernels.quantized_matmul import reference as qmm_ref
 from pallas_kernels.quantized_matmul import triton_small_m as qmm_triton
 from pallas_kernels.quantized_matmul import xla as qmm_xla
@@ -49,12 +52,13 @@ PATHS = {
     # +3.2% perplexity on SmolLM2 with W8A8 everywhere (results/quality-w8a8-cpu-2026-12-02.json; weight-only int8
     # +0.05%, the int8 bound +1%), so this weight-only backend does not use it ('w8a8' does, on [K, N] weights).
     ("int8", "xla-nk"): ((ANY_M, "convert-nk"),),
-    # Triton small-M kernel (pallas_kernels/quantized_matmul/triton_small_m.py) at M <= 16 on the large weights:
-    # H200, jax-triton, per op against XLA's convert-nk (results/kernel-triton-small-m-jax-2026-12-03.json, M=1):
-    # gate_up 46.9 vs 64.4 us, down 33.0 vs 36.3, lm_head 161 vs 207; on qkv / o XLA stays faster (21.6 vs 24.9,
-    # 16.4 vs 26.4), so the small weights keep convert-nk. Where the kernel cannot run (no triton / jax-triton,
-    # not a GPU) the path falls back to convert-nk (path_for).
-    ("int8", "xla-nk", "large"): ((16, "triton-nk"), (ANY_M, "convert-nk")),
+    # The small-M kernel (kernel_nk.py, the Pallas-Triton form of triton_small_m.py) at M <= 16 on the large
+    # weights. Per op on the H200 (results/kernel-triton-small-m-jax-2026-12-03.json, M=1, the jax-triton form)
+    # against XLA's convert-nk: gate_up 46.9 vs 64.4 us, down 33.0 vs 36.3, lm_head 161 vs 207; on qkv / o XLA
+    # stays faster (21.6 vs 24.9, 16.4 vs 26.4), so the small weights keep convert-nk. The jax-triton form
+    # ('triton-nk') made the engine's step slower (its custom call splits the step's command buffer), hence
+    # the Pallas port here. Where the kernel cannot run it falls back to convert-nk (path_for).
+    ("int8", "xla-nk", "large"): ((16, "pallas-nk"), (ANY_M, "convert-nk")),
     # int4 on [N, K/2] packed weights ('triton-int4'): the Triton kernel at M <= 16, XLA dequantize + dot above.
     ("int4", "triton-int4"): ((16, "triton-int4-nk"), (ANY_M, "xla-packed-nk")),
 }
@@ -68,13 +72,25 @@ GPU_DEFAULT = {"int8": "xla-nk", "int4": "auto", "fp8": "xla"}
 # Paths each weight layout can run (a table row naming another layout's path is an error, check_tables).
 LAYOUT_PATHS = {
     ("int8", "kn"): ("reference", "pallas", "pallas-interpret", "xla", "xla-mixed", "w8a8"),
-    ("int8", "nk"): ("reference-nk", "convert-nk", "mixed-nk", "w8a8-nk", "triton-nk"),
+    ("int8", "nk"): ("reference-nk", "convert-nk", "mixed-nk", "w8a8-nk", "triton-nk", "pallas-nk"),
     ("int4", "packed"): ("reference", "pallas", "pallas-interpret", "xla"),
     ("int4", "native"): ("reference-native", "int4-dequant", "int4-grouped", "int4-grouped-mixed"),
     ("int4", "packed-nk"): ("reference-packed-nk", "xla-packed-nk", "triton-int4-nk"),
 }
-# A Triton path where the kernels cannot run (triton_small_m.usable() is False) becomes this one.
-TRITON_FALLBACK = {"triton-nk": "convert-nk", "triton-int4-nk": "xla-packed-nk"}
+# A small-M kernel path where its kernel cannot run (`kernel_runs`) becomes this one.
+KERNEL_FALLBACK = {"triton-nk": "convert-nk", "triton-int4-nk": "xla-packed-nk", "pallas-nk": "convert-nk"}
+
+
+def kernel_runs(path: str, M: int, K: int | None, N: int | None) -> bool:
+    """Whether a KERNEL_FALLBACK path's kernel runs for this call: a GPU backend, JAXINFER_TRITON not "0" (the
+    escape hatch, and the benchmarks' switch for the XLA peer), jax-triton for the 'triton-*' paths, and a shape
+    the Pallas kernel takes for 'pallas-nk'."""
+    if path.startswith("triton-"):
+        return qmm_triton.usable()
+    if os.environ.get("JAXINFER_TRITON", "1") == "0" or K is None or N is None:
+        return False
+    import jax
+    return jax.default_backend() == "gpu" and qmm_kernel_nk.supports(K, N, qmm_kernel_nk.config_for(M, K, N))
 
 
 def weight_layout_of(method: str, backend: str) -> str:
@@ -106,8 +122,8 @@ def path_for(method: str, backend: str, M: int, K: int | None = None, N: int | N
         path = backend
     if path == "pallas" and K is not None and not qmm_kernel.supports(method, K, N, group_size):
         path = "xla"
-    if path in TRITON_FALLBACK and not qmm_triton.usable():
-        path = TRITON_FALLBACK[path]
+    if path in KERNEL_FALLBACK and not kernel_runs(path, M, K, N):
+        path = KERNEL_FALLBACK[path]
     return path
 
 
@@ -146,6 +162,8 @@ def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, 
             return qmm_ref.int8_matmul_reference(x, q.T, scale, out_dtype=out_dtype)
         if path == "triton-nk":
             return qmm_triton.int8_matmul_nk(x, q, scale, out_dtype=out_dtype)
+        if path == "pallas-nk":
+            return qmm_kernel_nk.int8_matmul_nk(x, q, scale, out_dtype=out_dtype)
         if path in ("convert-nk", "mixed-nk", "w8a8-nk"):
             fn = {"convert-nk": qmm_fused.int8_convert_xla, "mixed-nk": qmm_fused.int8_mixed_xla,
                   "w8a8-nk": qmm_fused.int8_w8a8_xla}[path]

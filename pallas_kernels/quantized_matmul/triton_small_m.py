@@ -261,7 +261,7 @@ def int4_split(K: int, group_size: int, split_k: int) -> int:
 def usable() -> bool:
     """Whether the JAX entry points run here: triton and jax-triton importable, the default backend a GPU, and
     JAXINFER_TRITON not "0" (the escape hatch, and the switch benchmarks use for the XLA peer). Where not, the
-    engine's Triton paths fall back to XLA (models/quant_paths.TRITON_FALLBACK). Read at trace time."""
+    engine's Triton paths fall back to XLA (models/quant_paths.KERNEL_FALLBACK). Read at trace time."""
     return os.environ.get("JAXINFER_TRITON", "1") != "0" and _importable() and jax.default_backend() == "gpu"
 
 

@@ -120,9 +120,36 @@ def test_default_config_split_rule():
 
 
 def test_not_usable_on_cpu():
-    """No GPU: the engine's Triton paths fall back to XLA (models/quant_paths.TRITON_FALLBACK)."""
+    """No GPU: the engine's Triton paths fall back to XLA (models/quant_paths.KERNEL_FALLBACK)."""
     from jaxinfer.models import quant_paths
 
     assert not T.usable()
-    assert quant_paths.path_for("int8", "xla-nk", 1, K=4096, N=28672) == "convert-nk"
+    assert quant_paths.path_for("int8", "xla-nk", 1, K=4096, N=28672) == "convert-nk"     # pallas-nk on a GPU
     assert quant_paths.path_for("int4", "triton-int4", 1, K=4096, N=4096, group_size=128) == "xla-packed-nk"
+
+
+# ---- the Pallas-Triton port the engine runs (kernel_nk.py), in Pallas interpret mode ------------------------------
+@pytest.mark.parametrize("M,K,N,bn,bk,split", [(1, 512, 64, 32, 128, 2), (5, 256, 96, 32, 64, 2),
+                                               (16, 384, 32, 16, 128, 1), (20, 256, 48, 16, 64, 4)])
+def test_pallas_int8_nk_matches_reference(M, K, N, bn, bk, split):
+    """Rows past M padded and cut, split partials summed, N in whole blocks; against the jnp reference."""
+    from pallas_kernels.quantized_matmul import kernel_nk
+
+    rng = np.random.default_rng(M + K + N)
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.float32)
+    q = rng.integers(-127, 128, (K, N)).astype(np.int8)
+    scale = jnp.asarray(rng.uniform(1e-3, 1e-2, N), jnp.float32)
+    cfg = T.Config(16, bn, bk, split, True, 4, 3)
+    got = kernel_nk.int8_matmul_nk(x, jnp.asarray(q.T), scale, interpret=True, cfg=cfg)
+    want = qr.int8_matmul_reference(x, jnp.asarray(q), scale)
+    assert got.shape == (M, N) and rel_err(got, want) < 1e-5
+
+
+def test_pallas_int8_nk_refuses_partial_blocks():
+    from pallas_kernels.quantized_matmul import kernel_nk
+
+    x = jnp.ones((1, 256), jnp.float32)
+    with pytest.raises(ValueError, match="N % 32 == 0"):
+        kernel_nk.int8_matmul_nk(x, jnp.ones((40, 256), jnp.int8), jnp.ones((40,)), interpret=True,
+                                 cfg=T.Config(16, 32, 64, 1, True, 4, 3))
+    assert not kernel_nk.supports(200, 64, T.Config(16, 32, 64, 1, True, 4, 3))      # K ragged

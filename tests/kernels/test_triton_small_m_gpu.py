@@ -56,10 +56,10 @@ def test_int4_nk_matches_reference(M, K, N, g, symmetric):
 
 
 def test_engine_path_takes_the_kernel_on_large_weights():
-    """'xla-nk' runs the kernel on weights >= LARGE_WEIGHT at M <= 16 (here: in a jitted step-sized call)."""
+    """'xla-nk' runs the Pallas kernel on weights >= LARGE_WEIGHT at M <= 16 (here: in a jitted call)."""
     from jaxinfer.models import quant_paths
 
-    assert quant_paths.path_for("int8", "xla-nk", 1, K=4096, N=28672) == "triton-nk"
+    assert quant_paths.path_for("int8", "xla-nk", 1, K=4096, N=28672) == "pallas-nk"
     assert quant_paths.path_for("int8", "xla-nk", 1, K=4096, N=4096) == "convert-nk"
     assert quant_paths.path_for("int8", "xla-nk", 64, K=4096, N=28672) == "convert-nk"
     assert quant_paths.path_for("int4", "triton-int4", 16, K=4096, N=4096, group_size=128) == "triton-int4-nk"
@@ -71,3 +71,18 @@ def test_engine_path_takes_the_kernel_on_large_weights():
     got = f(x, jnp.asarray(q.T), jnp.asarray(scale))
     want = qr.int8_matmul_reference(x.astype(jnp.float32), jnp.asarray(q), jnp.asarray(scale))
     assert rel_err(got.astype(jnp.float32), want) < BF16_BOUND
+
+
+@pytest.mark.parametrize("M", [1, 3, 16])
+@pytest.mark.parametrize("K,N", [(4096, 6144), (14336, 4096), (4096, 28672)])
+def test_pallas_int8_nk_matches_reference(M, K, N):
+    """The engine's Pallas-Triton port (kernel_nk.py) with the default configuration, bf16 activations."""
+    from pallas_kernels.quantized_matmul import kernel_nk
+
+    rng = np.random.default_rng(M + K + N)
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.bfloat16)
+    q = rng.integers(-127, 128, (K, N)).astype(np.int8)
+    scale = rng.uniform(1e-3, 1e-2, N).astype(np.float32)
+    got = kernel_nk.int8_matmul_nk(x, jnp.asarray(q.T), jnp.asarray(scale))
+    want = qr.int8_matmul_reference(x.astype(jnp.float32), jnp.asarray(q), jnp.asarray(scale))
+    assert got.dtype == jnp.bfloat16 and rel_err(got.astype(jnp.float32), want) < BF16_BOUND
