@@ -51,13 +51,15 @@ PATHS = {
     # W8A8 (w8a8-nk) is the fastest form on the large weights (1.79 / 1.45 / 1.45) but rounds the activations:
     # +3.2% perplexity on SmolLM2 with W8A8 everywhere (results/quality-w8a8-cpu-2026-12-02.json; weight-only int8
     # +0.05%, the int8 bound +1%), so this weight-only backend does not use it ('w8a8' does, on [K, N] weights).
-    ("int8", "xla-nk"): ((ANY_M, "convert-nk"),),
+    # At M <= 16 the small-M kernel below wins on the small weights too (kernel_nk, results/kernel-int8-nk-pallas-
+    # 999c7de-2026-12-03.json, M = 1 / 16: qkv 16.2 / 17.2 us vs XLA's 21.0 / 20.4, o 14.5 / 14.6 vs 17.0 / 14.5).
+    ("int8", "xla-nk"): ((16, "pallas-nk"), (ANY_M, "convert-nk")),
     # The small-M kernel (kernel_nk.py, the Pallas-Triton form of triton_small_m.py) at M <= 16 on the large
-    # weights. Per op on the H200 (results/kernel-triton-small-m-jax-2026-12-03.json, M=1, the jax-triton form)
-    # against XLA's convert-nk: gate_up 46.9 vs 64.4 us, down 33.0 vs 36.3, lm_head 161 vs 207; on qkv / o XLA
-    # stays faster (21.6 vs 24.9, 16.4 vs 26.4), so the small weights keep convert-nk. The jax-triton form
-    # ('triton-nk') made the engine's step slower (its custom call splits the step's command buffer), hence
-    # the Pallas port here. Where the kernel cannot run it falls back to convert-nk (path_for).
+    # weights. Per op on the H200 against XLA's convert-nk (results/kernel-int8-nk-pallas-999c7de-2026-12-03.json,
+    # M = 1): gate_up 48.3 vs 69.9 us, down 26.1 vs 35.2, lm_head 161 vs 212; in the engine the batch-1 int8 step
+    # went from 3.88 to 3.17 ms. The same kernel through jax-triton ('triton-nk') was as fast per op on the large
+    # weights but made the engine's step slower (5.25 vs 3.89 ms), hence the Pallas port. Where the kernel
+    # cannot run it falls back to convert-nk (path_for).
     ("int8", "xla-nk", "large"): ((16, "pallas-nk"), (ANY_M, "convert-nk")),
     # int4 on [N, K/2] packed weights ('triton-int4'): the Triton kernel at M <= 16, XLA dequantize + dot above.
     ("int4", "triton-int4"): ((16, "triton-int4-nk"), (ANY_M, "xla-packed-nk")),

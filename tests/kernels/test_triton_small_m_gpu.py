@@ -60,7 +60,7 @@ def test_engine_path_takes_the_kernel_on_large_weights():
     from jaxinfer.models import quant_paths
 
     assert quant_paths.path_for("int8", "xla-nk", 1, K=4096, N=28672) == "pallas-nk"
-    assert quant_paths.path_for("int8", "xla-nk", 1, K=4096, N=4096) == "convert-nk"
+    assert quant_paths.path_for("int8", "xla-nk", 1, K=4096, N=4096) == "pallas-nk"
     assert quant_paths.path_for("int8", "xla-nk", 64, K=4096, N=28672) == "convert-nk"
     assert quant_paths.path_for("int4", "triton-int4", 16, K=4096, N=4096, group_size=128) == "triton-int4-nk"
     rng = np.random.default_rng(0)
