@@ -6,9 +6,10 @@ form of the Triton small-M design (triton_small_m.py), which it reproduces block
 Why a Pallas port of a plain Triton kernel: measured on the H200 (benchmarks/README.md, "Triton small-M
 kernels"), the plain Triton kernel streams 3.3 TB/s on gate_up and 4.1 TB/s on the LM head (1.5-1.8x cuBLAS's bf16
 GEMV), but called from JAX through jax-triton it made the engine's int8 decode step slower, 5.25 ms against
-3.89 ms on XLA alone: jax-triton emits the legacy `triton_kernel_call` custom call, which XLA cannot put in the
-step's command buffer, so every call splits the step's CUDA graph and the step turns host-bound. Pallas-Triton
-lowers to XLA's own Triton custom call, which stays inside the step's command buffer.
+3.89 ms on XLA alone, the loss growing with the number of calls per step. Our reading (not verified with a
+trace): jax-triton emits the legacy `triton_kernel_call` custom call, which XLA does not capture in the step's
+command buffer, so every call splits the step's CUDA graph and the step turns host-bound, while Pallas-Triton
+lowers to XLA's own Triton custom call. This port made the int8 step 3.17 ms (316.4 tok/s, bf16 232.8).
 
 Work decomposition (as triton_small_m.int8_nk_kernel, DOT form): grid = (N / bn, split, Mp / bm); program
 (n, s, m) streams weight rows [n bn, (n + 1) bn) over the K range [s ks, (s + 1) ks) in steps of bk:

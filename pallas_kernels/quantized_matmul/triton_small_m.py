@@ -22,12 +22,14 @@ MBs of weights), so the result is deterministic (no atomics). Two inner forms:
              operand shuffles (the weights go register -> FMA, never through shared memory).
 Every load of a ragged edge (N % BN, K % BK) is masked; EVEN_K drops the K masks when BK * SPLIT_K divides K.
 
-Why plain Triton through jax-triton, not Pallas-Triton or XLA (issue 20): XLA's fused int8 convert + dot
-streams ~2.5 TB/s on the 8B projections and the Pallas-Triton kernel (kernel.py, [K, N] weights) 0.4-2.0 TB/s;
-this form puts the vector width and the per-program byte count under our control. The figures that decided it
-are in benchmarks/README.md ("Triton small-M kernels"). Without triton / jax-triton (CPU machines), `available()`
-is False and the engine uses the other paths; the kernel bodies are tested on CPU under TRITON_INTERPRET=1
-(tests/kernels/test_triton_small_m.py).
+Why plain Triton (issue 20): it puts the tile shape, vector width and per-program byte count under our control
+and is measured alone with torch launches (benchmarks/kernels/triton_small_m.py --part sweep: int8 3.3 TB/s on
+gate_up, 4.1 TB/s on the LM head, 1.5-1.8x cuBLAS's bf16 GEMV). The JAX entry points below go through jax-triton;
+in the engine that form was slower than XLA (its custom calls appear to split the step's command buffer), so the
+engine's int8 path is the Pallas-Triton port of the int8 kernel (kernel_nk.py); the int4 form here is reached only
+through the opt-in 'triton-int4' backend. Without triton / jax-triton (CPU machines), `usable()` is False and the
+engine uses the other paths; the kernel bodies are tested on CPU under TRITON_INTERPRET=1
+(tests/kernels/test_triton_small_m.py). Figures: benchmarks/README.md ("Triton small-M kernels").
 """
 from __future__ import annotations
 
