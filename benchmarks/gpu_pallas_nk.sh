@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 20 in ONE GPU call: the Pallas-Triton int8 [N, K] small-M kernel (kernel_nk.py) — GPU tests, per-op time
+# Issue 20 in ONE GPU call: the Pallas-Triton small-M kernels (kernel_nk.py: int8 [N, K], int4 [N, K/2]) — GPU tests, per-op time
 # beside XLA (jax part of kernels/triton_small_m.py), and batch-1 decode in the engine with it (int8 'xla-nk')
 # beside bf16 and, with JAXINFER_TRITON=0 in a second process, int8 on XLA alone. Carry .whl (jax_triton).
 set -u
@@ -14,8 +14,8 @@ echo "gpu tests rc=$?"; tail -2 "$OUT_DIR/gpu-tests.log"
 timeout 110 python3 benchmarks/kernels/triton_small_m.py --part jax --m 1 16 --pallas --kinds int8 \
   --best /nonexistent --out "$OUT_DIR/kernel-jax.json" > "$OUT_DIR/kernel-jax.log" 2>&1
 echo "kernel jax rc=$?"; grep "^jax" "$OUT_DIR/kernel-jax.log"
-timeout 170 python3 benchmarks/quantized_decode.py --methods bf16 int8 --throughput-methods --no-kv-capacity \
-  --min-bucket-tokens 1 --budget-s 150 > "$OUT_DIR/quant-pallas.log" 2>&1
+timeout 240 python3 benchmarks/quantized_decode.py --methods ${METHODS:-bf16 int8 int4 int4:triton-int4} --throughput-methods --no-kv-capacity \
+  --min-bucket-tokens 1 --budget-s 220 > "$OUT_DIR/quant-pallas.log" 2>&1
 echo "quant (pallas-nk) rc=$?"; grep "batch-1 decode" "$OUT_DIR/quant-pallas.log" | cut -c1-12,150-
 cp benchmarks/results/quantized-decode-2*.json "$OUT_DIR/quantized-decode-pallas.json" 2>/dev/null
 rm -f benchmarks/results/quantized-decode-2*.json

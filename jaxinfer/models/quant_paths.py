@@ -61,8 +61,11 @@ PATHS = {
     # weights but made the engine's step slower (5.25 vs 3.89 ms), hence the Pallas port. Where the kernel
     # cannot run it falls back to convert-nk (path_for).
     ("int8", "xla-nk", "large"): ((16, "pallas-nk"), (ANY_M, "convert-nk")),
-    # int4 on [N, K/2] packed weights ('triton-int4'): the Triton kernel at M <= 16, XLA dequantize + dot above.
-    ("int4", "triton-int4"): ((16, "triton-int4-nk"), (ANY_M, "xla-packed-nk")),
+    # int4 on [N, K/2] packed weights ('triton-int4', opt-in): the small-M kernel at M <= 16, XLA dequantize + dot
+    # above. Its jax-triton form ('triton-int4-nk') decoded batch 1 at 90.8 tok/s against 182.1 for 'auto'
+    # (results/quantized-decode-jax-triton-76be10a-2026-12-03.json); the Pallas port ('pallas-int4-nk') is
+    # tested on CPU (interpret) but not yet measured on the GPU.
+    ("int4", "triton-int4"): ((16, "pallas-int4-nk"), (ANY_M, "xla-packed-nk")),
 }
 # Weights of at least this many elements take the 'large' table: 32M int8 weights are 32 MB, so past it a weight
 # no longer sits in the 50 MB L2 beside the activations (the 8B shapes: qkv 25M and o 17M below, down 59M,
@@ -77,22 +80,27 @@ LAYOUT_PATHS = {
     ("int8", "nk"): ("reference-nk", "convert-nk", "mixed-nk", "w8a8-nk", "triton-nk", "pallas-nk"),
     ("int4", "packed"): ("reference", "pallas", "pallas-interpret", "xla"),
     ("int4", "native"): ("reference-native", "int4-dequant", "int4-grouped", "int4-grouped-mixed"),
-    ("int4", "packed-nk"): ("reference-packed-nk", "xla-packed-nk", "triton-int4-nk"),
+    ("int4", "packed-nk"): ("reference-packed-nk", "xla-packed-nk", "triton-int4-nk", "pallas-int4-nk"),
 }
 # A small-M kernel path where its kernel cannot run (`kernel_runs`) becomes this one.
-KERNEL_FALLBACK = {"triton-nk": "convert-nk", "triton-int4-nk": "xla-packed-nk", "pallas-nk": "convert-nk"}
+KERNEL_FALLBACK = {"triton-nk": "convert-nk", "triton-int4-nk": "xla-packed-nk", "pallas-nk": "convert-nk",
+                   "pallas-int4-nk": "xla-packed-nk"}
 
 
-def kernel_runs(path: str, M: int, K: int | None, N: int | None) -> bool:
+def kernel_runs(path: str, M: int, K: int | None, N: int | None, group_size: int | None = None) -> bool:
     """Whether a KERNEL_FALLBACK path's kernel runs for this call: a GPU backend, JAXINFER_TRITON not "0" (the
     escape hatch, and the benchmarks' switch for the XLA peer), jax-triton for the 'triton-*' paths, and a shape
-    the Pallas kernel takes for 'pallas-nk'."""
+    the Pallas kernel takes for the 'pallas-*' ones."""
     if path.startswith("triton-"):
         return qmm_triton.usable()
     if os.environ.get("JAXINFER_TRITON", "1") == "0" or K is None or N is None:
         return False
     import jax
-    return jax.default_backend() == "gpu" and qmm_kernel_nk.supports(K, N, qmm_kernel_nk.config_for(M, K, N))
+    if jax.default_backend() != "gpu":
+        return False
+    if path == "pallas-int4-nk":
+        return qmm_kernel_nk.int4_supports(M, K, N, group_size, qmm_kernel_nk.int4_config_for(M, K, N, group_size))
+    return qmm_kernel_nk.supports(K, N, qmm_kernel_nk.config_for(M, K, N))
 
 
 def weight_layout_of(method: str, backend: str) -> str:
@@ -124,7 +132,7 @@ def path_for(method: str, backend: str, M: int, K: int | None = None, N: int | N
         path = backend
     if path == "pallas" and K is not None and not qmm_kernel.supports(method, K, N, group_size):
         path = "xla"
-    if path in KERNEL_FALLBACK and not kernel_runs(path, M, K, N):
+    if path in KERNEL_FALLBACK and not kernel_runs(path, M, K, N, group_size):
         path = KERNEL_FALLBACK[path]
     return path
 
@@ -198,6 +206,8 @@ def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, 
             return qmm_xla.int4_matmul_xla(x, q.T, scale, offset, group_size=group_size, out_dtype=out_dtype)
         if path == "triton-int4-nk":
             return qmm_triton.int4_matmul_nk(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype)
+        if path == "pallas-int4-nk":
+            return qmm_kernel_nk.int4_matmul_nk(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype)
     elif method == "int4":
         if path == "reference":
             return qmm_ref.int4_matmul_reference(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype)

@@ -1,7 +1,9 @@
-"""Small-M int8 matmul on [N, K] (K-contiguous) weights as a Pallas GPU kernel (Triton backend): the engine's
-form of the Triton small-M design (triton_small_m.py), which it reproduces block for block.
+"""Small-M int8 / int4 matmul on K-contiguous weights as Pallas GPU kernels (Triton backend): the engine's form
+of the Triton small-M design (triton_small_m.py), which they reproduce block for block.
 
-  x [M, K] bf16 @ (q_t int8 [N, K] * scale f32 [N]).T -> [M, N]
+  int8  x [M, K] bf16 @ (q_t int8 [N, K] * scale f32 [N]).T                       -> [M, N]
+  int4  x [M, K] bf16 @ dequantize_int4(p_t uint8 [N, K/2], scale, offset [K/g, N])  -> [M, N]
+        (p_t = the transpose of reference.pack_int4's [K/2, N] bytes: group-halves nibble order)
 
 Why a Pallas port of a plain Triton kernel: measured on the H200 (benchmarks/README.md, "Triton small-M
 kernels"), the plain Triton kernel streams 3.3 TB/s on gate_up and 4.1 TB/s on the LM head (1.5-1.8x cuBLAS's bf16
@@ -17,6 +19,15 @@ Work decomposition (as triton_small_m.int8_nk_kernel, DOT form): grid = (N / bn,
                                               rows past M are zero padding)
 and writes acc * scale to part[s]; XLA sums the split partials (deterministic, no atomics). Shapes the kernel
 does not take (`supports`) stay on XLA's convert + dot.
+
+int4 (NOT yet measured on the GPU: written after the last lease of 2026-12-03; its engine path is the opt-in
+'triton-int4' backend): the bytes are read as int32 words [N, K/8] (a bitcast); per group of g and per byte
+position b of a word, the nibble at bit 8b holds k = 4i + b and the one at bit 8b + 4 holds k = g/2 + 4i + b for
+word i, so each of the 8 (b, half) planes is a [bn, g/8] block whose activations are a stride-4 slice of x. The
+nibble becomes 128 + u as a float by OR-ing its bits into 128.0's (no int -> float conversion), and
+W = u s + o = (128 + u) s + (o - 128 s). M = 1: FMAs into a [bn, g/8] f32 accumulator; M > 1 (g = 128 only, the
+planes' g/8 = 16 columns being tl.dot's minimum K): 8 tensor-core dots a group on the raw 128 + u values, the
+group's scale and offset applied to the [bm, bn] partial.
 """
 from __future__ import annotations
 
@@ -102,4 +113,106 @@ def int8_matmul_nk(x, q_t, scale, *, out_dtype=None, interpret: bool = False, cf
                          f"({cfg.block_k} x {cfg.split_k}) with the tensor-core form, got K={K}, N={N}, {cfg}; "
                          "use the XLA path (convert-nk)")
     y = _call(x2, q_t, scale, cfg=cfg, out_dtype=jnp.dtype(out_dtype or x.dtype), interpret=bool(interpret))
+    return y.reshape(*x.shape[:-1], N)
+
+
+# ---- int4 ----------------------------------------------------------------------------------------------------------
+def _nibble_plane(w, shift: int):
+    """int32 words [bn, W4] -> f32 128 + u for the nibble at bit `shift` (moved to bits 16-19, OR-ed into 128.0)."""
+    v = lax.shift_left(w, jnp.int32(16 - shift)) if shift <= 16 else lax.shift_right_logical(w, jnp.int32(shift - 16))
+    return lax.bitcast_convert_type((v & 0x000F0000) | 0x43000000, jnp.float32)
+
+
+def _int4_kernel(x_ref, w_ref, s_ref, o_ref, xs_ref, out_ref, *, bm: int, bn: int, g: int, ks: int, dot: bool):
+    """x_ref [Mp, K], w_ref int32 [N, K/8], s_ref / o_ref [K/g, N], xs_ref f32 [Mp, K/g] (whole arrays);
+    out_ref: this program's f32 block [bm, bn] of part[split, Mp, N]."""
+    W4, H = g // 8, g // 2
+    rows = pl.ds(pl.multiple_of(pl.program_id(0) * bn, bn), bn)
+    m0 = pl.program_id(2) * bm
+    xrows = pl.ds(pl.multiple_of(m0, bm), bm)
+    k_begin = pl.program_id(1) * ks
+
+    def body(i, acc):
+        k0 = pl.multiple_of(k_begin + i * g, g)
+        gi = k0 // g
+        w = w_ref[rows, pl.ds(pl.multiple_of(k0 // 8, W4), W4)]                     # [bn, W4] int32
+        sc = s_ref[gi, rows].astype(jnp.float32)                                     # [bn]
+        of = o_ref[gi, rows].astype(jnp.float32) - 128.0 * sc
+        if not dot:   # M == 1: acc [bn, W4]
+            for b in range(4):
+                for half in (0, 1):
+                    xv = x_ref[pl.ds(0, 1), pl.ds(k0 + half * H + b, W4, stride=4)].astype(jnp.float32)  # [1, W4]
+                    wv = _nibble_plane(w, 8 * b + 4 * half) * sc[:, None] + of[:, None]
+                    acc = acc + wv * xv
+            return acc
+        d = jnp.zeros((bm, bn), jnp.float32)
+        for b in range(4):
+            for half in (0, 1):
+                xv = x_ref[xrows, pl.ds(k0 + half * H + b, W4, stride=4)]                # [bm, W4]
+                wv = _nibble_plane(w, 8 * b + 4 * half).astype(xv.dtype)                 # [bn, W4], exact
+                d = d + lax.dot_general(xv, wv, (((1,), (1,)), ((), ())), precision=_HIGHEST,
+                                        preferred_element_type=jnp.float32)
+        xs = xs_ref[xrows, gi]                                                           # [bm]
+        return acc + d * sc[None, :] + xs[:, None] * of[None, :]
+
+    if dot:
+        acc = lax.fori_loop(0, ks // g, body, jnp.zeros((bm, bn), jnp.float32))
+        out_ref[...] = acc
+    else:
+        acc = lax.fori_loop(0, ks // g, body, jnp.zeros((bn, W4), jnp.float32))
+        out_ref[...] = jnp.sum(acc, axis=1)[None, :]
+
+
+def int4_supports(M: int, K: int, N: int, group_size: int, cfg: Config) -> bool:
+    """Whole blocks (N % block_n, K = split x a whole number of groups); the tensor-core form needs g = 128."""
+    return (N % cfg.block_n == 0 and K % (group_size * cfg.split_k) == 0 and K % 8 == 0
+            and (not cfg.dot or group_size == 128) and (cfg.dot or M == 1))
+
+
+def int4_config_for(M: int, K: int, N: int, group_size: int) -> Config:
+    return default_config("int4", M, K, N, group_size)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "group_size", "out_dtype", "interpret"))
+def _int4_call(x2, p_t, scale, offset, *, cfg: Config, group_size: int, out_dtype, interpret: bool):
+    from pallas_kernels.quantized_matmul.triton_small_m import int4_kernel_inputs
+    M, K = x2.shape
+    N = p_t.shape[0]
+    bm, bn, split = cfg.block_m, cfg.block_n, cfg.split_k
+    Mp = -(-M // bm) * bm
+    if Mp != M:
+        x2 = jnp.pad(x2, ((0, Mp - M), (0, 0)))
+    words, xs = int4_kernel_inputs(x2, p_t, group_size)                             # [N, K/8], [Mp, K/g]
+    params = None
+    if not interpret and _TritonCompilerParams is not None:
+        params = _TritonCompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    whole = pl.BlockSpec()
+    part = pl.pallas_call(
+        functools.partial(_int4_kernel, bm=bm, bn=bn, g=group_size, ks=K // split, dot=cfg.dot),
+        grid=(N // bn, split, Mp // bm),
+        in_specs=[whole] * 5,
+        out_specs=pl.BlockSpec((None, bm, bn), lambda n, s, m: (s, m, n)),
+        out_shape=jax.ShapeDtypeStruct((split, Mp, N), jnp.float32),
+        compiler_params=params,
+        interpret=interpret,
+        name=f"int4_nk_g{group_size}_m{bm}_n{bn}_s{split}",
+    )(x2, words, scale, offset, xs)
+    return jnp.sum(part, axis=0)[:M].astype(out_dtype)
+
+
+def int4_matmul_nk(x, p_t, scale, offset, *, group_size: int, out_dtype=None, interpret: bool = False,
+                   cfg: Config | None = None):
+    """x [..., K] @ dequantize_int4(p_t.T, scale, offset) -> [..., N]; p_t uint8 [N, K/2], scale/offset [K/g, N]."""
+    if p_t.ndim != 2 or jnp.dtype(p_t.dtype) != jnp.uint8:
+        raise TypeError(f"p_t must be uint8 [N, K/2], got {p_t.dtype} {tuple(p_t.shape)}")
+    N, K = p_t.shape[0], p_t.shape[1] * 2
+    if x.shape[-1] != K:
+        raise ValueError(f"x must be [..., {K}] (the weight's input dimension), got shape {tuple(x.shape)}")
+    x2 = x.reshape(-1, K)
+    cfg = cfg or int4_config_for(x2.shape[0], K, N, group_size)
+    if not int4_supports(x2.shape[0], K, N, group_size, cfg):
+        raise ValueError(f"int4 [N, K/2] kernel does not take M={x2.shape[0]}, K={K}, N={N}, g={group_size} with "
+                         f"{cfg} (whole blocks; the tensor-core form needs g = 128); use the XLA path")
+    y = _int4_call(x2, p_t, scale, offset, cfg=cfg, group_size=group_size, out_dtype=jnp.dtype(out_dtype or x.dtype),
+                   interpret=bool(interpret))
     return y.reshape(*x.shape[:-1], N)

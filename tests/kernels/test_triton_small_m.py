@@ -126,6 +126,7 @@ def test_not_usable_on_cpu():
     assert not T.usable()
     assert quant_paths.path_for("int8", "xla-nk", 1, K=4096, N=28672) == "convert-nk"     # pallas-nk on a GPU
     assert quant_paths.path_for("int4", "triton-int4", 1, K=4096, N=4096, group_size=128) == "xla-packed-nk"
+    assert quant_paths.kernel_runs("pallas-int4-nk", 1, 4096, 4096, 128) is False
 
 
 # ---- the Pallas-Triton port the engine runs (kernel_nk.py), in Pallas interpret mode ------------------------------
@@ -153,3 +154,29 @@ def test_pallas_int8_nk_refuses_partial_blocks():
         kernel_nk.int8_matmul_nk(x, jnp.ones((40, 256), jnp.int8), jnp.ones((40,)), interpret=True,
                                  cfg=T.Config(16, 32, 64, 1, True, 4, 3))
     assert not kernel_nk.supports(200, 64, T.Config(16, 32, 64, 1, True, 4, 3))      # K ragged
+
+
+@pytest.mark.parametrize("M,K,N,g,symmetric,dot,bn,split", [
+    (1, 256, 64, 32, True, False, 32, 2),      # FMA form, 4 groups in 2 splits
+    (1, 384, 32, 64, False, False, 16, 3),
+    (1, 512, 32, 128, False, False, 32, 1),
+    (5, 512, 48, 128, True, True, 16, 2),      # tensor-core form (g = 128), M < 16 padded
+    (18, 256, 32, 128, False, True, 16, 1),    # two M blocks
+])
+def test_pallas_int4_nk_matches_reference(M, K, N, g, symmetric, dot, bn, split):
+    """The Pallas port of the int4 kernel (kernel_nk.int4_matmul_nk) in interpret mode against the reference."""
+    from pallas_kernels.quantized_matmul import kernel_nk
+
+    rng = np.random.default_rng(M * 11 + K + g)
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.float32)
+    u = rng.integers(0, 16, (K, N)).astype(np.uint8)
+    packed = qr.pack_int4(u, g)
+    scale = rng.uniform(0.01, 0.1, (K // g, N)).astype(np.float32)
+    zero = 8.0 if symmetric else rng.integers(0, 16, (K // g, N)).astype(np.float32)
+    offset = jnp.asarray(-zero * scale, jnp.float32)
+    cfg = T.Config(16 if dot else 1, bn, g, split, dot, 4, 3)
+    got = kernel_nk.int4_matmul_nk(x, jnp.asarray(packed.T), jnp.asarray(scale), offset, group_size=g,
+                                   interpret=True, cfg=cfg)
+    want = qr.int4_matmul_reference(x, jnp.asarray(packed), jnp.asarray(scale), offset, group_size=g)
+    assert got.shape == (M, N) and rel_err(got, want) < 2e-5
+    assert not kernel_nk.int4_supports(4, K, N, 64, T.Config(16, bn, 64, 1, True, 4, 3))   # dot needs g = 128

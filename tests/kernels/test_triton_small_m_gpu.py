@@ -62,7 +62,7 @@ def test_engine_path_takes_the_kernel_on_large_weights():
     assert quant_paths.path_for("int8", "xla-nk", 1, K=4096, N=28672) == "pallas-nk"
     assert quant_paths.path_for("int8", "xla-nk", 1, K=4096, N=4096) == "pallas-nk"
     assert quant_paths.path_for("int8", "xla-nk", 64, K=4096, N=28672) == "convert-nk"
-    assert quant_paths.path_for("int4", "triton-int4", 16, K=4096, N=4096, group_size=128) == "triton-int4-nk"
+    assert quant_paths.path_for("int4", "triton-int4", 16, K=4096, N=4096, group_size=128) == "pallas-int4-nk"
     rng = np.random.default_rng(0)
     q = rng.integers(-127, 128, (4096, 8192)).astype(np.int8)
     scale = rng.uniform(1e-3, 1e-2, 8192).astype(np.float32)
@@ -86,3 +86,23 @@ def test_pallas_int8_nk_matches_reference(M, K, N):
     got = kernel_nk.int8_matmul_nk(x, jnp.asarray(q.T), jnp.asarray(scale))
     want = qr.int8_matmul_reference(x.astype(jnp.float32), jnp.asarray(q), jnp.asarray(scale))
     assert got.dtype == jnp.bfloat16 and rel_err(got.astype(jnp.float32), want) < BF16_BOUND
+
+
+@pytest.mark.parametrize("M", [1, 5, 16])
+@pytest.mark.parametrize("K,N,g", [(4096, 6144, 128), (14336, 4096, 128), (4096, 4096, 32)])
+def test_pallas_int4_nk_matches_reference(M, K, N, g):
+    """The Pallas port of the int4 kernel (kernel_nk.int4_matmul_nk), default configuration, bf16 activations;
+    the tensor-core form needs g = 128, so g = 32 runs at M = 1 only."""
+    from pallas_kernels.quantized_matmul import kernel_nk
+
+    if g != 128 and M > 1:
+        assert not kernel_nk.int4_supports(M, K, N, g, kernel_nk.int4_config_for(M, K, N, g))
+        return
+    rng = np.random.default_rng(M * 5 + K + g)
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.bfloat16)
+    packed = qr.pack_int4(rng.integers(0, 16, (K, N)).astype(np.uint8), g)
+    scale = jnp.asarray(rng.uniform(0.01, 0.1, (K // g, N)), jnp.bfloat16)
+    offset = (-8 * scale.astype(jnp.float32)).astype(jnp.bfloat16)
+    got = kernel_nk.int4_matmul_nk(x, jnp.asarray(packed.T), scale, offset, group_size=g)
+    want = qr.int4_matmul_reference(x.astype(jnp.float32), jnp.asarray(packed), scale, offset, group_size=g)
+    assert rel_err(got.astype(jnp.float32), want) < BF16_BOUND
