@@ -14,8 +14,8 @@ echo "gpu tests rc=$?"; tail -2 "$OUT_DIR/gpu-tests.log"
 timeout 110 python3 benchmarks/kernels/triton_small_m.py --part jax --m 1 16 --pallas --kinds int8 \
   --best /nonexistent --out "$OUT_DIR/kernel-jax.json" > "$OUT_DIR/kernel-jax.log" 2>&1
 echo "kernel jax rc=$?"; grep "^jax" "$OUT_DIR/kernel-jax.log"
-timeout 240 python3 benchmarks/quantized_decode.py --methods ${METHODS:-bf16 int8 int4 int4:triton-int4} --throughput-methods --no-kv-capacity \
-  --min-bucket-tokens 1 --budget-s 220 > "$OUT_DIR/quant-pallas.log" 2>&1
+timeout 300 python3 benchmarks/quantized_decode.py --methods ${METHODS:-bf16 int8 int4 int4:triton-int4} --decode-batches 1 16 --throughput-methods --no-kv-capacity \
+  --min-bucket-tokens 1 --budget-s 270 > "$OUT_DIR/quant-pallas.log" 2>&1
 echo "quant (pallas-nk) rc=$?"; grep "batch-1 decode" "$OUT_DIR/quant-pallas.log" | cut -c1-12,150-
 cp benchmarks/results/quantized-decode-2*.json "$OUT_DIR/quantized-decode-pallas.json" 2>/dev/null
 rm -f benchmarks/results/quantized-decode-2*.json

@@ -60,6 +60,8 @@ def main():
                          "(w8a8, xla-int4, pallas, xla) and '+head' (the LM head in the model's method) or "
                          "'+floathead' (a float head; default: int8 head for int8 / int4)")
     ap.add_argument("--throughput-methods", nargs="*", default=["bf16", "fp8", "int8"])
+    ap.add_argument("--decode-batches", type=int, nargs="+", default=[1],
+                    help="decode batch sizes (batch 1 always runs; e.g. 1 16 for the batch-16 target)")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--num-requests", type=int, default=384)
@@ -114,6 +116,14 @@ def main():
         print(f"{method:<10} weights {row['weight_GB']:6.2f} GB ({row['weights']}) | batch-1 decode {tps:7.1f} tok/s "
               f"(roofline {roof:.0f}, {row['pct_roofline']:.0f}%; median step {step * 1e3:.2f} ms = {1 / step:.1f} "
               f"tok/s) | startup {row['startup_s']:.0f} s", flush=True)
+        for b in a.decode_batches:   # batched decode (issue 20: int4 >= 2.0x bf16 at batch 16)
+            if b == 1:
+                continue
+            rb = run_batch(llm, b, a.prompt_len, a.new_tokens, a.max_num_batched_tokens)
+            row[f"decode_b{b}_tok_s"] = rb["decode_tok_s"]
+            row[f"step_ms_median_b{b}"] = rb["step_s_median"] * 1e3
+            print(f"{method:<10} batch-{b} decode {rb['decode_tok_s']:8.1f} tok/s (median step "
+                  f"{rb['step_s_median'] * 1e3:.2f} ms)", flush=True)
         if method in a.throughput_methods and time.perf_counter() - t_start < a.budget_s:
             work = make_workload("fixed", a.num_requests, a.tp_prompt_len, a.output_len,
                                  llm.model_config.vocab_size, 1024)
@@ -160,6 +170,9 @@ def save(a, rows, bw, t_start, kv_rows) -> str:
         for r in rows:
             if "decode_b1_tok_s" in r:
                 r["decode_speedup_vs_bf16"] = r["decode_b1_tok_s"] / base["decode_b1_tok_s"]
+            for b in a.decode_batches:
+                if b > 1 and f"decode_b{b}_tok_s" in r and f"decode_b{b}_tok_s" in base:
+                    r[f"decode_b{b}_speedup_vs_bf16"] = r[f"decode_b{b}_tok_s"] / base[f"decode_b{b}_tok_s"]
             if "throughput" in r and "throughput" in base:
                 r["throughput_speedup_vs_bf16"] = (r["throughput"]["output_tok_per_s"]
                                                    / base["throughput"]["output_tok_per_s"])
