@@ -88,6 +88,18 @@ def smollm2_gguf():
     return default_model_path()
 
 
+@pytest.fixture(scope="session")
+def smollm2_transformers(smollm2_gguf):
+    """transformers' own float32 model of the SmolLM2 GGUF (its GGUF reader and dequantizer): the independent
+    reference of tests/numerics/test_gguf_loader.py and tests/test_smollm2.py. Loaded once per session (~15 s on the
+    2-core CI machine); tests only read it (weights, forward passes, greedy generate)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    d, f = os.path.split(smollm2_gguf)
+    return AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+
+
 TINY_CORPUS = ["The quick brown fox jumps over the lazy dog.", "Pack my box with five dozen liquor jugs!",
                "Hello, world: 1234 5678 90.", "def f(x):\n    return x * 2  # double", "naïve café — 中文 ✓ 😀"]
 TINY_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"

@@ -393,7 +393,8 @@ def test_max_waiting_503(tiny_llama_dir):
 
 def test_cli_serve_sigterm_graceful(smollm2_gguf):
     """`python -m serving` serves; SIGTERM lets the in-flight request finish, then exits 0. The grace period is far
-    longer than the request needs even on a loaded machine, and every wait polls with a generous deadline."""
+    longer than the request needs even on a loaded machine, and every wait polls with a generous deadline. The
+    engine shape is tests/test_cli.py's SMALL (same programs: one compile in the suite, JAX's persistent cache)."""
     import os
     import signal
     import socket
@@ -406,7 +407,7 @@ def test_cli_serve_sigterm_graceful(smollm2_gguf):
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "serving", "--model", smollm2_gguf, "--dtype", "float32",
                              "--port", str(port), "--num-pages", "64", "--max-model-len", "256",
-                             "--max-num-batched-tokens", "64", "--max-num-seqs", "2", "--no-warmup",
+                             "--max-num-batched-tokens", "64", "--max-num-seqs", "4", "--no-warmup",
                              "--served-model-name", MODEL, "--shutdown-grace", "300"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env=dict(os.environ))
     try:
