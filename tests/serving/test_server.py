@@ -220,7 +220,7 @@ def tiny_served(tiny_llama_dir, tmp_path_factory):
 
     path = _tiny_with_tokenizer(tiny_llama_dir, tmp_path_factory.mktemp("tiny_tok") / "model")
     llm = LLM(path, dtype="float32", num_pages=400, max_model_len=256, max_num_batched_tokens=256,
-              max_num_seqs=64, warmup=False, progress=False)
+              max_num_seqs=64, min_bucket_tokens=16, warmup=False, progress=False)  # buckets 16, 64, 256
     prompts = [f"Question {i}: the quick brown fox {i * 7} jumps" for i in range(64)]
     ref = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)
     srv = _ServerThread(create_app(llm, served_model_name="tiny"))
@@ -366,7 +366,7 @@ def test_max_waiting_503(tiny_llama_dir):
     from serving.server import create_app
 
     llm = LLM(tiny_llama_dir, dtype="float32", num_pages=64, max_model_len=512, max_num_batched_tokens=64,
-              max_num_seqs=1, warmup=False, progress=False)
+              max_num_seqs=1, min_bucket_tokens=4, warmup=False, progress=False)  # one bucket for all its steps
     srv = _ServerThread(create_app(llm, served_model_name="tiny", max_waiting=0))
     try:
         result = {}
