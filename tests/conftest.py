@@ -25,11 +25,44 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 
 
 def pytest_runtest_logreport(report):
-    """JAXINFER_TEST_TIMES=path: append each test's call time as it finishes (a run that dies still leaves them)."""
+    """JAXINFER_TEST_TIMES=path: append each test's call time as it finishes (a run that dies still leaves them).
+    JAXINFER_TEST_COMPILES=path: also append, per setup / call, JAX's persistent-cache misses and hits and the
+    seconds of XLA compiles (cache loads included), tracing and lowering (every thread: background compiles too)."""
     path = os.environ.get("JAXINFER_TEST_TIMES")
     if path and report.when in ("setup", "call"):
         with open(path, "a") as f:
             f.write(f"{report.duration:.2f} {report.when} {report.nodeid}\n")
+    path = os.environ.get("JAXINFER_TEST_COMPILES")
+    if path and report.when in ("setup", "call"):
+        c = dict(_COMPILES)
+        _COMPILES.clear()
+        with open(path, "a") as f:
+            f.write(f"{report.duration:.2f} miss={c.get('miss', 0)} hit={c.get('hit', 0)} "
+                    f"compile={c.get('compile', 0.0):.2f} trace={c.get('trace', 0.0):.2f} "
+                    f"lower={c.get('lower', 0.0):.2f} {report.when} {report.nodeid}\n")
+
+
+_COMPILES: dict = {}
+_COMPILE_EVENTS = {"/jax/compilation_cache/cache_misses": "miss", "/jax/compilation_cache/cache_hits": "hit"}
+_COMPILE_DURATIONS = {"/jax/core/compile/backend_compile_duration": "compile",
+                      "/jax/core/compile/jaxpr_trace_duration": "trace",
+                      "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower"}
+
+
+def pytest_configure(config):
+    if os.environ.get("JAXINFER_TEST_COMPILES"):
+        import jax
+
+        def on_event(name, **kw):
+            if name in _COMPILE_EVENTS:
+                _COMPILES[_COMPILE_EVENTS[name]] = _COMPILES.get(_COMPILE_EVENTS[name], 0) + 1
+
+        def on_duration(name, secs, **kw):
+            if name in _COMPILE_DURATIONS:
+                _COMPILES[_COMPILE_DURATIONS[name]] = _COMPILES.get(_COMPILE_DURATIONS[name], 0.0) + secs
+
+        jax.monitoring.register_event_listener(on_event)
+        jax.monitoring.register_event_duration_secs_listener(on_duration)
 
 
 @pytest.fixture(scope="session")
@@ -58,6 +91,18 @@ def smollm2_gguf():
     from jaxinfer.weights.default_model import default_model_path
 
     return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def smollm2_transformers(smollm2_gguf):
+    """transformers' own float32 model of the SmolLM2 GGUF (its GGUF reader and dequantizer): the independent
+    reference of tests/numerics/test_gguf_loader.py and tests/test_smollm2.py. Loaded once per session (~15 s on the
+    2-core CI machine); tests only read it (weights, forward passes, greedy generate)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    d, f = os.path.split(smollm2_gguf)
+    return AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
 
 
 TINY_CORPUS = ["The quick brown fox jumps over the lazy dog.", "Pack my box with five dozen liquor jugs!",

@@ -8,7 +8,8 @@ import jaxinfer
 from jaxinfer import SamplingParams
 from jaxinfer.engine.isolation import failing_rows
 
-KW = dict(num_pages=200, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=8, progress=False)
+# tests/test_quantization_e2e.py's float engine shape: the same step programs, one compile in the suite
+KW = dict(num_pages=64, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=8, progress=False)
 PEN = dict(repetition_penalty=1.3, frequency_penalty=0.5)
 
 

@@ -59,7 +59,9 @@ def _run(llm, prompts):
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama_dir):  # max_num_batched_tokens=32: the 33-, 50- and 70-token prompts are chunked
-    return jaxinfer.LLM(tiny_llama_dir, num_pages=64, max_model_len=256, max_num_batched_tokens=32,
+    # the shape of the speculation tests' plain engines (tests/test_spec_*.py `base`): the same step programs, one
+    # compile in the suite (JAX's persistent cache)
+    return jaxinfer.LLM(tiny_llama_dir, num_pages=200, max_model_len=256, max_num_batched_tokens=32,
                         max_num_seqs=8, warmup=False, progress=False)
 
 

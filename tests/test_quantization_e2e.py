@@ -97,7 +97,8 @@ def test_pallas_kernel_in_engine_matches_reference(tiny_llama_dir):
     as the reference (int4 here; int8 shares the wiring and is checked against the reference in
     tests/kernels/test_quantized_matmul.py)."""
     prompts = [_prompt(seed=s, n=10) for s in range(2)]
-    opts = {**OPTS, "max_num_batched_tokens": 16, "max_num_seqs": 2}
+    # one 16-token bucket runs the prefill chunks and the decodes: one (interpret-mode kernel) step program each
+    opts = {**OPTS, "max_num_batched_tokens": 16, "max_num_seqs": 2, "min_bucket_tokens": 16}
     ref = jaxinfer.LLM(tiny_llama_dir, quantization="int4-g32-asym", quantized_matmul="reference", **opts)
     ker = jaxinfer.LLM(tiny_llama_dir, quantization="int4-g32-asym", quantized_matmul="pallas", **opts)
     qkv = ker.model.module().layers[0].attn.qkv
@@ -138,7 +139,8 @@ def test_dummy_preset_quantizes_the_float_random_weights():
     from jaxinfer.weights.quantize import quantized_leaves
 
     f = jaxinfer.LLM("tiny-llama", load_format="dummy", **OPTS)
-    q = jaxinfer.LLM("tiny-llama", load_format="dummy", quantization="int4-g32", quantize_lm_head=True, **OPTS)
+    q = jaxinfer.LLM("tiny-llama", load_format="dummy", quantization="int4-g32", quantize_lm_head=True,
+                     **{**OPTS, "min_bucket_tokens": 4})  # the prefill and decode of _greedy in one bucket
     fm, qm = f.model.module(), q.model.module()
     spec = q.model.quantization
     for got, lin in ((qm.layers[1].mlp.down, fm.layers[1].mlp.down), (qm.lm_head, fm.lm_head)):
@@ -224,7 +226,9 @@ def test_lm_head_quantization_default(quantization, head, want):
     from jaxinfer.models.layers import Linear
     from jaxinfer.models.quant_linear import QuantLinear
 
-    q = jaxinfer.LLM("tiny-llama", load_format="dummy", quantization=quantization, quantize_lm_head=head, **OPTS)
+    # min_bucket_tokens=4: the 3-token prefill and the decode step run in one bucket (one step program)
+    q = jaxinfer.LLM("tiny-llama", load_format="dummy", quantization=quantization, quantize_lm_head=head,
+                     **{**OPTS, "min_bucket_tokens": 4})
     lm = q.model.module().lm_head
     if want is None:
         assert isinstance(lm, Linear)
@@ -236,7 +240,7 @@ def test_lm_head_quantization_default(quantization, head, want):
 def test_default_int8_head_skips_a_tied_head(tiny_llama_dir, tmp_path):
     """A tied model keeps its embedding as the head under the default (no error; only True asks for a head)."""
     path = _edited_copy(tiny_llama_dir, tmp_path / "tied_default", tie_word_embeddings=True)
-    llm = jaxinfer.LLM(path, quantization="int4-g32", **OPTS)
+    llm = jaxinfer.LLM(path, quantization="int4-g32", **{**OPTS, "min_bucket_tokens": 4})  # one step program
     assert llm.model.module().lm_head is None
     assert len(_greedy(llm, [[5, 6, 7]], n=2)[0]) == 2
 

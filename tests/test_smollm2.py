@@ -1,9 +1,6 @@
 """The real model: SmolLM2-135M-Instruct from its GGUF, greedy continuations equal transformers' (float32)."""
-import os
-
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 import jaxinfer
 from jaxinfer import SamplingParams
@@ -19,14 +16,14 @@ N_NEW = 24
 
 @pytest.fixture(scope="module")
 def llm(smollm2_gguf):
+    # tests/serving/test_server.py's engine shape: its compiled programs (in JAX's persistent cache) serve this one
     return jaxinfer.LLM(smollm2_gguf, dtype="float32", num_pages=256, max_model_len=512,
-                        max_num_batched_tokens=128, max_num_seqs=8, progress=False)
+                        max_num_batched_tokens=128, max_num_seqs=16, progress=False)
 
 
 @pytest.fixture(scope="module")
-def reference(smollm2_gguf):
-    d, f = os.path.split(smollm2_gguf)
-    return AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+def reference(smollm2_transformers):
+    return smollm2_transformers  # transformers' float32 model of the same GGUF (conftest: one load per session)
 
 
 def _reference_greedy(model, ids):

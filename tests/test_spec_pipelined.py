@@ -76,7 +76,9 @@ def test_draft_model_cycles_are_pipelined(tiny_llama_dir, base, method):
     is the target itself for "draft": every draft accepted, so each cycle folds in the catch-up token), and the
     target's and the draft's caches end empty."""
     extra = {"layer_skip": dict(num_draft_layers=1), "draft": dict(draft_model=tiny_llama_dir)}[method]
-    llm = jaxinfer.LLM(tiny_llama_dir, num_pages=40, speculative_config=dict(
+    # tests/test_spec_e2e.py's engine shape (8 pages: these requests get preempted too): the same compiled
+    # programs, from JAX's persistent cache
+    llm = jaxinfer.LLM(tiny_llama_dir, num_pages=8, speculative_config=dict(
         method=method, num_speculative_tokens=K, **extra), **KW)
     rng = np.random.default_rng(5)
     prompts = [rng.integers(3, 512, size=int(rng.integers(1, 40))).tolist() for _ in range(5)]

@@ -234,14 +234,15 @@ def test_unserializable_program_is_marked_and_compiled_plainly(cache, monkeypatc
     def refuse(compiled):
         raise ValueError("Compilation does not support serialization")
 
+    one_bucket = {**TINY, "min_bucket_tokens": 32}  # one step program runs _run (its prefill and decodes)
     with monkeypatch.context() as m:
         m.setattr(se, "serialize", refuse)
-        first = jaxinfer.LLM("tiny-llama", **TINY)
+        first = jaxinfer.LLM("tiny-llama", **one_bucket)
         want = _run(first)
     d = os.path.join(cache, "programs")
     marks = [f for f in os.listdir(d) if f.endswith(".plain")]
     assert marks and not _programs(cache) and len(marks) == first.runner.program_cache.misses
-    second = jaxinfer.LLM("tiny-llama", **TINY)
+    second = jaxinfer.LLM("tiny-llama", **one_bucket)
     assert _run(second) == want
     pc = second.runner.program_cache
     assert pc.hits == 0 and pc.failures == 0 and not _programs(cache)  # the marked programs are not stored

@@ -55,8 +55,10 @@ def test_family_matches_transformers(name, tmp_path_factory):
                                  attention_mask=torch.ones(1, 64, dtype=torch.long),
                                  pad_token_id=0)[0, 64:].tolist()
 
+    # min_bucket_tokens=64: the 64-token prefill and the 32 decodes run in one bucket (one step program per family;
+    # the CPU ladder's 1-token decode bucket is exercised by the other end-to-end tests)
     llm = jaxinfer.LLM(path, dtype="float32", num_pages=64, max_model_len=256, max_num_batched_tokens=64,
-                       max_num_seqs=8, progress=False)
+                       max_num_seqs=8, min_bucket_tokens=64, progress=False)
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=32, prompt_logprobs=0, ignore_eos=True),
                        use_tqdm=False)[0]
     got_lp = np.array([d[t].logprob for d, t in zip(out.prompt_logprobs[1:], prompt[1:])])
@@ -76,8 +78,9 @@ def test_sharded_safetensors_with_index(tmp_path_factory):
     with torch.no_grad():
         logits = model(torch.tensor([prompt])).logits[0].double()
         ref_lp = torch.log_softmax(logits, -1)[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].numpy()
-    llm = jaxinfer.LLM(str(path), dtype="float32", num_pages=32, max_model_len=256, max_num_batched_tokens=64,
-                       max_num_seqs=4, progress=False)
+    # test_family_matches_transformers[llama3-gqa]'s engine shape: its programs, from JAX's persistent cache
+    llm = jaxinfer.LLM(str(path), dtype="float32", num_pages=64, max_model_len=256, max_num_batched_tokens=64,
+                       max_num_seqs=8, min_bucket_tokens=64, progress=False)
     out = llm.generate([prompt], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
     got = np.array([d[t].logprob for d, t in zip(out.prompt_logprobs[1:], prompt[1:])])
     np.testing.assert_allclose(got, ref_lp, atol=1e-4, rtol=0)

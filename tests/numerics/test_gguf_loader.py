@@ -43,9 +43,13 @@ def _hf_config_from(ours: dict) -> transformers.PretrainedConfig:
 
 def _load_reference(path: str):
     """transformers' GGUF loading of `path`: (state_dict as float32 numpy, config)."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(
+    return _state_and_config(transformers.AutoModelForCausalLM.from_pretrained(
         os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
-    )
+    ))
+
+
+def _state_and_config(model):
+    """(state_dict as float32 numpy, config) of a transformers model."""
     sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     return sd, model.config
 
@@ -77,8 +81,10 @@ def smol_reader(smol_path):
 
 
 @pytest.fixture(scope="module")
-def smol_reference(smol_path):
-    return _load_reference(smol_path)
+def smol_reference(smollm2_transformers):
+    """(state_dict as float32 numpy, config) of transformers' GGUF loading of the real file (conftest: loaded once
+    per session)."""
+    return _state_and_config(smollm2_transformers)
 
 
 @pytest.fixture(scope="module")

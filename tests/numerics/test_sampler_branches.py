@@ -75,8 +75,9 @@ def test_engine_greedy_program_gives_the_same_outputs():
     sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=None)
     outs = []
     for greedy_programs in (False, True):
-        llm = LLM("tiny-llama", load_format="dummy", max_model_len=128, max_num_seqs=4, warmup=False,
-                  progress=False)
+        # min_bucket_tokens=4: the decodes and the one-token packs below share the 4-token bucket's programs
+        llm = LLM("tiny-llama", load_format="dummy", max_model_len=128, max_num_seqs=4, min_bucket_tokens=4,
+                  warmup=False, progress=False)
         llm.runner.greedy_programs = greedy_programs
         res = llm.generate(prompts, sp)
         outs.append([(o.outputs[0].token_ids, o.outputs[0].cumulative_logprob) for o in res])

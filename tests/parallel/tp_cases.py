@@ -1,8 +1,10 @@
 """Shared settings of the tensor/data-parallel tests (also used by the multi-host worker process)."""
 
-# One bucket (16 tokens, 4 sequences) serves every step of the prompts below: one compilation per engine.
-ENGINE_OPTIONS = dict(max_num_seqs=4, max_num_batched_tokens=16, num_pages=64, max_model_len=128, warmup=False,
-                      progress=False)
+# One bucket (16 tokens, 4 sequences) serves every step of the prompts below: one step program per engine (plus
+# the bucket's prompt-logprob program). min_bucket_tokens=16: without it the CPU ladder (runner/cpu_defaults.py) adds
+# 1- and 4-token buckets, and the decode steps of these two prompts compiled a second step program per engine.
+ENGINE_OPTIONS = dict(max_num_seqs=4, max_num_batched_tokens=16, min_bucket_tokens=16, num_pages=64,
+                      max_model_len=128, warmup=False, progress=False)
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12]]
 
 

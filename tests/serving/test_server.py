@@ -220,7 +220,7 @@ def tiny_served(tiny_llama_dir, tmp_path_factory):
 
     path = _tiny_with_tokenizer(tiny_llama_dir, tmp_path_factory.mktemp("tiny_tok") / "model")
     llm = LLM(path, dtype="float32", num_pages=400, max_model_len=256, max_num_batched_tokens=256,
-              max_num_seqs=64, warmup=False, progress=False)
+              max_num_seqs=64, min_bucket_tokens=16, warmup=False, progress=False)  # buckets 16, 64, 256
     prompts = [f"Question {i}: the quick brown fox {i * 7} jumps" for i in range(64)]
     ref = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)
     srv = _ServerThread(create_app(llm, served_model_name="tiny"))
@@ -366,7 +366,7 @@ def test_max_waiting_503(tiny_llama_dir):
     from serving.server import create_app
 
     llm = LLM(tiny_llama_dir, dtype="float32", num_pages=64, max_model_len=512, max_num_batched_tokens=64,
-              max_num_seqs=1, warmup=False, progress=False)
+              max_num_seqs=1, min_bucket_tokens=4, warmup=False, progress=False)  # one bucket for all its steps
     srv = _ServerThread(create_app(llm, served_model_name="tiny", max_waiting=0))
     try:
         result = {}
@@ -393,7 +393,8 @@ def test_max_waiting_503(tiny_llama_dir):
 
 def test_cli_serve_sigterm_graceful(smollm2_gguf):
     """`python -m serving` serves; SIGTERM lets the in-flight request finish, then exits 0. The grace period is far
-    longer than the request needs even on a loaded machine, and every wait polls with a generous deadline."""
+    longer than the request needs even on a loaded machine, and every wait polls with a generous deadline. The
+    engine shape is tests/test_cli.py's SMALL (same programs: one compile in the suite, JAX's persistent cache)."""
     import os
     import signal
     import socket
@@ -406,7 +407,7 @@ def test_cli_serve_sigterm_graceful(smollm2_gguf):
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "serving", "--model", smollm2_gguf, "--dtype", "float32",
                              "--port", str(port), "--num-pages", "64", "--max-model-len", "256",
-                             "--max-num-batched-tokens", "64", "--max-num-seqs", "2", "--no-warmup",
+                             "--max-num-batched-tokens", "64", "--max-num-seqs", "4", "--no-warmup",
                              "--served-model-name", MODEL, "--shutdown-grace", "300"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env=dict(os.environ))
     try:
