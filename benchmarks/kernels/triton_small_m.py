@@ -137,32 +137,20 @@ def sweep(args):
                 results = []
                 for cfg in cands:
                     try:
+                        # the jax-triton entry points' grid and constexprs (launch_params), torch tensors
+                        grid, split, meta = T.launch_params(kind, M, N, K, cfg, GROUP if kind == "int4" else None)
+                        part = torch.empty(split, M, N, device=dev, dtype=torch.float32)
+                        launch = dict(F32_DOT=False, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **meta)
                         if kind == "int8":
-                            ks, split = T.k_per_split(K, cfg)
-                            part = torch.empty(split, M, N, device=dev, dtype=torch.float32)
-                            grid = (T._cdiv(N, cfg.block_n), split, T._cdiv(M, cfg.block_m))
-                            even = K % ks == 0 and ks % cfg.block_k == 0
-
-                            def step(i, cfg=cfg, ks=ks, part=part, grid=grid, even=even):
-                                T.int8_nk_kernel[grid](x, ws[i], sc[i], M, N, part, K=K, K_PER_SPLIT=ks,
-                                                       BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
-                                                       DOT=cfg.dot, EVEN_K=even, F32_DOT=False,
-                                                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                            def step(i, grid=grid, part=part, launch=launch):
+                                T.int8_nk_kernel[grid](x, ws[i], sc[i], M, N, part, **launch)
                                 return part.sum(0).bfloat16()
                         else:
-                            split = T.int4_split(K, GROUP, cfg.split_k)
-                            ks = K // split
-                            part = torch.empty(split, M, N, device=dev, dtype=torch.float32)
-                            grid = (T._cdiv(N, cfg.block_n), split, T._cdiv(M, cfg.block_m))
+                            xs = x.float().reshape(M, K // GROUP, GROUP).sum(2).contiguous()   # int4_kernel_inputs
 
-                            xs = x.float().reshape(M, K // GROUP, GROUP).sum(2).contiguous()
-
-                            def step(i, cfg=cfg, ks=ks, part=part, grid=grid, xs=xs):
+                            def step(i, grid=grid, part=part, launch=launch, xs=xs):
                                 T.int4_nk_kernel[grid](x, ws[i].view(torch.int32), sc[i], of[i], xs, M, N, part,
-                                                       K=K, K_PER_SPLIT=ks,
-                                                       BM=cfg.block_m, BN=cfg.block_n, G=GROUP, DOT=cfg.dot,
-                                                       F32_DOT=False, num_warps=cfg.num_warps,
-                                                       num_stages=cfg.num_stages)
+                                                       **launch)
                                 return part.sum(0).bfloat16()
                         y = step(0).float()
                         err = float((y - ref).norm() / ref.norm())

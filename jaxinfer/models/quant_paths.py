@@ -27,8 +27,6 @@ on GPU (int8: 'xla-nk'; set 'int4' to 'xla-int4' to move int4 models to the nati
 """
 from __future__ import annotations
 
-import os
-
 from pallas_kernels.quantized_matmul import kernel as qmm_kernel
 from pallas_kernels.quantized_matmul import kernel_nk as qmm_kernel_nk
 from pallas_kernels.quantized_matmul import reference as qmm_ref
@@ -93,10 +91,7 @@ def kernel_runs(path: str, M: int, K: int | None, N: int | None, group_size: int
     the Pallas kernel takes for the 'pallas-*' ones."""
     if path.startswith("triton-"):
         return qmm_triton.usable()
-    if os.environ.get("JAXINFER_TRITON", "1") == "0" or K is None or N is None:
-        return False
-    import jax
-    if jax.default_backend() != "gpu":
+    if K is None or N is None or not qmm_triton.kernels_enabled():
         return False
     if path == "pallas-int4-nk":
         return qmm_kernel_nk.int4_supports(M, K, N, group_size, qmm_kernel_nk.int4_config_for(M, K, N, group_size))

@@ -39,7 +39,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.quantized_matmul.kernel import _TritonCompilerParams
-from pallas_kernels.quantized_matmul.triton_small_m import Config, default_config, k_per_split
+from pallas_kernels.quantized_matmul.triton_small_m import Config, default_config, int4_kernel_inputs, k_per_split
 
 _HIGHEST = lax.Precision.HIGHEST    # float32 activations (CPU interpret tests): IEEE dots; no effect on bf16
 
@@ -68,30 +68,43 @@ def _kernel(x_ref, w_ref, s_ref, o_ref, *, bm: int, bn: int, bk: int, ks: int):
     o_ref[...] = acc * s_ref[rows].astype(jnp.float32)[None, :]
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "out_dtype", "interpret"))
-def _call(x2, q_t, scale, *, cfg: Config, out_dtype, interpret: bool):
-    M, K = x2.shape
-    N = q_t.shape[0]
-    bm, bn = cfg.block_m, cfg.block_n
-    ks, split = k_per_split(K, cfg)
+def _pad_rows(x2, bm: int):
+    """x [M, K] -> [Mp, K], Mp the next multiple of bm (zero rows: no effect on the kept rows, cut after)."""
+    M = x2.shape[0]
     Mp = -(-M // bm) * bm
-    if Mp != M:
-        x2 = jnp.pad(x2, ((0, Mp - M), (0, 0)))                              # zero rows, cut below
+    return x2 if Mp == M else jnp.pad(x2, ((0, Mp - M), (0, 0)))
+
+
+def _split_k_call(kernel, ins, *, cfg: Config, split: int, N: int, M: int, out_dtype, interpret: bool, name: str):
+    """Both kernels' launch: grid (N / bn, split, Mp / bm) over whole-array inputs (ins[0] is x padded to Mp rows),
+    each program writing its f32 [bm, bn] block of part[split, Mp, N]; XLA sums the splits and cuts the padding."""
+    Mp = ins[0].shape[0]
+    bm, bn = cfg.block_m, cfg.block_n
     params = None
     if not interpret and _TritonCompilerParams is not None:
         params = _TritonCompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    whole = pl.BlockSpec()
     part = pl.pallas_call(
-        functools.partial(_kernel, bm=bm, bn=bn, bk=cfg.block_k, ks=ks),
+        kernel,
         grid=(N // bn, split, Mp // bm),
-        in_specs=[whole, whole, whole],
+        in_specs=[pl.BlockSpec()] * len(ins),                                  # indexed inside the kernel
         out_specs=pl.BlockSpec((None, bm, bn), lambda n, s, m: (s, m, n)),
         out_shape=jax.ShapeDtypeStruct((split, Mp, N), jnp.float32),
         compiler_params=params,
         interpret=interpret,
-        name=f"int8_nk_m{bm}_n{bn}_k{cfg.block_k}_s{split}",
-    )(x2, q_t, scale.astype(jnp.float32))
+        name=name,
+    )(*ins)
     return jnp.sum(part, axis=0)[:M].astype(out_dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "out_dtype", "interpret"))
+def _call(x2, q_t, scale, *, cfg: Config, out_dtype, interpret: bool):
+    M, K = x2.shape
+    N = q_t.shape[0]
+    ks, split = k_per_split(K, cfg)
+    kernel = functools.partial(_kernel, bm=cfg.block_m, bn=cfg.block_n, bk=cfg.block_k, ks=ks)
+    return _split_k_call(kernel, (_pad_rows(x2, cfg.block_m), q_t, scale.astype(jnp.float32)), cfg=cfg, split=split,
+                         N=N, M=M, out_dtype=out_dtype, interpret=interpret,
+                         name=f"int8_nk_m{cfg.block_m}_n{cfg.block_n}_k{cfg.block_k}_s{split}")
 
 
 def config_for(M: int, K: int, N: int) -> Config:
@@ -175,29 +188,16 @@ def int4_config_for(M: int, K: int, N: int, group_size: int) -> Config:
 
 @functools.partial(jax.jit, static_argnames=("cfg", "group_size", "out_dtype", "interpret"))
 def _int4_call(x2, p_t, scale, offset, *, cfg: Config, group_size: int, out_dtype, interpret: bool):
-    from pallas_kernels.quantized_matmul.triton_small_m import int4_kernel_inputs
     M, K = x2.shape
     N = p_t.shape[0]
-    bm, bn, split = cfg.block_m, cfg.block_n, cfg.split_k
-    Mp = -(-M // bm) * bm
-    if Mp != M:
-        x2 = jnp.pad(x2, ((0, Mp - M), (0, 0)))
+    split = cfg.split_k
+    x2 = _pad_rows(x2, cfg.block_m)
     words, xs = int4_kernel_inputs(x2, p_t, group_size)                             # [N, K/8], [Mp, K/g]
-    params = None
-    if not interpret and _TritonCompilerParams is not None:
-        params = _TritonCompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    whole = pl.BlockSpec()
-    part = pl.pallas_call(
-        functools.partial(_int4_kernel, bm=bm, bn=bn, g=group_size, ks=K // split, dot=cfg.dot),
-        grid=(N // bn, split, Mp // bm),
-        in_specs=[whole] * 5,
-        out_specs=pl.BlockSpec((None, bm, bn), lambda n, s, m: (s, m, n)),
-        out_shape=jax.ShapeDtypeStruct((split, Mp, N), jnp.float32),
-        compiler_params=params,
-        interpret=interpret,
-        name=f"int4_nk_g{group_size}_m{bm}_n{bn}_s{split}",
-    )(x2, words, scale, offset, xs)
-    return jnp.sum(part, axis=0)[:M].astype(out_dtype)
+    kernel = functools.partial(_int4_kernel, bm=cfg.block_m, bn=cfg.block_n, g=group_size, ks=K // split,
+                               dot=cfg.dot)
+    return _split_k_call(kernel, (x2, words, scale, offset, xs), cfg=cfg, split=split, N=N, M=M,
+                         out_dtype=out_dtype, interpret=interpret,
+                         name=f"int4_nk_g{group_size}_m{cfg.block_m}_n{cfg.block_n}_s{split}")
 
 
 def int4_matmul_nk(x, p_t, scale, offset, *, group_size: int, out_dtype=None, interpret: bool = False,

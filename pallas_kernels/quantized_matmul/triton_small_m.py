@@ -260,11 +260,16 @@ def int4_split(K: int, group_size: int, split_k: int) -> int:
 # ----------------------------------------------------------------------------------------------------------------
 # JAX entry points (jax-triton)
 # ----------------------------------------------------------------------------------------------------------------
+def kernels_enabled() -> bool:
+    """The small-M kernels may run here (these and kernel_nk.py's): the default backend a GPU and JAXINFER_TRITON
+    not "0" (the escape hatch, and the switch benchmarks use for the XLA peer). Read at trace time."""
+    return os.environ.get("JAXINFER_TRITON", "1") != "0" and jax.default_backend() == "gpu"
+
+
 def usable() -> bool:
-    """Whether the JAX entry points run here: triton and jax-triton importable, the default backend a GPU, and
-    JAXINFER_TRITON not "0" (the escape hatch, and the switch benchmarks use for the XLA peer). Where not, the
-    engine's Triton paths fall back to XLA (models/quant_paths.KERNEL_FALLBACK). Read at trace time."""
-    return os.environ.get("JAXINFER_TRITON", "1") != "0" and _importable() and jax.default_backend() == "gpu"
+    """Whether the JAX entry points below run here: kernels_enabled() and triton + jax-triton importable. Where
+    not, the engine's Triton paths fall back to XLA (models/quant_paths.KERNEL_FALLBACK)."""
+    return kernels_enabled() and _importable()
 
 
 @functools.lru_cache(maxsize=None)
