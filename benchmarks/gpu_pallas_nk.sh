@@ -16,7 +16,7 @@ timeout 110 python3 benchmarks/kernels/triton_small_m.py --part jax --m 1 16 --p
 echo "kernel jax rc=$?"; grep "^jax" "$OUT_DIR/kernel-jax.log"
 timeout 300 python3 benchmarks/quantized_decode.py --methods ${METHODS:-bf16 int8 int4 int4:triton-int4} --decode-batches 1 16 --throughput-methods --no-kv-capacity \
   --min-bucket-tokens 1 --budget-s 270 > "$OUT_DIR/quant-pallas.log" 2>&1
-echo "quant (pallas-nk) rc=$?"; grep "batch-1 decode" "$OUT_DIR/quant-pallas.log" | cut -c1-12,150-
+echo "quant (pallas-nk) rc=$?"; grep -E "batch-(1|16) decode" "$OUT_DIR/quant-pallas.log" | cut -c1-12,150-
 cp benchmarks/results/quantized-decode-2*.json "$OUT_DIR/quantized-decode-pallas.json" 2>/dev/null
 rm -f benchmarks/results/quantized-decode-2*.json
 JAXINFER_TRITON=0 timeout 90 python3 benchmarks/quantized_decode.py --methods int8 --throughput-methods \
