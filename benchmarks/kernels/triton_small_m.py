@@ -238,6 +238,14 @@ def jax_part(args):
                 from pallas_kernels.quantized_matmul import kernel_nk
                 pal = time_loop(lambda x, w: kernel_nk.int8_matmul_nk(x, w[0], w[1]), x, q8, q8bytes / 3e12 * 1e6)
                 line["int8_pallas_nk_us"] = pal
+                if "int4" in args.pallas_kinds:   # int4 [N, K/2] (the GPU int4 default) beside XLA's dequantize + dot
+                    from pallas_kernels.quantized_matmul import xla as qx
+                    line["int4_pallas_nk_us"] = time_loop(
+                        lambda x, w: kernel_nk.int4_matmul_nk(x, w[0], w[1], w[2], group_size=GROUP), x, q4,
+                        q4bytes / 3e12 * 1e6)
+                    line["int4_xla_packed_nk_us"] = time_loop(
+                        lambda x, w: qx.int4_matmul_xla(x, w[0].T, w[1], w[2], group_size=GROUP), x, q4,
+                        q4bytes / 3e12 * 1e6)
             for kind, copies, qb in (("int8", q8, q8bytes), ("int4", q4, q4bytes)):
                 if kind not in args.kinds:
                     continue
@@ -273,6 +281,10 @@ def jax_part(args):
             if "int8_pallas_nk_us" in line:
                 pal = line["int8_pallas_nk_us"]
                 msg += f" | int8 pallas-nk {pal:7.2f} {q8bytes / pal / 1e6:4.2f} TB/s {bf16 / pal:.2f}x"
+            if "int4_pallas_nk_us" in line:
+                p4, x4 = line["int4_pallas_nk_us"], line["int4_xla_packed_nk_us"]
+                msg += (f" | int4 pallas-nk {p4:7.2f} {q4bytes / p4 / 1e6:4.2f} TB/s {bf16 / p4:.2f}x"
+                        f" (xla-packed-nk {x4:7.2f})")
             for kind, qb in (("int8", q8bytes), ("int4", q4bytes)):
                 for label in ("default", "best"):
                     us = line.get(f"{kind}_{label}_us")
@@ -295,6 +307,8 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--pallas", action="store_true", help="jax part: also time the Pallas-Triton port (kernel_nk)")
+    ap.add_argument("--pallas-kinds", nargs="+", default=["int8", "int4"],
+                    help="jax part with --pallas: int4 also times kernel_nk.int4_matmul_nk and XLA's dequantize + dot")
     ap.add_argument("--kinds", nargs="+", default=["int8", "int4"], help="jax part: the jax-triton kinds to time")
     a = ap.parse_args(argv)
     a.m = a.m or ([1, 16] if a.part == "sweep" else [1, 4, 16])

@@ -228,8 +228,8 @@ class KernelConfig:
                                          "for int8/int4, XLA's fp8 dot for fp8; the jnp reference on CPU) | "
                                          "reference | xla | pallas | w8a8 (int8 only, activations quantized) | "
                                          "xla-nk (int8 only, [out, in] weights, weight-only) | "
-                                         "xla-int4 (int4 only) | triton-int4 (int4 only, experimental: "
-                                         "the small-M int4 kernel at M <= 16, one device)",
+                                         "xla-int4 (int4 only) | triton-int4 (int4 only, [out, in/2] weights: "
+                                         "the small-M int4 kernel at M <= 16 on one device, XLA above)",
                                  choices=MATMUL_BACKENDS)
     compilation_cache_dir: str | None = _opt(None, "JAX's persistent compilation cache (default: "
                                                    "$JAXINFER_CACHE/xla, ~/.cache/jaxinfer/xla)")

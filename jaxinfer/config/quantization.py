@@ -19,13 +19,13 @@ from jaxinfer.config.model import ConfigError
 #                head, so the whole decode step streams quantized weights (a tied head stays the float embedding);
 #                fp8 models keep a float head. True: the head in the model's own method (untied models only, an
 #                error otherwise). False: a float head. Embeddings always stay in the model dtype.
-#   quantized_matmul: "auto" (on GPU: int8 'xla-nk', int4 the per-M table of models/quant_paths.py, XLA's native
+#   quantized_matmul: "auto" (on GPU: int8 'xla-nk', int4 'triton-int4', XLA's native
 #                fp8 dot for fp8; the jnp reference on CPU), "reference", "xla", "pallas" (interpret mode on CPU: slow, for tests), "w8a8" (int8 only:
 #                activations quantized per token to int8, XLA's int8 dot; changes numerics), "xla-nk" (int8 only:
 #                [out, in] weights, weight-only, formulation per weight size and M from the table: on a GPU the
 #                Pallas-Triton small-M kernel at M <= 16, XLA's convert + dot above), "xla-int4" (int4 only:
-#                XLA-native int4 weights, formulation per M from the table) or "triton-int4" (int4 only, opt-in,
-#                not yet measured: [out, in/2] packed weights, the small-M int4 kernel at M <= 16; one device).
+#                XLA-native int4 weights, formulation per M from the table) or "triton-int4" (int4 only: [out, in/2]
+#                packed weights, the small-M int4 kernel at M <= 16 on one device, XLA dequantize + dot above / under TP).
 
 QUANT_METHODS = ("int8", "int4", "fp8")
 INT4_GROUP_SIZES = (32, 64, 128)

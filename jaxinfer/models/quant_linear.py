@@ -71,7 +71,7 @@ class QuantLinear(nnx.Module):
     matching dimensions (int4's group dimension counts as `in`), so jaxinfer.parallel shards it likewise."""
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool, dtype, spec: QuantSpec, backend: str,
-                 name: str = "linear", axes=(None, None)):
+                 name: str = "linear", axes=(None, None), kernels: bool = True):
         check_quantized_shape((in_features, out_features), spec.method, spec.group_size, name)
         K, N = in_features, out_features
         ax_in, ax_out = axes
@@ -81,6 +81,7 @@ class QuantLinear(nnx.Module):
             log.info("%s [%d, %d]: shape not supported by the Pallas kernel; using the XLA path", name, K, N)
             backend = "xla" if backend == "pallas" else "reference"
         self.backend = backend
+        self.kernels = kernels   # False under tensor parallelism: no small-M kernel paths (quant_paths.path_for)
         if spec.method == "int8" and quant_paths.weight_layout_of("int8", backend) == "nk":
             self.q = nnx.Param(jnp.zeros((N, K), jnp.int8), logical_axes=(ax_out, ax_in))
             self.scale = nnx.Param(jnp.zeros((N,), jnp.float32), logical_axes=(ax_out,))
@@ -114,7 +115,8 @@ class QuantLinear(nnx.Module):
     def __call__(self, x, preferred_element_type=None):
         y = quantized_matmul(x, self.method, self.q[...], self.scale[...],
                              None if self.offset is None else self.offset[...], group_size=self.group_size,
-                             backend=self.backend, out_dtype=preferred_element_type or x.dtype)
+                             backend=self.backend, out_dtype=preferred_element_type or x.dtype,
+                             kernels=self.kernels)
         if self.b is not None:
             y = y + self.b[...]
         return y

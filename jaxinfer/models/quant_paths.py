@@ -15,15 +15,18 @@ Model backends (the `quantized_matmul` option after quant.resolve_backend) and t
                              elements) / PATHS[('int8', 'xla-nk', 'large')]           int8 [N, K]
   'xla-int4'                 int4 only: XLA-native int4 [K, N] (packed s4) weights; the formulation per M from
                              PATHS[('int4', 'xla-int4')]                                int4 native
-  'triton-int4'              int4 only: packed uint8 [N, K/2] weights (K contiguous; same nibble order); the Triton
-                             small-M kernel at M <= 16, XLA dequantize + dot above (PATHS[('int4', 'triton-int4')])
+  'triton-int4'              int4 only (the GPU int4 default): packed uint8 [N, K/2] weights (K contiguous; same nibble
+                             order); the small-M kernel at M <= 16, XLA dequantize + dot above
+                             (PATHS[('int4', 'triton-int4')])
                                                                                         int4 packed-nk
-  'auto'                     resolves to GPU_DEFAULT[method] on GPU (int8: 'xla-nk'); PATHS[(method, 'auto')] picks
+  'auto'                     resolves to GPU_DEFAULT[method] on GPU (int8: 'xla-nk', int4: 'triton-int4');
+                             PATHS[(method, 'auto')] picks
                              per M among the paths of the int8 [K, N] / int4 packed layout for 'auto' itself
 PATHS[(method, backend)] = ((max_m, path), ...): the first row with M <= max_m is used. The defaults reproduce the
 behaviour before the table (the Pallas kernel at every M); fill the table from the "suggested table" lines that
 benchmarks/kernels/quantized_matmul.py prints on the GPU. GPU_DEFAULT[method] is the backend `auto` resolves to
-on GPU (int8: 'xla-nk'; set 'int4' to 'xla-int4' to move int4 models to the native layout).
+on GPU. Under tensor parallelism a layer's kernels=False turns the small-M kernel paths into their XLA fallbacks
+(path_for), since XLA's partitioner would gather a pallas_call's weights whole onto every device.
 """
 from __future__ import annotations
 
@@ -59,10 +62,10 @@ PATHS = {
     # weights but made the engine's step slower (5.25 vs 3.89 ms), hence the Pallas port. Where the kernel
     # cannot run it falls back to convert-nk (path_for).
     ("int8", "xla-nk", "large"): ((16, "pallas-nk"), (ANY_M, "convert-nk")),
-    # int4 on [N, K/2] packed weights ('triton-int4', opt-in): the small-M kernel at M <= 16, XLA dequantize + dot
-    # above. Its jax-triton form ('triton-int4-nk') decoded batch 1 at 90.8 tok/s against 182.1 for 'auto'
-    # (results/quantized-decode-jax-triton-76be10a-2026-12-03.json); the Pallas port ('pallas-int4-nk') is
-    # tested on CPU (interpret) but not yet measured on the GPU.
+    # int4 on [N, K/2] packed weights ('triton-int4', the GPU int4 default): the small-M kernel at M <= 16, XLA
+    # dequantize + dot above. Its jax-triton form ('triton-int4-nk') decoded batch 1 at 90.8 tok/s against 182.1
+    # for 'auto' (results/quantized-decode-jax-triton-76be10a-2026-12-03.json); the Pallas port ('pallas-int4-nk')
+    # at 255.9 against 198.7 (results/quantized-decode-pallas-nk-c3fb907-2026-12-03.json).
     ("int4", "triton-int4"): ((16, "pallas-int4-nk"), (ANY_M, "xla-packed-nk")),
 }
 # Weights of at least this many elements take the 'large' table: 32M int8 weights are 32 MB, so past it a weight
@@ -70,7 +73,9 @@ PATHS = {
 # gate_up 117M and lm_head 525M above), and the per-token activation quantization (one small fusion) is worth
 # the int8 GEMM's bandwidth.
 LARGE_WEIGHT = 32 << 20
-GPU_DEFAULT = {"int8": "xla-nk", "int4": "auto", "fp8": "xla"}
+# int4 'triton-int4' (results/quantized-decode-pallas-nk-c3fb907-2026-12-03.json, 8B shape, H200): batch 1 255.9 tok/s
+# against 198.7 for 'auto' (the [K/2, N] Pallas kernel) and 233.2 for bf16; batch 16 3,287 against 3,025 and 3,404.
+GPU_DEFAULT = {"int8": "xla-nk", "int4": "triton-int4", "fp8": "xla"}
 
 # Paths each weight layout can run (a table row naming another layout's path is an error, check_tables).
 LAYOUT_PATHS = {
@@ -109,9 +114,11 @@ def weight_layout_of(method: str, backend: str) -> str:
 
 
 def path_for(method: str, backend: str, M: int, K: int | None = None, N: int | None = None,
-             group_size: int | None = None) -> str:
+             group_size: int | None = None, kernels: bool = True) -> str:
     """The implementation for one call: `backend` is the model's resolved backend, M the static token count.
-    A 'pallas' pick for a shape the kernel does not take (K, N given) becomes 'xla'."""
+    A 'pallas' pick for a shape the kernel does not take (K, N given) becomes 'xla'. kernels=False (a layer
+    under tensor parallelism, where XLA's partitioner would gather a pallas_call's weights whole onto every
+    device) turns every KERNEL_FALLBACK path into its XLA fallback."""
     if method == "fp8":
         return "reference" if backend == "reference" else "xla"
     if backend in ("xla-int4", "triton-int4"):
@@ -127,7 +134,7 @@ def path_for(method: str, backend: str, M: int, K: int | None = None, N: int | N
         path = backend
     if path == "pallas" and K is not None and not qmm_kernel.supports(method, K, N, group_size):
         path = "xla"
-    if path in KERNEL_FALLBACK and not kernel_runs(path, M, K, N, group_size):
+    if path in KERNEL_FALLBACK and not (kernels and kernel_runs(path, M, K, N, group_size)):
         path = KERNEL_FALLBACK[path]
     return path
 
@@ -152,13 +159,14 @@ def check_tables():
 
 
 def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, backend="reference",
-                     out_dtype=None):
-    """One entry point over every implementation (see the module docstring); x [..., K] -> [..., N]."""
+                     out_dtype=None, kernels: bool = True):
+    """One entry point over every implementation (see the module docstring); x [..., K] -> [..., N].
+    kernels: whether the small-M kernel paths may run (path_for)."""
     M = x.size // x.shape[-1]
     K = x.shape[-1]
     nk = method == "fp8" or weight_layout_of(method, backend) in ("nk", "packed-nk")
     N = q.shape[0] if nk else q.shape[-1]
-    path = path_for(method, backend, M, K, N, group_size)
+    path = path_for(method, backend, M, K, N, group_size, kernels)
     if method == "fp8":
         fn = qmm_ref.fp8_matmul_reference if path == "reference" else qmm_xla.fp8_matmul_xla
         return fn(x, q, scale, out_dtype=out_dtype)

@@ -200,7 +200,7 @@ def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None, t
         if spec.method == "int4" and tp > 1:
             _check_groups_per_shard(name, K, axes[0], spec.group_size, tp, "" if spec.symmetric else "-asym")
         return QuantLinear(K, N, bias=lin.b is not None, dtype=dtype, spec=spec, backend=backend, name=name,
-                           axes=axes)
+                           axes=axes, kernels=tp == 1)
 
     for i, layer in enumerate(model.layers):
         for parent, attr in LAYER_LINEARS:
@@ -256,10 +256,6 @@ class Quantizer:
     """
 
     def __init__(self, cfg, spec: QuantSpec, dtype, place=None):
-        if place is not None and weight_layout(spec) == "packed-nk":
-            raise QuantizationError(
-                "quantized_matmul='triton-int4' runs on a single device only (its [out, in/2] layout is not laid "
-                "out for tensor or data parallelism yet); use quantized_matmul='auto' under TP / DP")
         if place is not None and weight_layout(spec) == "native":
             # jax (0.10, CPU) hands out sharded int4 arrays unpacked while the step compiled for their shardings
             # wants them packed (a layout mismatch at the first call); not yet verified on the GPU either.
@@ -278,13 +274,14 @@ class Quantizer:
 
     def input_sharding(self, path: tuple):
         """The sharding the float value at `path` has before `put` (None without a plan): a quantized module's
-        float weight [in, out] is split like its q (fp8's and 'xla-nk' int8's q are [out, in]: reversed)."""
+        float weight [in, out] is split like its q (fp8's, 'xla-nk' int8's and 'triton-int4' int4's q are [out, in]
+        or [out, in/2]: reversed)."""
         if self.place is None:
             return None
         module, leaf = path[:-1], path[-1]
         if module in self.modules and leaf == "w":
             q = self.place.shardings[module + ("q",)]
-            if weight_layout(self._spec(module)) != "nk":
+            if weight_layout(self._spec(module)) not in ("nk", "packed-nk"):
                 return q
             return type(q)(q.mesh, type(q.spec)(*tuple(q.spec)[::-1]))
         return self.place.shardings[path]

@@ -171,6 +171,22 @@ def test_path_table_picks_by_m(monkeypatch):
         quant_paths.check_tables()
 
 
+def test_no_kernel_paths_without_kernels(monkeypatch):
+    """kernels=False (a layer under tensor parallelism) turns every small-M kernel pick into its XLA fallback,
+    even where the kernel would run (GPU, JAXINFER_TRITON unset: simulated here by kernels_enabled)."""
+    from pallas_kernels.quantized_matmul import triton_small_m
+
+    monkeypatch.setattr(triton_small_m, "kernels_enabled", lambda: True)
+    for method, backend, g, kernel in (("int8", "xla-nk", None, "pallas-nk"),
+                                       ("int4", "triton-int4", 128, "pallas-int4-nk")):
+        for M in (1, 16):
+            assert quant_paths.path_for(method, backend, M, 4096, 4096, g) == kernel
+            assert quant_paths.path_for(method, backend, M, 4096, 4096, g, kernels=False) == \
+                quant_paths.KERNEL_FALLBACK[kernel]
+        assert quant_paths.path_for(method, backend, 64, 4096, 4096, g) == \
+            quant_paths.path_for(method, backend, 64, 4096, 4096, g, kernels=False)
+
+
 @pytest.mark.parametrize("quantization,backend", [("int8", "w8a8"), ("int4-g32", "xla-int4"),
                                                   ("int4-g64-asym", "xla-int4"), ("int4-g32", "triton-int4"),
                                                   ("int4-g64-asym", "triton-int4")])
@@ -260,8 +276,8 @@ def test_quant_linear_xla_nk(monkeypatch, large):
 
 
 def test_gpu_defaults_resolve_to_measured_backends():
-    """On GPU, 'auto' int8 resolves to the [out, in] weight-only backend and an int4 model's default int8 LM head
-    follows it (head_spec keeps 'auto'); on CPU both stay the jnp reference."""
+    """On GPU, 'auto' int8 resolves to the [out, in] weight-only backend, int4 to the [out, in/2] one, and an int4
+    model's default int8 LM head follows int8's (head_spec keeps 'auto'); on CPU all stay the jnp reference."""
     from jaxinfer.models.quant_linear import resolve_backend, weight_layout
 
     i8 = parse_quantization("int8")
@@ -269,3 +285,6 @@ def test_gpu_defaults_resolve_to_measured_backends():
     assert resolve_backend(i8, "cpu") == "reference" and weight_layout(i8, "cpu") == "kn"
     head = parse_quantization("int4", quantize_lm_head=None).head_spec()
     assert head.method == "int8" and resolve_backend(head, "gpu") == "xla-nk"
+    i4 = parse_quantization("int4")
+    assert resolve_backend(i4, "gpu") == "triton-int4" and weight_layout(i4, "gpu") == "packed-nk"
+    assert resolve_backend(i4, "cpu") == "reference" and weight_layout(i4, "cpu") == "packed"

@@ -222,6 +222,28 @@ def test_xla_nk_int8_under_tp(few_kv16_dir):
     _check_sharded_like_single_device(one, par, q_out_in=True)
 
 
+@pytest.mark.parametrize("quant,tp,dp", [("int4-g32", 2, 1), ("int4-g32-asym", 1, 2)])
+def test_packed_nk_int4_under_parallelism(few_kv16_dir, quant, tp, dp):
+    """int4 in the [out, in/2] layout ('triton-int4', the GPU int4 default): the leaves are sharded by their
+    swapped logical axes like 'xla-nk' int8's, the TP / DP model gives the single-device model's results, and
+    under TP its layers take no small-M kernel path (a pallas_call would be gathered whole onto every device)."""
+    from jaxinfer import LLM
+    from jaxinfer.models import quant_paths
+
+    one = LLM(few_kv16_dir, quantization=quant, quantized_matmul="triton-int4", **ENGINE_OPTIONS)
+    par = LLM(few_kv16_dir, quantization=quant, quantized_matmul="triton-int4", tensor_parallel_size=tp,
+              data_parallel_size=dp, **ENGINE_OPTIONS)
+    down = par.model.module().layers[0].mlp.down
+    assert down.backend == "triton-int4" and down.q[...].shape[1] * 2 == down.scale[...].shape[0] * 32
+    assert down.kernels == (tp == 1)
+    assert quant_paths.path_for("int4", down.backend, 1, 4096, 4096, 128, down.kernels) in (
+        "pallas-int4-nk" if tp == 1 and quant_paths.kernel_runs("pallas-int4-nk", 1, 4096, 4096, 128)
+        else "xla-packed-nk",)
+    _assert_same(_results(par), _results(one))
+    for replica in range(dp):
+        _check_sharded_like_single_device(one, par, replica, q_out_in=True)
+
+
 @pytest.mark.parametrize("tp,dp", [(2, 1), (1, 2)])
 def test_native_int4_under_parallelism_is_a_clear_error(few_kv16_dir, tp, dp):
     from jaxinfer import LLM
