@@ -17,9 +17,9 @@ echo "kernel jax rc=$?"; grep "^jax" "$OUT_DIR/kernel-jax.log"
 timeout 300 python3 benchmarks/quantized_decode.py --methods ${METHODS:-bf16 int8 int4 int4:triton-int4} --decode-batches 1 16 --throughput-methods --no-kv-capacity \
   --min-bucket-tokens 1 --budget-s 270 > "$OUT_DIR/quant-pallas.log" 2>&1
 echo "quant (pallas-nk) rc=$?"; grep -E "batch-(1|16) decode" "$OUT_DIR/quant-pallas.log" | cut -c1-12,150-
-cp benchmarks/results/quantized-decode-2*.json "$OUT_DIR/quantized-decode-pallas.json" 2>/dev/null
+mv "$OUT_DIR"/quantized-decode-2*.json "$OUT_DIR/quantized-decode-pallas.json" 2>/dev/null
 rm -f benchmarks/results/quantized-decode-2*.json
 JAXINFER_TRITON=0 timeout 90 python3 benchmarks/quantized_decode.py --methods int8 --throughput-methods \
   --no-kv-capacity --min-bucket-tokens 1 --budget-s 80 > "$OUT_DIR/quant-xla.log" 2>&1
 echo "quant (JAXINFER_TRITON=0) rc=$?"; grep "batch-1 decode" "$OUT_DIR/quant-xla.log" | cut -c1-12,150-
-cp benchmarks/results/quantized-decode-2*.json "$OUT_DIR/quantized-decode-xla.json" 2>/dev/null
+mv "$OUT_DIR"/quantized-decode-2*.json "$OUT_DIR/quantized-decode-xla.json" 2>/dev/null

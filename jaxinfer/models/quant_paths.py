@@ -65,7 +65,7 @@ PATHS = {
     # int4 on [N, K/2] packed weights ('triton-int4', the GPU int4 default): the small-M kernel at M <= 16, XLA
     # dequantize + dot above. Its jax-triton form ('triton-int4-nk') decoded batch 1 at 90.8 tok/s against 182.1
     # for 'auto' (results/quantized-decode-jax-triton-76be10a-2026-12-03.json); the Pallas port ('pallas-int4-nk')
-    # at 255.9 against 198.7 (results/quantized-decode-pallas-nk-c3fb907-2026-12-03.json).
+    # at 255.9 against 198.7 (results/quantized-decode-pallas-nk-e29a522-2026-12-03.log).
     ("int4", "triton-int4"): ((16, "pallas-int4-nk"), (ANY_M, "xla-packed-nk")),
 }
 # Weights of at least this many elements take the 'large' table: 32M int8 weights are 32 MB, so past it a weight
@@ -73,7 +73,7 @@ PATHS = {
 # gate_up 117M and lm_head 525M above), and the per-token activation quantization (one small fusion) is worth
 # the int8 GEMM's bandwidth.
 LARGE_WEIGHT = 32 << 20
-# int4 'triton-int4' (results/quantized-decode-pallas-nk-c3fb907-2026-12-03.json, 8B shape, H200): batch 1 255.9 tok/s
+# int4 'triton-int4' (results/quantized-decode-pallas-nk-e29a522-2026-12-03.log, 8B shape, H200): batch 1 255.9 tok/s
 # against 198.7 for 'auto' (the [K/2, N] Pallas kernel) and 233.2 for bf16; batch 16 3,287 against 3,025 and 3,404.
 GPU_DEFAULT = {"int8": "xla-nk", "int4": "triton-int4", "fp8": "xla"}
 
