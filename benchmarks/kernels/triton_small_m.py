@@ -212,7 +212,7 @@ def jax_part(args):
             ts.append((time.perf_counter() - t0) * 1e6 / len(seq))
         return statistics.median(ts)
 
-    for name in ORDER:
+    for name in args.shapes or ORDER:
         K, N = SHAPES[name]
         b16_copies = max(1, math.ceil(2.5 * L2_BYTES / (2 * N * K)))
         w16 = [jnp.asarray(rng.standard_normal((N, K), np.float32), jnp.bfloat16) for _ in range(b16_copies)]
@@ -307,6 +307,7 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--pallas", action="store_true", help="jax part: also time the Pallas-Triton port (kernel_nk)")
+    ap.add_argument("--shapes", nargs="+", default=None, choices=ORDER, help="jax part: these shapes only")
     ap.add_argument("--pallas-kinds", nargs="+", default=["int8", "int4"],
                     help="jax part with --pallas: int4 also times kernel_nk.int4_matmul_nk and XLA's dequantize + dot")
     ap.add_argument("--kinds", nargs="+", default=["int8", "int4"], help="jax part: the jax-triton kinds to time")

@@ -206,7 +206,7 @@ def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, 
         if path == "reference-packed-nk":
             return qmm_ref.int4_matmul_reference(x, q.T, scale, offset, group_size=group_size, out_dtype=out_dtype)
         if path == "xla-packed-nk":
-            return qmm_xla.int4_matmul_xla(x, q.T, scale, offset, group_size=group_size, out_dtype=out_dtype)
+            return qmm_xla.int4_matmul_xla_nk(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype)
         if path == "triton-int4-nk":
             return qmm_triton.int4_matmul_nk(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype)
         if path == "pallas-int4-nk":
