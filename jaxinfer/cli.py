@@ -29,8 +29,10 @@ def cmd_generate(a) -> int:
         prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": a.prompt}])
     else:
         prompt = a.prompt
-    # the decode step compiles on a second thread while this one compiles the prompt's (2 cores: ~half the wait)
-    llm.runner.compile_in_background([llm.runner.ladder.pick(1, 1)])
+    # The decode step's program compiles (or loads) on a second thread once the first token is out: until it is
+    # ready the decode steps run in the prompt's bucket. Compiled beside the prompt's, it slowed the first token
+    # (benchmarks/README.md, start-up caches on CPU).
+    llm.runner.compile_in_background([llm.runner.ladder.pick(1, 1)], after_first_step=True)
     printed = 0
     for out in llm.stream(prompt, params):
         text = out.outputs[0].text
