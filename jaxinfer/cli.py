@@ -47,8 +47,9 @@ def cmd_generate(a) -> int:
 
 
 def _prefetch_programs(config) -> None:
-    """Load the programs the last run of this command used while this one imports and loads its weights
-    (runner/program_cache.py prefetch; a warm start spent ~0.7 s loading them after the runner was built)."""
+    """Load the first program the last run of this command used (its prompt's) while this one imports and loads
+    its weights (runner/program_cache.py prefetch; a warm start spent ~0.7 s loading its programs after the runner
+    was built)."""
     from jaxinfer.runner import program_cache
 
     par = config.parallel
