@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 from jaxinfer.cli_args import add_engine_args, config_from_args, init_distributed
@@ -20,7 +21,9 @@ def cmd_generate(a) -> int:
     params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
                             seed=a.seed)
     config = config_from_args(a)  # validated before anything is loaded
-    init_distributed(a)  # multi-host: every process runs this same command with the same prompt
+    distributed = init_distributed(a)  # multi-host: every process runs this same command with the same prompt
+    if not distributed:
+        _prefetch_programs(config)
     # One prompt needs two or three of the buckets: compile those on first use instead of all at start.
     llm = LLM(config=config, progress=not a.quiet, warmup=False)
     if a.chat:
@@ -29,8 +32,10 @@ def cmd_generate(a) -> int:
         prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": a.prompt}])
     else:
         prompt = a.prompt
-    # the decode step compiles on a second thread while this one compiles the prompt's (2 cores: ~half the wait)
-    llm.runner.compile_in_background([llm.runner.ladder.pick(1, 1)])
+    # The decode step's program compiles (or loads) on a second thread once the first token is out: until it is
+    # ready the decode steps run in the prompt's bucket. Compiled beside the prompt's, it slowed the first token
+    # (benchmarks/README.md, start-up caches on CPU).
+    llm.runner.compile_in_background([llm.runner.ladder.pick(1, 1)], after_first_step=True)
     printed = 0
     for out in llm.stream(prompt, params):
         text = out.outputs[0].text
@@ -39,6 +44,26 @@ def cmd_generate(a) -> int:
         printed = len(text)
     sys.stdout.write("\n")
     return 0
+
+
+def _prefetch_programs(config) -> None:
+    """Load the first program the last run of this command used (its prompt's) while this one imports and loads
+    its weights (runner/program_cache.py prefetch; a warm start spent ~0.7 s loading its programs after the runner
+    was built)."""
+    from jaxinfer.runner import program_cache
+
+    par = config.parallel
+    if par.tensor_parallel_size > 1 or par.data_parallel_size > 1 or not program_cache.program_cache_enabled():
+        return  # (sharded programs are not cached)
+    from jaxinfer.weights.default_model import GGUF_FILENAME, cache_dir
+
+    model = config.load.model or os.path.join(cache_dir(), "models", GGUF_FILENAME)
+    try:
+        st = os.stat(model)
+        model = (os.path.realpath(model), st.st_size, st.st_mtime_ns)
+    except OSError:  # a hub id or a preset: its name
+        pass
+    program_cache.prefetch(program_cache.hint_name("generate", repr(config), model))
 
 
 def cmd_info(a) -> int:

@@ -89,6 +89,42 @@ def test_program_key_covers_name_and_parts():
     assert program_key("step", 1, abstract_signature([a])) != program_key("step", 1, abstract_signature([b]))
 
 
+def test_prefetch_loads_the_first_program_of_the_last_start_and_a_stale_hint_is_harmless(cache, monkeypatch):
+    """prefetch() (jaxinfer generate): the next start under the same hint gets the first program the last one
+    used from the prefetch thread, bitwise the same results as the programs read from disk; missing or damaged
+    hinted programs change nothing (the damaged one is still dropped and recompiled by the ordinary load)."""
+    from jaxinfer.runner import program_cache as pc
+
+    monkeypatch.setattr(pc, "_hint", None)
+    monkeypatch.setattr(pc, "_prefetched", {})
+    hint = pc.hint_name("test", 1)
+    assert pc.prefetch(hint) == []  # no hint yet: nothing to load; this process's keys are recorded from now
+    first = jaxinfer.LLM("tiny-llama", **TINY)
+    want = _run(first)
+    stored = _programs(cache)
+    with open(os.path.join(cache, "programs", hint + ".hint")) as f:
+        keys = f.read().split()
+    assert sorted(keys) == sorted(os.path.basename(p)[:-4] for p in stored) and len(keys) == len(stored) >= 2
+
+    assert pc.prefetch(hint) == keys[:1]  # "the next start"
+    warm = jaxinfer.LLM("tiny-llama", **TINY)
+    assert _run(warm) == want
+    wpc = warm.runner.program_cache
+    assert wpc.prefetched == 1 and wpc.hits == len(stored) and wpc.misses == 0
+
+    with open(stored[0], "r+b") as f:  # a damaged program and a missing one under the hint
+        f.truncate(100)
+    damaged = os.path.basename(stored[0])[:-4]
+    with open(os.path.join(cache, "programs", hint + ".hint"), "w") as f:
+        f.write(damaged + "\n" + "0" * 64 + "\n")
+    assert pc.prefetch(hint, count=2) == [damaged, "0" * 64]
+    again = jaxinfer.LLM("tiny-llama", **TINY)
+    assert _run(again) == want
+    apc = again.runner.program_cache
+    assert apc.prefetched == 0 and apc.failures == 1 and apc.misses == 1 and apc.hits == len(stored) - 1
+    assert _programs(cache) == stored  # the damaged one stored again
+
+
 # ---- prepared GGUF weights ----------------------------------------------------------------------------------
 def _write_gguf(path, seed: int):
     """A 2-layer llama GGUF (Q8_0 / Q4_1 / F16 / F32 tensors; no tokenizer)."""

@@ -11,13 +11,13 @@ import logging
 import math
 import operator
 import os
+import threading
 import time
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
 
 from jaxinfer.config import EngineConfig
 from jaxinfer.weights.loader import LoadedModel
@@ -171,6 +171,7 @@ class ModelRunner:
         # part of the executable); everything the traced step closes over goes into `_program_parts`.
         self.program_cache = ProgramCache() if program_cache_enabled() and plan is None else None
         self._first_fetch_done = False
+        self._first_step_done = threading.Event()  # compile_in_background(after_first_step=True) waits for it
         self.program_wait_s = 0.0  # seconds callers waited for a program (compile, cache load, or a background one)
         self._program_parts = (repr(config), repr(cfg), str(jnp.dtype(loaded.dtype)), repr(loaded.quantization),
                                repr(opts), max_model_len, self.num_pages, self._device.id)
@@ -227,6 +228,7 @@ class ModelRunner:
         later = [b for b in self.ladder.buckets if b.num_tokens in self._background_tokens]  # all their programs
         eager = [b for b in self.ladder.buckets if b not in later]
         self.compile_in_background([b for b in eager if b not in deferred], workers=2)
+        from tqdm.auto import tqdm  # (here: ~65 ms of imports a warm `jaxinfer generate` never uses)
         for b in tqdm(eager, desc="compiling buckets", disable=not progress, leave=False):
             self._prompt_program(b)
             steps = [] if b in deferred else [self._step_program(b)]
@@ -279,12 +281,16 @@ class ModelRunner:
                           abstract_signature(args))
         return self.program_cache.get_or_compile(key, build, [self._device])
 
-    def compile_in_background(self, buckets, workers: int = 1, greedy_only: bool = False) -> None:
+    def compile_in_background(self, buckets, workers: int = 1, greedy_only: bool = False,
+                              after_first_step: bool = False) -> None:
         """Start compiling (or loading from the persistent cache) these buckets' step programs on a worker thread,
-        so they overlap with the caller's own work: XLA compiles outside the GIL, and on a 2-core CPU the decode
-        bucket compiled beside the prompt's cost ~one compile of wall time instead of two (`jaxinfer generate`).
-        A dispatch that needs one of them waits for it. The donated state is lowered from its shapes (specs taken
-        here), never from the arrays, which a running step may have consumed."""
+        so they overlap with the caller's own work (XLA compiles outside the GIL). A dispatch that needs one of
+        them waits for it; until one is ready a step of its bucket runs in the first larger bucket whose program
+        is (_packed_step). The donated state is lowered from its shapes (specs taken here), never from the
+        arrays, which a running step may have consumed.
+        after_first_step: start only once the first step's results are fetched (or a dispatch waits for one of
+        these programs): the first token's program then has the CPU to itself (`jaxinfer generate`'s decode
+        bucket: on the 2-core box, shared, the prompt's program compiled beside it took ~9 s instead of ~6)."""
         from concurrent.futures import ThreadPoolExecutor
 
         specs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
@@ -295,8 +301,17 @@ class ModelRunner:
             return
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="jaxinfer-compile")
         for b, g in todo:
-            self._pending[b, g] = pool.submit(self.compile_step, b, step_compiler_options(b), specs, g)
+            if after_first_step:
+                self._pending[b, g] = pool.submit(self._compile_after_first_step, b, specs, g)
+            else:
+                self._pending[b, g] = pool.submit(self.compile_step, b, step_compiler_options(b), specs, g)
         pool.shutdown(wait=False)
+
+    def _compile_after_first_step(self, bucket, specs, greedy_only: bool):
+        while not self._first_step_done.wait(0.25):
+            if not threading.main_thread().is_alive():  # exiting before any step (an error): nothing to compile
+                raise RuntimeError("the process ended before its first step")
+        return self.compile_step(bucket, step_compiler_options(bucket), specs, greedy_only)
 
     def finish_background_compiles(self) -> float:
         """Wait for every compile_in_background program (warm-up defers the general programs of large buckets to
@@ -357,6 +372,7 @@ class ModelRunner:
             t0 = time.perf_counter()
             pending = self._pending.pop(key, None)  # compile_in_background's, maybe still running
             if pending is not None:
+                self._first_step_done.set()  # (one waiting for the first step: it is this one)
                 step = pending.result()
             else:
                 step = self.compile_step(bucket, step_compiler_options(bucket), greedy_only=greedy_only)
@@ -439,8 +455,9 @@ class ModelRunner:
 
     def fetch(self, flight: "InFlight") -> RunnerOutput:
         """Wait for a dispatched step and copy its (small) results to the host."""
-        if not self._first_fetch_done:  # start-up is over: background cache writes may start now
+        if not self._first_fetch_done:  # start-up is over: background cache writes and compiles may start now
             self._first_fetch_done = True
+            self._first_step_done.set()
             release_writes()
         n, o = flight.num_seqs, flight.out
         # Every device->host copy costs host time: tokens, logprobs and the verification results come as one

@@ -23,6 +23,14 @@ Invariants:
 
 Where: $JAXINFER_CACHE/programs (default ~/.cache/jaxinfer/programs). On by default on CPU only (DEFAULT_BACKENDS);
 JAXINFER_PROGRAM_CACHE=0 / 1 forces it off / on.
+
+Prefetch (prefetch(), `jaxinfer generate`): a program's key needs the built runner (weights' shapes, KV pool), so
+on its own a warm start loads its programs only after imports, weights and runner. A start of the same command
+needs the programs the previous one used, so the keys a process uses are written to `<hint>.hint` (a hash of the
+command's configuration and model file, keys in first-use order) and the next start under that hint loads the
+first of them (its first step's) on a thread right after `import jax`, beside the rest of start-up (deserializing
+runs outside the GIL); load() then takes the prefetched executable instead of reading the file. A hint only says what to load early: a program is still taken by its
+full key, onto the same devices, and a stale hint costs a load nobody takes.
 """
 from __future__ import annotations
 
@@ -34,6 +42,7 @@ import os
 import pickle
 import tempfile
 import threading
+from concurrent.futures import Future
 from typing import Any, Callable
 
 import jax
@@ -42,6 +51,8 @@ log = logging.getLogger("jaxinfer")
 
 DEFAULT_MAX_BYTES = 4 << 30  # programs of the 8B shape are ~10-50 MB each
 _SUFFIX = ".jxp"
+_HINT_SUFFIX = ".hint"
+MAX_HINT_KEYS = 4  # keys recorded per hint (`jaxinfer generate` uses 2: its prompt's bucket and the decode bucket)
 _lock = threading.Lock()
 
 
@@ -145,28 +156,32 @@ class ProgramCache:
         self.directory = directory or os.path.join(cache_root(), "programs")
         self.max_bytes = max_bytes
         self.hits = self.misses = self.failures = 0
+        self.prefetched = 0  # hits served by prefetch()
 
     def _path(self, key: str) -> str:
         return os.path.join(self.directory, key + _SUFFIX)
 
     def load(self, key: str, devices=None):
         """The compiled program stored under `key` (loaded onto `devices`, default: the first device), or None
-        (missing, or unreadable: then it is deleted)."""
+        (missing, or unreadable: then it is deleted). A program prefetch() loaded for this directory and these
+        devices is taken instead of reading the file again."""
         path = self._path(key)
-        try:
-            with open(path, "rb") as f:
-                payload, in_tree, out_tree = pickle.load(f)
-        except FileNotFoundError:
-            return None
-        except Exception as e:  # noqa: BLE001  truncated / corrupted / written by another version
-            return self._drop(path, e)
-        try:
-            from jax.experimental.serialize_executable import deserialize_and_load
-
-            compiled = deserialize_and_load(payload, in_tree, out_tree,
-                                            execution_devices=list(devices or jax.devices()[:1]))
-        except Exception as e:  # noqa: BLE001
-            return self._drop(path, e)
+        devices = list(devices or jax.devices()[:1])
+        compiled = _take_prefetched(self.directory, key, devices)
+        if compiled is not None:
+            self.prefetched += 1
+        else:
+            try:
+                with open(path, "rb") as f:
+                    payload, in_tree, out_tree = pickle.load(f)
+            except FileNotFoundError:
+                return None
+            except Exception as e:  # noqa: BLE001  truncated / corrupted / written by another version
+                return self._drop(path, e)
+            try:
+                compiled = _deserialize(payload, in_tree, out_tree, devices)
+            except Exception as e:  # noqa: BLE001
+                return self._drop(path, e)
         with contextlib.suppress(OSError):
             os.utime(path)  # recently used: trimmed last
         return compiled
@@ -227,16 +242,110 @@ class ProgramCache:
         compiled = self.load(key, devices)
         if compiled is not None:
             self.hits += 1
+            _note_used(self.directory, key)
             return compiled
         self.misses += 1
         if os.path.exists(os.path.join(self.directory, key + ".plain")):  # cannot be serialized: JAX's cache only
             return lower_and_compile()
         compiled, fresh = _compile_fresh(lower_and_compile)
         if fresh:
-            self.store(key, compiled)
+            if self.store(key, compiled):
+                _note_used(self.directory, key)
         else:
             log.debug("program cache: %s came from JAX's compilation cache; not stored", key[:16])
         return compiled
+
+
+def _deserialize(payload, in_tree, out_tree, devices):
+    from jax.experimental.serialize_executable import deserialize_and_load
+
+    return deserialize_and_load(payload, in_tree, out_tree, execution_devices=list(devices))
+
+
+# ---- prefetch (module docstring) ------------------------------------------------------------------------------
+_prefetched: dict[tuple[str, str], tuple[Future, list]] = {}  # (directory, key) -> (Future, devices)
+_hint: dict | None = None  # the hint this process records its keys under: {"path", "directory", "keys"}
+
+
+def hint_name(*parts: Any) -> str:
+    """The hint of a start: a hash of what makes two starts need the same programs (the caller's parts, e.g. the
+    configuration and the model file's identity)."""
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(repr(p).encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def prefetch(hint: str, count: int = 1, directory: str | None = None, devices=None) -> list[str]:
+    """Start loading (one thread per program) the first `count` programs the last process under `hint` used,
+    onto `devices` (default: the first device), and record the keys this process uses under `hint`
+    (ProgramCache.get_or_compile) for the next one. Returns the keys being loaded. Call it once the backend may
+    be initialized (after any jax.distributed.initialize); a program that fails to load here is left to
+    ProgramCache.load, which deletes it if it is damaged.
+
+    count 1 (`jaxinfer generate`: its prompt's program; the decode program loads after the first token): on the
+    2-core box, shared, the first byte of a warm start came after 3.15 s with one program prefetched, 3.48 s
+    with both (they slowed the imports beside them), 3.88 s with none (benchmarks/README.md)."""
+    global _hint
+    directory = directory or os.path.join(cache_root(), "programs")
+    path = os.path.join(directory, hint + _HINT_SUFFIX)
+    keys = []
+    with contextlib.suppress(OSError, ValueError):
+        with open(path, encoding="ascii") as f:
+            keys = [k for k in f.read().split() if len(k) == 64 and all(c in "0123456789abcdef" for c in k)]
+    keys = list(dict.fromkeys(keys))[:count]
+    with _lock:
+        _prefetched.clear()
+        _hint = {"path": path, "directory": directory, "keys": []}
+    devices = list(devices or jax.devices()[:1])
+    for key in keys:
+        fut: Future = Future()
+        with _lock:
+            _prefetched[directory, key] = (fut, devices)
+        threading.Thread(target=_prefetch_one, args=(os.path.join(directory, key + _SUFFIX), devices, fut),
+                         name="jaxinfer-prefetch", daemon=True).start()
+    return keys
+
+
+def _prefetch_one(path: str, devices: list, fut: Future) -> None:
+    try:
+        with open(path, "rb") as f:
+            payload, in_tree, out_tree = pickle.load(f)
+        fut.set_result(_deserialize(payload, in_tree, out_tree, devices))
+    except Exception as e:  # noqa: BLE001  missing / damaged: ProgramCache.load finds out again (and deletes it)
+        log.debug("program cache: prefetch of %s failed (%s: %s)", os.path.basename(path), type(e).__name__, e)
+        fut.set_result(None)
+
+
+def _take_prefetched(directory: str, key: str, devices: list):
+    """The program prefetch() loaded (or is loading: then wait for it) for `key` onto `devices`, or None."""
+    with _lock:
+        entry = _prefetched.pop((directory, key), None)
+    if entry is None or entry[1] != devices:
+        return None
+    return entry[0].result()
+
+
+def _note_used(directory: str, key: str) -> None:
+    """Record `key` under this process's hint (first use first): what the next start prefetches."""
+    with _lock:
+        h = _hint
+        if h is None or h["directory"] != directory or key in h["keys"] or len(h["keys"]) >= MAX_HINT_KEYS:
+            return
+        h["keys"].append(key)
+        tmp = None
+        try:
+            os.makedirs(directory, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix="hint", suffix=".part", dir=directory)
+            with os.fdopen(fd, "w", encoding="ascii") as f:
+                f.write("\n".join(h["keys"]) + "\n")
+            os.replace(tmp, h["path"])
+        except OSError as e:
+            log.debug("program cache: hint not written (%s)", e)
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.remove(tmp)
 
 
 def clear(directory: str | None = None) -> int:
@@ -245,7 +354,7 @@ def clear(directory: str | None = None) -> int:
     n = 0
     with contextlib.suppress(FileNotFoundError):
         for e in os.scandir(directory):
-            if e.name.endswith((_SUFFIX, ".plain")):
+            if e.name.endswith((_SUFFIX, ".plain", _HINT_SUFFIX)):
                 with contextlib.suppress(OSError):
                     os.remove(e.path)
                     n += 1

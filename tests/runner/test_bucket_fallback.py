@@ -62,3 +62,42 @@ def test_small_buckets_only_without_speculation(monkeypatch, tiny_llama_dir):
     assert [b.num_tokens for b in spec.runner.ladder.buckets] == [16, 32, 64]
     draft_runner = spec.engine.spec.proposer.runner
     assert [b.num_tokens for b in draft_runner.ladder.buckets] == [16, 32, 64]
+
+
+def _tiny():
+    return LLM("tiny-llama", load_format="dummy", max_model_len=128, max_num_seqs=4, max_num_batched_tokens=64,
+               warmup=False, progress=False)
+
+
+def test_deferred_background_compile_starts_after_the_first_step():
+    """compile_in_background(after_first_step=True) (`jaxinfer generate`'s decode bucket) compiles nothing before
+    the first step's results are fetched; the decodes before it is ready run in a larger bucket, same tokens. A
+    first step that needs the deferred program itself starts it (no wait for a fetch that cannot come)."""
+    sp = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    ref = _tiny()
+    want = ref.generate([[5, 6, 7, 8, 9]], sp, use_tqdm=False)[0].outputs[0].token_ids
+    want_one = ref.generate([[5]], sp, use_tqdm=False)[0].outputs[0].token_ids
+
+    llm = _tiny()
+    r = llm.runner
+    one = r.ladder.pick(1, 1)
+    calls = []
+    compile_step = r.compile_step
+    r.compile_step = lambda b, *a, **k: calls.append((b, r._first_fetch_done)) or compile_step(b, *a, **k)
+    r.compile_in_background([one], after_first_step=True)
+    assert not r._pending[one, False].done()
+    threading.Event().wait(0.6)  # (the waiting thread polls every 0.25 s)
+    assert not [b for b, _ in calls if b == one]  # not started: no step has run yet
+    assert llm.generate([[5, 6, 7, 8, 9]], sp, use_tqdm=False)[0].outputs[0].token_ids == want
+    r.finish_background_compiles()
+    assert [(b, fetched) for b, fetched in calls if b == one] == [(one, True)]  # started after the first fetch
+    assert (one, False) in r._compiled
+
+    first_one = _tiny()  # a 1-token prompt: the first step is the deferred bucket's
+    first_one.runner.compile_in_background([one], after_first_step=True)
+    got = []
+    t = threading.Thread(target=lambda: got.append(
+        first_one.generate([[5]], sp, use_tqdm=False)[0].outputs[0].token_ids), daemon=True)
+    t.start()
+    t.join(300)
+    assert got == [want_one], "the first step waited for a program deferred until after it"
