@@ -47,6 +47,8 @@ def resolve_backend(spec: QuantSpec, platform: str | None = None) -> str:
     if spec.backend == "auto":
         if on_cpu:
             return "reference"
+        if spec.method == "int4" and spec.group_size not in quant_paths.GPU_INT4_DEFAULT_GROUPS:
+            return "auto"  # (the [N, K/2] kernel's batched form takes g = 128 only: elsewhere the [K/2, N] one)
         return quant_paths.GPU_DEFAULT[spec.method]
     if spec.backend == "pallas":
         return "pallas-interpret" if on_cpu else "pallas"

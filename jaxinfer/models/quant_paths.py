@@ -76,6 +76,10 @@ LARGE_WEIGHT = 32 << 20
 # int4 'triton-int4' (results/quantized-decode-pallas-nk-e29a522-2026-12-03.log, 8B shape, H200): batch 1 255.9 tok/s
 # against 198.7 for 'auto' (the [K/2, N] Pallas kernel) and 233.2 for bf16; batch 16 3,287 against 3,025 and 3,404.
 GPU_DEFAULT = {"int8": "xla-nk", "int4": "triton-int4", "fp8": "xla"}
+# int4 group sizes that take GPU_DEFAULT['int4']: the small-M kernel's tensor-core form (M = 2..16) needs g = 128,
+# and below it the [N, K/2] layout would fall back to XLA's dequantize + dot (4.5x the bf16 dot at M = 16), so
+# other group sizes (GGUF Q4_0 / Q4_1's 32, int4-g64) keep 'auto', the [K/2, N] Pallas kernel at every M.
+GPU_INT4_DEFAULT_GROUPS = (128,)
 
 # Paths each weight layout can run (a table row naming another layout's path is an error, check_tables).
 LAYOUT_PATHS = {

@@ -288,3 +288,7 @@ def test_gpu_defaults_resolve_to_measured_backends():
     i4 = parse_quantization("int4")
     assert resolve_backend(i4, "gpu") == "triton-int4" and weight_layout(i4, "gpu") == "packed-nk"
     assert resolve_backend(i4, "cpu") == "reference" and weight_layout(i4, "cpu") == "packed"
+    for g in (32, 64):   # the batched kernel form takes g = 128 only: other groups keep the [K/2, N] kernel
+        i4g = parse_quantization(f"int4-g{g}")
+        assert resolve_backend(i4g, "gpu") == "auto" and weight_layout(i4g, "gpu") == "packed"
+        assert quant_paths.path_for("int4", "auto", 16, 4096, 4096, g) == "pallas"
