@@ -19,7 +19,7 @@ Model backends (the `quantized_matmul` option after quant.resolve_backend) and t
                              order); the small-M kernel at M <= 16, XLA dequantize + dot above
                              (PATHS[('int4', 'triton-int4')])
                                                                                         int4 packed-nk
-  'auto'                     resolves to GPU_DEFAULT[method] on GPU (int8: 'xla-nk', int4: 'triton-int4');
+  'auto'                     resolves to GPU_DEFAULT[method] on GPU (int8: 'xla-nk', int4-g128: 'triton-int4');
                              PATHS[(method, 'auto')] picks
                              per M among the paths of the int8 [K, N] / int4 packed layout for 'auto' itself
 PATHS[(method, backend)] = ((max_m, path), ...): the first row with M <= max_m is used. The defaults reproduce the
