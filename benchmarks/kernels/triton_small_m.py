@@ -244,7 +244,7 @@ def jax_part(args):
                         lambda x, w: kernel_nk.int4_matmul_nk(x, w[0], w[1], w[2], group_size=GROUP), x, q4,
                         q4bytes / 3e12 * 1e6)
                     line["int4_xla_packed_nk_us"] = time_loop(
-                        lambda x, w: qx.int4_matmul_xla(x, w[0].T, w[1], w[2], group_size=GROUP), x, q4,
+                        lambda x, w: qx.int4_matmul_xla_nk(x, w[0], w[1], w[2], group_size=GROUP), x, q4,
                         q4bytes / 3e12 * 1e6)
             for kind, copies, qb in (("int8", q8, q8bytes), ("int4", q4, q4bytes)):
                 if kind not in args.kinds:

@@ -36,11 +36,11 @@ def int4_matmul_xla(x, packed, scale, offset, *, group_size: int, out_dtype=None
 def int4_matmul_xla_nk(x, packed_t, scale, offset, *, group_size: int, out_dtype=None):
     """x [..., K] @ dequantize_int4(packed_t.T, scale, offset) with packed_t uint8 [N, K/2] (K contiguous): the
     weights are unpacked and dequantized in their own [N, K] orientation and contracted over K on both sides (no
-    transpose of the weight). Measured on the H200 (8B gate_up, benchmarks/README.md "int4 on the small-M kernel"):
-    364 us at M = 16, the same as the transposed form int4_matmul_xla(x, packed_t.T, ...) (370 us), against 81 us
-    for the bf16 dot; 410 us at M = 256 (bf16 120), 1,001 us at M = 2048 (bf16 767). So the cost is the unpacking
-    pass XLA does not fuse into the GEMM, not the transpose: the engine uses this only above the small-M kernel's M
-    (and under TP), where a tensor-core int4 kernel is still missing."""
+    transpose of the weight). Not measured per op yet: the H200 figures of benchmarks/README.md "int4 on the small-M
+    kernel" (8B gate_up: 364-370 us at M = 16, 410 us at M = 256, 1,001 us at M = 2048, against bf16's 81 / 120 /
+    767) are of the transposed form int4_matmul_xla(x, packed_t.T, ...), which the benchmark timed by mistake before the review fix;
+    the engine's offline int4 figure (0.59x bf16, 73af401) is with this one. Used above the small-M kernel's M and
+    under TP, where a tensor-core int4 kernel is still missing."""
     x2, lead = _as_2d(x)
     N, K2 = packed_t.shape
     g = group_size
