@@ -285,13 +285,13 @@ def test_unserializable_program_is_marked_and_compiled_plainly(cache, monkeypatc
 
 
 def test_program_cache_default_is_per_backend(monkeypatch):
-    """Unset, the program cache is on for the backends it is verified on (CPU) and off elsewhere; the variable
-    forces it either way."""
+    """Unset, the program cache is on for the backends it is verified on (CPU, GPU) and off elsewhere (TPU); the
+    variable forces it either way."""
     from jaxinfer.runner import program_cache as pc
 
     monkeypatch.delenv("JAXINFER_PROGRAM_CACHE", raising=False)
-    assert pc.program_cache_enabled("cpu") and not pc.program_cache_enabled("gpu")
+    assert pc.program_cache_enabled("cpu") and pc.program_cache_enabled("gpu") and not pc.program_cache_enabled("tpu")
     monkeypatch.setenv("JAXINFER_PROGRAM_CACHE", "1")
-    assert pc.program_cache_enabled("gpu")
+    assert pc.program_cache_enabled("tpu")
     monkeypatch.setenv("JAXINFER_PROGRAM_CACHE", "off")
     assert not pc.program_cache_enabled("cpu")
