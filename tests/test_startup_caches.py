@@ -14,10 +14,9 @@ from gguf import GGMLQuantizationType as QT
 import jaxinfer
 from jaxinfer import SamplingParams
 from jaxinfer.weights import prepared
-
-TINY = dict(load_format="dummy", max_model_len=256, max_num_batched_tokens=32, max_num_seqs=4, num_pages=64,
-            warmup=False, progress=False)
-
+from tests.startup_cases import TINY
+from tests.startup_cases import run_two_prompts as _run
+from tests.startup_cases import stored_programs as _programs
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
@@ -25,19 +24,6 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.delenv("JAXINFER_PROGRAM_CACHE", raising=False)
     monkeypatch.delenv("JAXINFER_PREPARED_CACHE", raising=False)
     return tmp_path
-
-
-def _run(llm):
-    """Greedy and seeded-sampled tokens with their logprobs (and top logprobs) of two prompts."""
-    params = [SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=2),
-              SamplingParams(temperature=0.9, top_p=0.9, seed=3, max_tokens=6, ignore_eos=True, logprobs=2)]
-    outs = llm.generate([[1, 2, 3, 4, 5], list(range(7, 30))], params, use_tqdm=False)
-    return [(o.outputs[0].token_ids, [sorted(d.items()) for d in o.outputs[0].logprobs]) for o in outs]
-
-
-def _programs(root):
-    d = os.path.join(root, "programs")
-    return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(".jxp"))
 
 
 # ---- compiled programs --------------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ exactly what a fresh compile gives. Run on the H200 with `python benchmarks/gpu_
 import pytest
 
 import jaxinfer
-from tests.test_startup_caches import TINY, _programs, _run
+from tests.startup_cases import TINY
+from tests.startup_cases import run_two_prompts as _run
+from tests.startup_cases import stored_programs as _programs
 
 pytestmark = pytest.mark.gpu
 
