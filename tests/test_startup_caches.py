@@ -12,7 +12,6 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 import jaxinfer
-from jaxinfer import SamplingParams
 from jaxinfer.weights import prepared
 from tests.startup_cases import TINY
 from tests.startup_cases import run_two_prompts as _run
