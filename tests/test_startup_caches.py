@@ -17,6 +17,7 @@ from tests.startup_cases import TINY
 from tests.startup_cases import run_two_prompts as _run
 from tests.startup_cases import stored_programs as _programs
 
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("JAXINFER_CACHE", str(tmp_path))

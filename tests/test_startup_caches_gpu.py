@@ -1,5 +1,5 @@
 """Whole compiled programs on disk (runner/program_cache.py) on the GPU, where they are on by default since
-2026-12-03 (benchmarks/results/gpu-program-cache-803e7a6-2026-12-03.log: warm start-up of the 8B shape 13.5 s ->
+60b8838 (benchmarks/results/gpu-program-cache-803e7a6-2026-12-03.log: warm start-up of the 8B shape 13.5 s ->
 8.8 s). The programs there hold command buffers and Pallas/Triton kernels; a program loaded from disk must give
 exactly what a fresh compile gives. Run on the H200 with `python benchmarks/gpu_tests.py tests/test_startup_caches_gpu.py`."""
 import pytest
