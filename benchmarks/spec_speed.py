@@ -140,6 +140,40 @@ def decode_run(llm, prompts, new_tokens, tag):
     return len(prompts) * (new_tokens - 1) / dt, outs
 
 
+def profiled_run(llm, prompts, new_tokens, tag, profile_root, top=12):
+    """decode_run under jax.profiler: device µs per generated token by kernel family and the top kernels, and the
+    share of the run's wall time the device was busy (what is not busy is host time / launch gaps)."""
+    import collections
+    import tempfile
+
+    import jax
+
+    from benchmarks.probes.step_profile import device_op_times, op_family
+
+    os.makedirs(profile_root, exist_ok=True)
+    d = tempfile.mkdtemp(prefix=f"{tag}-", dir=profile_root)
+    jax.profiler.start_trace(d)
+    t0 = time.perf_counter()
+    decode_run(llm, prompts, new_tokens, tag)
+    wall = time.perf_counter() - t0
+    jax.profiler.stop_trace()
+    tokens = len(prompts) * new_tokens
+    ops, _ = device_op_times(d, tokens)
+    fam = collections.Counter()
+    for k, v in ops.items():
+        fam[op_family(k)] += v
+    busy = sum(ops.values()) * tokens / 1e6 / wall
+    out = dict(wall_us_per_token=round(wall / tokens * 1e6, 1), device_us_per_token=round(sum(ops.values()), 1),
+               device_busy=round(busy, 3), families_us_per_token={k: round(v, 1) for k, v in fam.most_common()},
+               top_ops_us_per_token={k: round(v, 1) for k, v in collections.Counter(ops).most_common(top)})
+    print(f"  profile {tag}: wall {out['wall_us_per_token']} µs/token, device {out['device_us_per_token']} µs/token "
+          f"(busy {100 * busy:.0f}%); " + ", ".join(f"{k} {v:.0f}" for k, v in out["families_us_per_token"].items()),
+          flush=True)
+    for k, v in out["top_ops_us_per_token"].items():
+        print(f"      {v:8.1f} µs  {k[:100]}", flush=True)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--drafts", nargs="+", default=["none", "llama3.2-1b"],
@@ -154,6 +188,9 @@ def main(argv=None):
                     help="free drafts from the host (each speculative step finished before the next; the old path)")
     ap.add_argument("--per-step-drafts", action="store_true",
                     help="draft models dispatch their k steps one by one (not fused into one program)")
+    ap.add_argument("--profile", default=None, metavar="DIR",
+                    help="trace one more run of plain decoding and of each draft at the first --accept value under "
+                         "jax.profiler (traces in DIR) and add its per-token device-time table to the row")
     add_engine_flags(ap, model="llama3-8b", load_format="dummy", num_pages=2048, max_num_batched_tokens=512)
     a = ap.parse_args(argv)
 
@@ -208,6 +245,8 @@ def main(argv=None):
         base_tps, base_outs = decode_run(plain, prompts, a.new_tokens, f"plain{b}")
         print(f"batch {b}: plain {base_tps:.1f} tok/s", flush=True)
         rows.append(dict(batch=b, draft="plain", accept=None, tokens_per_s=round(base_tps, 2), speedup=1.0))
+        if a.profile:
+            rows[-1]["profile"] = profiled_run(plain, prompts, a.new_tokens, f"pplain{b}", a.profile)
         plain_outs = [base_outs[f"plain{b}-{i}"].outputs[0].token_ids for i in range(b)]
         if "none" in inners and not a.unpipelined:  # the device draft table's program compiled outside the timing
             ids = [f"warmspec{b}-{i}" for i in range(b)]
@@ -217,11 +256,9 @@ def main(argv=None):
         for d, inner in inners.items():
             for acc in a.accept:
                 oracle = plain_outs
-                for run in range(a.max_oracle_runs):
-                    tag = f"s{b}-{d}-{acc}-{run}"
-                    ids = [f"{tag}-{i}" for i in range(b)]
-                    refs = dict(zip(ids, oracle))
-                    piped = not a.unpipelined and (inner is None or getattr(inner, "can_pipeline", False))
+                piped = not a.unpipelined and (inner is None or getattr(inner, "can_pipeline", False))
+
+                def use_proposer(ids, oracle):
                     if piped:
                         noise = np.random.default_rng(b)
                         proposer = TableProposer({rid: prompts[i] + _corrupt(oracle[i], acc, vocab, noise)
@@ -229,8 +266,14 @@ def main(argv=None):
                         if inner is not None:
                             proposer = DeviceOracle(proposer, inner)
                     else:
-                        proposer = OracleProposer(refs, {rid: a.prompt_len for rid in ids}, acc, vocab, inner, seed=b)
+                        proposer = OracleProposer(dict(zip(ids, oracle)), {rid: a.prompt_len for rid in ids}, acc,
+                                                  vocab, inner, seed=b)
                     spec_llm.engine.spec = SpecControl(proposer, a.k, max_batch, adaptive=False, pipelined=piped)
+
+                for run in range(a.max_oracle_runs):
+                    tag = f"s{b}-{d}-{acc}-{run}"
+                    ids = [f"{tag}-{i}" for i in range(b)]
+                    use_proposer(ids, oracle)
                     tps, outs = decode_run(spec_llm, prompts, a.new_tokens, tag)
                     got = [outs[rid].outputs[0].token_ids for rid in ids]
                     fixed = got == oracle
@@ -247,6 +290,11 @@ def main(argv=None):
                 print(f"batch {b}: draft {d} a={acc}: {tps:.1f} tok/s ({tps / base_tps:.2f}x), "
                       f"{st['mean_accepted_length']:.2f} tok/verify, oracle runs {run + 1}, fixed point {fixed}",
                       flush=True)
+                if a.profile and acc == a.accept[0]:  # the same run again, traced
+                    tag = f"p{b}-{d}-{acc}"
+                    ids = [f"{tag}-{i}" for i in range(b)]
+                    use_proposer(ids, oracle)
+                    rows[-1]["profile"] = profiled_run(spec_llm, prompts, a.new_tokens, tag, a.profile)
         path = save()
     print("wrote", path)
 
