@@ -174,6 +174,28 @@ def profiled_run(llm, prompts, new_tokens, tag, profile_root, top=12):
     return out
 
 
+def host_profiled_run(llm, prompts, new_tokens, tag, top=25):
+    """decode_run under cProfile: the host functions with the most own time (tottime), per generated token."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.runcall(decode_run, llm, prompts, new_tokens, tag)
+    wall = time.perf_counter() - t0
+    tokens = len(prompts) * new_tokens
+    st = pstats.Stats(prof)
+    rows = sorted(((v[2], v[3], f"{os.path.basename(k[0])}:{k[1]} {k[2]}") for k, v in st.stats.items()), reverse=True)
+    out = dict(wall_us_per_token=round(wall / tokens * 1e6, 1),
+               top_tottime_us_per_token={name: [round(tt / tokens * 1e6, 1), round(ct / tokens * 1e6, 1)]
+                                         for tt, ct, name in rows[:top]})
+    print(f"  host profile {tag}: wall {out['wall_us_per_token']} µs/token under cProfile; own / cumulative µs per "
+          "token:", flush=True)
+    for name, (tt, ct) in out["top_tottime_us_per_token"].items():
+        print(f"      {tt:8.1f} {ct:9.1f}  {name[:110]}", flush=True)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--drafts", nargs="+", default=["none", "llama3.2-1b"],
@@ -191,6 +213,9 @@ def main(argv=None):
     ap.add_argument("--profile", default=None, metavar="DIR",
                     help="trace one more run of plain decoding and of each draft at the first --accept value under "
                          "jax.profiler (traces in DIR) and add its per-token device-time table to the row")
+    ap.add_argument("--host-profile", action="store_true",
+                    help="one more run of plain decoding and of each draft at the first --accept value under "
+                         "cProfile; the functions with the most host time per token go into the row")
     add_engine_flags(ap, model="llama3-8b", load_format="dummy", num_pages=2048, max_num_batched_tokens=512)
     a = ap.parse_args(argv)
 
@@ -247,6 +272,8 @@ def main(argv=None):
         rows.append(dict(batch=b, draft="plain", accept=None, tokens_per_s=round(base_tps, 2), speedup=1.0))
         if a.profile:
             rows[-1]["profile"] = profiled_run(plain, prompts, a.new_tokens, f"pplain{b}", a.profile)
+        if a.host_profile:
+            rows[-1]["host_profile"] = host_profiled_run(plain, prompts, a.new_tokens, f"hplain{b}")
         plain_outs = [base_outs[f"plain{b}-{i}"].outputs[0].token_ids for i in range(b)]
         if "none" in inners and not a.unpipelined:  # the device draft table's program compiled outside the timing
             ids = [f"warmspec{b}-{i}" for i in range(b)]
@@ -292,9 +319,12 @@ def main(argv=None):
                       flush=True)
                 if a.profile and acc == a.accept[0]:  # the same run again, traced
                     tag = f"p{b}-{d}-{acc}"
-                    ids = [f"{tag}-{i}" for i in range(b)]
-                    use_proposer(ids, oracle)
+                    use_proposer([f"{tag}-{i}" for i in range(b)], oracle)
                     rows[-1]["profile"] = profiled_run(spec_llm, prompts, a.new_tokens, tag, a.profile)
+                if a.host_profile and acc == a.accept[0]:  # and under cProfile: where the host time goes
+                    tag = f"h{b}-{d}-{acc}"
+                    use_proposer([f"{tag}-{i}" for i in range(b)], oracle)
+                    rows[-1]["host_profile"] = host_profiled_run(spec_llm, prompts, a.new_tokens, tag)
         path = save()
     print("wrote", path)
 

@@ -95,7 +95,7 @@ class DraftCycle:
             no_prev = jnp.zeros((self.max_seqs,), jnp.int32)
             with jax.named_scope("draft_cycle_step_0"):
                 kv_caches, out, _, penalty_table = step_fn(params, kv_caches, ints1, floats1, no_prev, penalty_table,
-                                                           bucket=b1)
+                                                           bucket=b1, greedy_only=True)
             tokens = [out.tokens]
             # steps 2..k: sequence i = token i, from the shifted base positions (packed at draft 1's worst position)
             t2 = jnp.arange(T2)
@@ -113,7 +113,7 @@ class DraftCycle:
                 x = f2.put(x, "tile_kv_len", jnp.where(tgo, base_kv - shift[tseq2] + (j - 1), 0))
                 with jax.named_scope(f"draft_cycle_step_{j}"):
                     kv_caches, out, _, penalty_table = step_fn(params, kv_caches, x, floats2, out.tokens,
-                                                               penalty_table, bucket=b2)
+                                                               penalty_table, bucket=b2, greedy_only=True)
                 tokens.append(out.tokens)
             d = jnp.stack(tokens, axis=1)[:S2]  # [S2, K]: sequence i's drafts
             d = jnp.where(jnp.arange(K)[None, :] < k_row[:, None], d, 0)

@@ -93,7 +93,7 @@ class FusedDraftSteps:
                     if j:
                         ints = advance(ints, k_row, j, bucket, ps)
                     kv_caches, out, _, penalty_table = step_fn(params, kv_caches, ints, floats, prev, penalty_table,
-                                                               bucket=bucket)
+                                                               bucket=bucket, greedy_only=True)
                 prev = out.tokens  # i32[max_num_seqs]: row i = sequence i's greedy token
                 tokens.append(out.tokens)
             return kv_caches, jnp.stack(tokens), penalty_table  # [num_steps, max_num_seqs]
