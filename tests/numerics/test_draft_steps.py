@@ -88,3 +88,19 @@ def test_fused_draft_steps_update_the_cache_in_place(proposers):
     pool = r"\[" + ",".join(map(str, [r.num_pages, r.page_size, cfg.num_kv_heads, cfg.head_dim])) + r"\]"
     assert re.search(pool, entry), "the KV cache is not an argument of the fused program"
     assert not re.search(pool + r"\{[\d,]*\} copy\(", entry), "the fused draft steps copy the KV cache"
+
+
+def test_draft_programs_sample_greedily(proposers):
+    """Every draft is the draft model's argmax, so its programs carry the greedy-only sampler: on the GPU the
+    general one computes every branch (selects), a sort over the vocabulary included, which cost the 1B-shaped
+    draft 490 us per generated token on the H200 (benchmarks/README.md, 2026-12-04 b). The general step program of
+    the same bucket has the sort (the check can fail)."""
+    fused, _ = proposers
+    r = fused.runner
+    b = r.ladder.pick(2, 2)
+    general = r.compile_step(b).as_text()
+    assert " sort(" in general, "the general sampler lost its sort: this check no longer tells the two apart"
+    assert " sort(" not in fused.fused._program(b).as_text(), "the fused draft steps run the general sampler"
+    b1, b2 = fused.cycle._buckets(2)
+    assert " sort(" not in fused.cycle._program(b1, b2, fused.carry_shape).as_text(), \
+        "the draft cycle runs the general sampler"
