@@ -36,7 +36,7 @@ class LLM:
 
     def __init__(self, model: str | None = None, dtype: str = "auto", load_format: str = "auto",
                  tokenizer: str | None = None, warmup: bool | None = None, progress: bool = True,
-                 config: EngineConfig | None = None, **engine_options):
+                 config: EngineConfig | None = None, _first_request: tuple | None = None, **engine_options):
         if config is None:
             config = EngineConfig.from_options(model=model, dtype=dtype, load_format=load_format, **engine_options)
         elif engine_options or (model, dtype, load_format) != (None, "auto", "auto"):
@@ -46,6 +46,9 @@ class LLM:
                               "the config, e.g. config.replace(max_num_seqs=8)")
         t0 = time.perf_counter()
         self._progress = progress
+        # (prompt, SamplingParams) the caller sends first (`jaxinfer generate`): its step program compiles while
+        # the weights load (_start_first_compile)
+        self._first_request = _first_request
         # warmup None: JAXINFER_WARMUP (default on; "0" compiles each program on first use, as the test suite does)
         # (off values as JAXINFER_PROGRAM_CACHE / JAXINFER_PREPARED_CACHE read them)
         self._warmup = (os.environ.get("JAXINFER_WARMUP", "1").lower() not in ("0", "false", "no", "off")
@@ -97,17 +100,25 @@ class LLM:
             from jaxinfer.parallel import make_plans, replicate_model
 
             plans = make_plans(par.tensor_parallel_size, par.data_parallel_size)
-        # dtype "auto": the checkpoint's dtype (bfloat16 for most), float32 on CPU (runner/cpu_defaults.py)
-        self.model = load_model(self.source, compute_dtype(config.load.dtype), seed=config.seed, progress=progress,
+        dtype = compute_dtype(config.load.dtype)  # "auto": the checkpoint's (bfloat16 for most), float32 on CPU
+        early = None
+        if self._first_request is not None and not warmup and plans == [None] and config.quant_spec is None:
+            early = self._start_first_compile(dtype, tokenizer_future)
+            times["runner_s"], t = time.perf_counter() - t, time.perf_counter()
+        self.model = load_model(self.source, dtype, seed=config.seed, progress=progress,
                                 quantization=config.quant_spec, plan=plans[0])
         self.models = [self.model] + [replicate_model(self.model, p) for p in plans[1:]]
         times["weights_s"], t = time.perf_counter() - t, time.perf_counter()
         cfg = self.model.cfg
         self.model_config = cfg
-        max_len = self._max_model_len()
-        self.runners = [ModelRunner(m, self.config, max_len) for m in self.models]
+        max_len = self._max_model_len(cfg)
+        if early is not None:  # built from the weights' shapes: now the weights themselves
+            early.loaded = self.model
+            self.runners = [early]
+        else:
+            self.runners = [ModelRunner(m, self.config, max_len) for m in self.models]
+            times["runner_s"], t = time.perf_counter() - t, time.perf_counter()
         self.runner = self.runners[0]
-        times["runner_s"], t = time.perf_counter() - t, time.perf_counter()
         self.tokenizer = tokenizer_future.result()
         times["tokenizer_wait_s"], t = time.perf_counter() - t, time.perf_counter()
         eos = set(cfg.eos_token_ids)
@@ -131,6 +142,39 @@ class LLM:
         times["programs_s"] = time.perf_counter() - t  # compile or load every bucket's programs (warm-up)
 
     # ---- set-up helpers -----------------------------------------------------------------------------------
+    def _start_first_compile(self, dtype, tokenizer_future):
+        """The runner, built from the weights' shapes (weights/loader.abstract_model) before they are read, and the
+        step program of the first request's bucket compiling on a thread as soon as the tokenizer can count its
+        tokens: XLA compiles outside the GIL, so on a CPU the compile and the weight loading share the cores
+        (2-core box, default model, cold: the first token's ~4.5 s compile no longer waits for ~3 s of loading;
+        benchmarks/README.md). Anything that fails here only loses the overlap: the step compiles on first use."""
+        from jaxinfer.runner.model_runner import ModelRunner
+        from jaxinfer.weights.loader import abstract_model
+
+        shapes = abstract_model(self.source, dtype)
+        runner = ModelRunner(shapes, self.config, self._max_model_len(shapes.cfg))
+        prompt, params = self._first_request
+
+        def compile_first(future):
+            try:
+                tok = future.result()
+                if isinstance(prompt, str):
+                    n = len(tok.encode(prompt))
+                elif prompt and isinstance(prompt[0], dict):  # chat messages
+                    n = len(tok.apply_chat_template(prompt))
+                else:
+                    n = len(prompt)  # token ids
+                # the greedy-only program where the step will take it (runner.ModelRunner._program_key)
+                greedy = bool(runner.greedy_programs and params is not None and params.temperature < 1e-5
+                              and params.logprobs is None and params.presence_penalty == 0
+                              and params.frequency_penalty == 0 and params.repetition_penalty == 1)
+                runner.compile_in_background([runner.ladder.pick(n, 1)], greedy_only=greedy)
+            except Exception as e:  # noqa: BLE001  (see the docstring)
+                log.debug("first-request compile not started (%s: %s)", type(e).__name__, e)
+
+        tokenizer_future.add_done_callback(compile_first)
+        return runner
+
     def _speculation(self, max_len: int):
         """SpecControl with the configured proposer, or None (engine/spec_control.py)."""
         sc = self.config.speculative
@@ -179,10 +223,9 @@ class LLM:
                                              generation_config=gen)
         return Tokenizer.from_pretrained(path, generation_config=gen)
 
-    def _max_model_len(self) -> int:
+    def _max_model_len(self, cfg) -> int:
         import jax
 
-        cfg = self.model.cfg
         want = self.config.scheduler.max_model_len
         if want is None:
             want = cfg.max_position_embeddings

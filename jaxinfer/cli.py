@@ -24,12 +24,15 @@ def cmd_generate(a) -> int:
     distributed = init_distributed(a)  # multi-host: every process runs this same command with the same prompt
     if not distributed:
         _prefetch_programs(config)
-    # One prompt needs two or three of the buckets: compile those on first use instead of all at start.
-    llm = LLM(config=config, progress=not a.quiet, warmup=False)
+    # One prompt needs two or three of the buckets: compile those on first use instead of all at start; the
+    # prompt's own program compiles while the weights load (_first_request).
+    messages = [{"role": "user", "content": a.prompt}]
+    llm = LLM(config=config, progress=not a.quiet, warmup=False,
+              _first_request=(messages if a.chat else a.prompt, params))
     if a.chat:
         if llm.tokenizer is None:
             raise ValueError("--chat needs a model with a tokenizer and chat template")
-        prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": a.prompt}])
+        prompt = llm.tokenizer.apply_chat_template(messages)
     else:
         prompt = a.prompt
     # The decode step's program compiles (or loads) on a second thread once the first token is out: until it is

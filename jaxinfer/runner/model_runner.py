@@ -172,6 +172,7 @@ class ModelRunner:
         self.program_cache = ProgramCache() if program_cache_enabled() and plan is None else None
         self._first_fetch_done = False
         self._first_step_done = threading.Event()  # compile_in_background(after_first_step=True) waits for it
+        self._after_first_step: set = set()  # the (Bucket, greedy_only) keys of those programs
         self.program_wait_s = 0.0  # seconds callers waited for a program (compile, cache load, or a background one)
         self._program_parts = (repr(config), repr(cfg), str(jnp.dtype(loaded.dtype)), repr(loaded.quantization),
                                repr(opts), max_model_len, self.num_pages, self._device.id)
@@ -302,6 +303,7 @@ class ModelRunner:
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="jaxinfer-compile")
         for b, g in todo:
             if after_first_step:
+                self._after_first_step.add((b, g))
                 self._pending[b, g] = pool.submit(self._compile_after_first_step, b, specs, g)
             else:
                 self._pending[b, g] = pool.submit(self.compile_step, b, step_compiler_options(b), specs, g)
@@ -372,7 +374,8 @@ class ModelRunner:
             t0 = time.perf_counter()
             pending = self._pending.pop(key, None)  # compile_in_background's, maybe still running
             if pending is not None:
-                self._first_step_done.set()  # (one waiting for the first step: it is this one)
+                if key in self._after_first_step:  # waiting for the first step would wait for itself
+                    self._first_step_done.set()
                 step = pending.result()
             else:
                 step = self.compile_step(bucket, step_compiler_options(bucket), greedy_only=greedy_only)

@@ -242,6 +242,20 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
                        layout=layout)
 
 
+def abstract_model(src: ModelSource, dtype="auto") -> LoadedModel:
+    """The LoadedModel load_model(src, dtype) returns (float weights, one default device), with every weight a
+    jax.ShapeDtypeStruct on that device instead of an array: enough to build a ModelRunner and compile its
+    programs while the weights are still being read (api.LLM's first-prompt compile). Nothing is read but the
+    config."""
+    arch, cfg = registry.model_config(src.hf_config)
+    jdtype = resolve_dtype(dtype, cfg) if isinstance(dtype, str) else dtype
+    graphdef, abs_state = nnx.split(nnx.eval_shape(lambda: arch.module(cfg, jdtype, mlp_blocks=1)))
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    leaves, treedef = jax.tree.flatten(abs_state)
+    leaves = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device) for x in leaves]
+    return LoadedModel(cfg, src, graphdef, leaves, treedef, jdtype)
+
+
 def _load_gguf_prepared(src: ModelSource, cfg: ModelConfig, names, dtype, progress: bool) -> dict:
     """A GGUF's float weights from the prepared-weights cache (weights/prepared.py: memory-mapped, no
     dequantization), else dequantized from the file and stored there for the next start."""
