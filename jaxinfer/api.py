@@ -101,6 +101,8 @@ class LLM:
 
             plans = make_plans(par.tensor_parallel_size, par.data_parallel_size)
         dtype = compute_dtype(config.load.dtype)  # "auto": the checkpoint's (bfloat16 for most), float32 on CPU
+        # Compiled lazily (no warm-up): greedy-only step programs on every backend (ModelRunner greedy_programs)
+        lazy = True if not warmup else None
         early = None
         if self._first_request is not None and not warmup and plans == [None] and config.quant_spec is None:
             early = self._start_first_compile(dtype, tokenizer_future)
@@ -116,7 +118,7 @@ class LLM:
             early.loaded = self.model
             self.runners = [early]
         else:
-            self.runners = [ModelRunner(m, self.config, max_len) for m in self.models]
+            self.runners = [ModelRunner(m, self.config, max_len, greedy_programs=lazy) for m in self.models]
             times["runner_s"], t = time.perf_counter() - t, time.perf_counter()
         self.runner = self.runners[0]
         self.tokenizer = tokenizer_future.result()
@@ -152,7 +154,7 @@ class LLM:
         from jaxinfer.weights.loader import abstract_model
 
         shapes = abstract_model(self.source, dtype)
-        runner = ModelRunner(shapes, self.config, self._max_model_len(shapes.cfg))
+        runner = ModelRunner(shapes, self.config, self._max_model_len(shapes.cfg), greedy_programs=True)
         prompt, params = self._first_request
 
         def compile_first(future):
@@ -164,11 +166,7 @@ class LLM:
                     n = len(tok.apply_chat_template(prompt))
                 else:
                     n = len(prompt)  # token ids
-                # the greedy-only program where the step will take it (runner.ModelRunner._program_key)
-                greedy = bool(runner.greedy_programs and params is not None and params.temperature < 1e-5
-                              and params.logprobs is None and params.presence_penalty == 0
-                              and params.frequency_penalty == 0 and params.repetition_penalty == 1)
-                runner.compile_in_background([runner.ladder.pick(n, 1)], greedy_only=greedy)
+                runner.compile_in_background([runner.ladder.pick(n, 1)], greedy_only=runner.greedy_for(params))
             except Exception as e:  # noqa: BLE001  (see the docstring)
                 log.debug("first-request compile not started (%s: %s)", type(e).__name__, e)
 

@@ -38,7 +38,8 @@ def cmd_generate(a) -> int:
     # The decode step's program compiles (or loads) on a second thread once the first token is out: until it is
     # ready the decode steps run in the prompt's bucket. Compiled beside the prompt's, it slowed the first token
     # (benchmarks/README.md, start-up caches on CPU).
-    llm.runner.compile_in_background([llm.runner.ladder.pick(1, 1)], after_first_step=True)
+    llm.runner.compile_in_background([llm.runner.ladder.pick(1, 1)], after_first_step=True,
+                                     greedy_only=llm.runner.greedy_for(params))
     printed = 0
     for out in llm.stream(prompt, params):
         text = out.outputs[0].text

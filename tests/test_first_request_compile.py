@@ -64,9 +64,9 @@ def test_waiting_for_a_background_program_leaves_after_first_step_ones_waiting()
     llm = LLM("tiny-llama", load_format="dummy", **KW)
     r = llm.runner
     one, four = r.ladder.buckets[:2]
-    r.compile_in_background([four])
-    r.compile_in_background([one], after_first_step=True)
-    r._step_program(four)
+    r.compile_in_background([four], greedy_only=True)
+    r.compile_in_background([one], after_first_step=True, greedy_only=True)
+    r._step_program(four, greedy_only=True)
     assert not r._first_step_done.is_set()
-    r._step_program(one)  # a step that needs the deferred one itself starts it
+    r._step_program(one, greedy_only=True)  # a step that needs the deferred one itself starts it
     assert r._first_step_done.is_set()

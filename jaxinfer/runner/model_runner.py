@@ -81,7 +81,7 @@ def enable_compilation_cache(cache_dir: str | None):
 
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int,
-                 num_pages: int | None = None, small_buckets: bool = True):
+                 num_pages: int | None = None, small_buckets: bool = True, greedy_programs: bool | None = None):
         self.loaded = loaded
         self.config = config
         self.max_model_len = max_model_len
@@ -165,7 +165,10 @@ class ModelRunner:
         # The sampler is a large share of a decode step (H200, results/step-dispatch-2026-12-02.json: batch 64
         # device step 8.5 ms general vs 6.8 ms greedy-only; batch 256 16.7 vs 13.5 ms). Each extra program costs
         # ~7 s of cold compile (8B shape): see EAGER_GENERAL_MAX_TOKENS for which are compiled when.
-        self.greedy_programs = jax.default_backend() == "gpu"
+        # greedy_programs=True (api.LLM when it compiles lazily, warmup=False): on the CPU too, since then only the
+        # programs a run uses are compiled, and the greedy one compiles in less than half the general one's time
+        # (XLA:CPU, tiny model: 0.8 vs 1.9 s; `jaxinfer generate`'s greedy default, and most of the test suite).
+        self.greedy_programs = jax.default_backend() == "gpu" if greedy_programs is None else greedy_programs
         self._prompt_logprobs = make_prompt_logprobs_fn(loaded)
         # Compiled programs on disk (runner/program_cache.py): one device only (a sharded program's devices are
         # part of the executable); everything the traced step closes over goes into `_program_parts`.
@@ -332,6 +335,13 @@ class ModelRunner:
         """The step executable for a packed batch: the greedy-only one when it has one and every row qualifies
         (padding rows are greedy and unpenalised)."""
         return self._step_program(*self._program_key(batch))
+
+    def greedy_for(self, params) -> bool:
+        """Whether steps of requests with these SamplingParams alone run the greedy-only program (as _program_key
+        decides from a packed batch): for compiling it ahead (api.LLM's first request, the CLI's decode bucket)."""
+        return bool(self.greedy_programs and params is not None and params.temperature < GREEDY_EPS
+                    and params.logprobs is None and params.presence_penalty == 0 and params.frequency_penalty == 0
+                    and params.repetition_penalty == 1)
 
     def _program_key(self, batch) -> tuple:
         """(bucket, greedy_only) of the step program a packed batch runs."""

@@ -18,17 +18,18 @@ def test_step_runs_in_a_larger_ready_bucket_while_its_own_compiles():
     want = llm.generate([prompt], sp, use_tqdm=False)[0].outputs[0].token_ids  # decodes in the 1-token bucket
     one, four = r.ladder.buckets[:2]  # CPU ladder: 1, 4, 16, 64
     assert (one.num_tokens, four.num_tokens) == (1, 4)
-    one_exe = r._compiled.pop((one, False))
-    r._step_program(four)  # the larger bucket's program is ready
+    assert r.greedy_programs  # compiled lazily (warmup=False): the greedy-only programs, on the CPU too
+    one_exe = r._compiled.pop((one, True))
+    r._step_program(four, greedy_only=True)  # the larger bucket's program is ready
     pending = Future()  # "still compiling in the background"
-    r._pending[one, False] = pending
+    r._pending[one, True] = pending
     # a dispatch that waited for it would hang: fail it instead after a minute
     guard = threading.Timer(60, lambda: pending.done() or pending.set_exception(TimeoutError("a step waited")))
     guard.daemon = True
     guard.start()
     seqs = [SeqInput(token_ids=[5], start_pos=3, page_table=[1])]
     batch, step = r._packed_step(seqs, one)
-    assert batch.bucket == four and step is r._compiled[four, False]
+    assert batch.bucket == four and step is r._compiled[four, True]
 
     used = []
     packed_step = r._packed_step
@@ -40,7 +41,7 @@ def test_step_runs_in_a_larger_ready_bucket_while_its_own_compiles():
         pending.set_result(one_exe)  # the background compile finished
         used.clear()
         assert llm.generate([prompt], sp, use_tqdm=False)[0].outputs[0].token_ids == want
-        assert one in used and (one, False) in r._compiled and (one, False) not in r._pending
+        assert one in used and (one, True) in r._compiled and (one, True) not in r._pending
     finally:
         r._packed_step = packed_step
         guard.cancel()
@@ -84,17 +85,17 @@ def test_deferred_background_compile_starts_after_the_first_step():
     calls = []
     compile_step = r.compile_step
     r.compile_step = lambda b, *a, **k: calls.append((b, r._first_fetch_done)) or compile_step(b, *a, **k)
-    r.compile_in_background([one], after_first_step=True)
-    assert not r._pending[one, False].done()
+    r.compile_in_background([one], after_first_step=True, greedy_only=True)
+    assert not r._pending[one, True].done()
     threading.Event().wait(0.6)  # (the waiting thread polls every 0.25 s)
     assert not [b for b, _ in calls if b == one]  # not started: no step has run yet
     assert llm.generate([[5, 6, 7, 8, 9]], sp, use_tqdm=False)[0].outputs[0].token_ids == want
     r.finish_background_compiles()
     assert [(b, fetched) for b, fetched in calls if b == one] == [(one, True)]  # started after the first fetch
-    assert (one, False) in r._compiled
+    assert (one, True) in r._compiled
 
     first_one = _tiny()  # a 1-token prompt: the first step is the deferred bucket's
-    first_one.runner.compile_in_background([one], after_first_step=True)
+    first_one.runner.compile_in_background([one], after_first_step=True, greedy_only=True)
     got = []
     t = threading.Thread(target=lambda: got.append(
         first_one.generate([[5]], sp, use_tqdm=False)[0].outputs[0].token_ids), daemon=True)
