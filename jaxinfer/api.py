@@ -104,7 +104,10 @@ class LLM:
         # Compiled lazily (no warm-up): greedy-only step programs on every backend (ModelRunner greedy_programs)
         lazy = True if not warmup else None
         early = None
-        if self._first_request is not None and not warmup and plans == [None] and config.quant_spec is None:
+        # CPU only: an accelerator's KV pool is sized from the memory free when the runner is built, which must
+        # be after the weights are on it (there the compile is also a smaller share of the start).
+        if (self._first_request is not None and not warmup and plans == [None] and config.quant_spec is None
+                and _backend() == "cpu"):
             early = self._start_first_compile(dtype, tokenizer_future)
             times["runner_s"], t = time.perf_counter() - t, time.perf_counter()
         self.model = load_model(self.source, dtype, seed=config.seed, progress=progress,
@@ -386,6 +389,12 @@ def _as_params_list(sp, n: int) -> list[SamplingParams]:
 
 
 _LLM_CACHE: dict[tuple, LLM] = {}  # LLMs that generate() built itself, kept for the process
+def _backend() -> str:
+    import jax
+
+    return jax.default_backend()
+
+
 _BUILT: dict[tuple, "weakref.ref[LLM]"] = {}  # the last LLM built per model source (any caller), while it lives
 
 
