@@ -388,13 +388,13 @@ def _as_params_list(sp, n: int) -> list[SamplingParams]:
     return sp
 
 
-_LLM_CACHE: dict[tuple, LLM] = {}  # LLMs that generate() built itself, kept for the process
 def _backend() -> str:
     import jax
 
     return jax.default_backend()
 
 
+_LLM_CACHE: dict[tuple, LLM] = {}  # LLMs that generate() built itself, kept for the process
 _BUILT: dict[tuple, "weakref.ref[LLM]"] = {}  # the last LLM built per model source (any caller), while it lives
 
 
