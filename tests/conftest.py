@@ -112,7 +112,9 @@ def smollm2_transformers(smollm2_gguf):
 
     class PlainArrayReader(gguf.GGUFReader):
         """gguf-py's reader over a plain ndarray view of its memory map (same bytes, same parsing code): every
-        slice of an np.memmap pays for memmap.__array_finalize__, and transformers parses the file twice."""
+        slice of an np.memmap pays for memmap.__array_finalize__, and transformers parses the file twice. (The
+        same few lines as jaxinfer/weights/gguf_reader.py's reader, kept apart: the reference imports nothing of
+        ours.)"""
 
         @property
         def data(self):
