@@ -85,6 +85,7 @@ class LLM:
     def _build(self, config, tokenizer_future):
         """Weights, runners, engine(s) and warm-up; `tokenizer_future` is awaited once the runners exist."""
         from jaxinfer.weights.loader import load_model
+        from jaxinfer.runner import cpu_defaults
         from jaxinfer.runner.cpu_defaults import compute_dtype
         from jaxinfer.runner.model_runner import ModelRunner
         from jaxinfer.engine.engine import LLMEngine
@@ -107,11 +108,12 @@ class LLM:
         # CPU only: an accelerator's KV pool is sized from the memory free when the runner is built, which must
         # be after the weights are on it (there the compile is also a smaller share of the start).
         if (self._first_request is not None and not warmup and plans == [None] and config.quant_spec is None
-                and _backend() == "cpu"):
+                and cpu_defaults.on_cpu()):
             early = self._start_first_compile(dtype, tokenizer_future)
             times["runner_s"], t = time.perf_counter() - t, time.perf_counter()
         self.model = load_model(self.source, dtype, seed=config.seed, progress=progress,
-                                quantization=config.quant_spec, plan=plans[0])
+                                quantization=config.quant_spec, plan=plans[0],
+                                shapes=None if early is None else early.loaded)
         self.models = [self.model] + [replicate_model(self.model, p) for p in plans[1:]]
         times["weights_s"], t = time.perf_counter() - t, time.perf_counter()
         cfg = self.model.cfg
@@ -386,12 +388,6 @@ def _as_params_list(sp, n: int) -> list[SamplingParams]:
     if len(sp) != n:
         raise ValueError(f"got {len(sp)} SamplingParams for {n} prompts; pass one, or one per prompt")
     return sp
-
-
-def _backend() -> str:
-    import jax
-
-    return jax.default_backend()
 
 
 _LLM_CACHE: dict[tuple, LLM] = {}  # LLMs that generate() built itself, kept for the process

@@ -75,13 +75,13 @@ def test_waiting_for_a_background_program_leaves_after_first_step_ones_waiting()
 def test_no_early_runner_where_the_kv_pool_is_sized_from_free_memory(tiny_llama_dir, monkeypatch):
     """On an accelerator the KV pool takes a share of the memory free when the runner is built: built before the
     weights are on the device it would leave them no room. The early path is the CPU's alone."""
-    import jaxinfer.api as api
+    from jaxinfer.runner import cpu_defaults
 
     calls = []
     compile_step = ModelRunner.compile_step
     monkeypatch.setattr(ModelRunner, "compile_step", lambda self, b, *a, **k: calls.append(b) or compile_step(
         self, b, *a, **k))
-    monkeypatch.setattr(api, "_backend", lambda: "gpu")
+    monkeypatch.setattr(cpu_defaults, "on_cpu", lambda: False)
     llm = LLM(tiny_llama_dir, _first_request=([5, 6, 7], SP), **KW)
     assert calls == []  # nothing compiled while building
     assert not any(isinstance(p, jax.ShapeDtypeStruct) for p in llm.runner.loaded.params)

@@ -169,14 +169,16 @@ def resolve_dtype(dtype: str, cfg: ModelConfig):
 
 
 def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool = True, quantization=None,
-               tensors=None, plan=None) -> LoadedModel:
+               tensors=None, plan=None, shapes: LoadedModel | None = None) -> LoadedModel:
     """quantization: a config.QuantSpec (None: float weights); the decoder projections become
     QuantLinears filled by RTN on the device, tensor by tensor (or from QuantizedTensors in `tensors`).
     tensors: an iterable of (Hugging Face name, np.ndarray | QuantizedTensor) read instead of src's files
     (pre-quantized checkpoint readers; see params_from_quantized).
     plan: a jaxinfer.parallel.ShardingPlan; every weight is then placed with the sharding its logical axes
     give, each device receiving only its own block (see `_sharded_placer`). The returned cfg is the config the
-    model runs with (KV heads replicated up to tensor_parallel_size; jaxinfer/parallel.py)."""
+    model runs with (KV heads replicated up to tensor_parallel_size; jaxinfer/parallel.py).
+    shapes: abstract_model(src, dtype) already built (float weights, one device): its module structure is reused
+    instead of tracing the module's shapes a second time."""
     if getattr(quantization, "name", None) == "gguf":  # config.KeepGGUFQuantization: the file's own int4
         from jaxinfer.weights.gguf_quant import keep_gguf_quantization
 
@@ -201,11 +203,12 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
             check_checkpoint_compatible(quantization, src.hf_config, repr(src.path or src.name))
         float_state = nnx.split(nnx.eval_shape(lambda: module_cls(cfg, jdtype, mlp_blocks=blocks)))[1]
         tp = 1 if plan is None else plan.tp
-        abstract = nnx.eval_shape(lambda: quantize_module(module_cls(cfg, jdtype, mlp_blocks=blocks),
-                                                          quantization, jdtype, tp=tp))
+        graphdef, abs_state = nnx.split(nnx.eval_shape(lambda: quantize_module(
+            module_cls(cfg, jdtype, mlp_blocks=blocks), quantization, jdtype, tp=tp)))
+    elif shapes is not None and plan is None and shapes.dtype == jdtype:  # (a fresh State: filled in below)
+        graphdef, abs_state = shapes.graphdef, jax.tree.unflatten(shapes.treedef, list(shapes.params))
     else:
-        abstract = nnx.eval_shape(lambda: module_cls(cfg, jdtype, mlp_blocks=blocks))
-    graphdef, abs_state = nnx.split(abstract)
+        graphdef, abs_state = nnx.split(nnx.eval_shape(lambda: module_cls(cfg, jdtype, mlp_blocks=blocks)))
     place = None if plan is None else _sharded_placer(abs_state, plan, layout, jdtype)
     if quantization is not None:
         quantizer = Quantizer(cfg, quantization, jdtype, place)
