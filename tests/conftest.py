@@ -26,6 +26,10 @@ if not shutil.which("nvidia-smi"):
 # references with their usual bounds); the product keeps XLA's defaults.
 _SUITE_XLA_FLAGS = ("--xla_llvm_disable_expensive_passes=true", "--xla_backend_optimization_level=0",
                     "--xla_cpu_use_fusion_emitters=false")
+# XLA's own defaults of those flags, as per-executable compiler options: a test of the product's compiled program
+# (tests/test_step_hlo.py: fusions, in-place cache) compiles with them instead of the suite's.
+PRODUCT_XLA_OPTIONS = {"xla_llvm_disable_expensive_passes": False, "xla_backend_optimization_level": 2,
+                       "xla_cpu_use_fusion_emitters": True}
 if not shutil.which("nvidia-smi"):
     for _flag in _SUITE_XLA_FLAGS:
         if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
