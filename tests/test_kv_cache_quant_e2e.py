@@ -141,5 +141,8 @@ def test_smollm2_perplexity_with_quantized_kv(smollm2_gguf):
         ppl[kind] = perplexity(llm, num_tokens=512)
         del llm
     assert 10 < ppl["auto"] < 60 and math.isfinite(ppl["fp8"])
-    assert ppl["auto"] < ppl["int8"] <= ppl["auto"] * 1.01, ppl
-    assert ppl["auto"] < ppl["fp8"] <= ppl["auto"] * 1.015, ppl
+    # Each quantized cache changes the result (its path is on) and stays within its bound of the float cache's. Not
+    # "worse than float": int8's rounding noise is within XLA:CPU's own rounding differences (at the suite's -O0,
+    # tests/conftest.py, int8 read 31.282 against float 31.292).
+    assert ppl["int8"] != ppl["auto"] and abs(ppl["int8"] / ppl["auto"] - 1) <= 0.01, ppl
+    assert ppl["fp8"] != ppl["auto"] and abs(ppl["fp8"] / ppl["auto"] - 1) <= 0.015, ppl

@@ -411,16 +411,25 @@ def test_cli_serve_sigterm_graceful(smollm2_gguf):
     import socket
     import subprocess
     import sys
+    import tempfile
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
+    # The server's output goes to a file, not a pipe: nobody reads a pipe while the test waits, and a server that
+    # writes more than the pipe's buffer (64 KiB) would block on its own log.
+    log = tempfile.TemporaryFile()
     proc = subprocess.Popen([sys.executable, "-m", "serving", "--model", smollm2_gguf, "--dtype", "float32",
                              "--port", str(port), "--num-pages", "64", "--max-model-len", "256",
                              "--max-num-batched-tokens", "64", "--max-num-seqs", "4", "--no-warmup",
-                             "--served-model-name", MODEL, "--shutdown-grace", "300"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             "--served-model-name", MODEL, "--shutdown-grace", "300"], stdout=log, stderr=subprocess.STDOUT,
                             env=dict(os.environ))
+
+    def output() -> str:
+        log.seek(0)
+        return log.read().decode(errors="replace")[-3000:]
+
     try:
         deadline = time.time() + 300
         while True:
@@ -428,7 +437,7 @@ def test_cli_serve_sigterm_graceful(smollm2_gguf):
                 assert _get(url + "/health") == "ok"
                 break
             except (urllib.error.URLError, ConnectionError):
-                assert proc.poll() is None and time.time() < deadline, proc.stdout.read().decode()[-3000:]
+                assert proc.poll() is None and time.time() < deadline, output()
                 time.sleep(0.3)
         result = {}
         t = threading.Thread(target=lambda: result.setdefault("r", _post(url + "/v1/completions", {
@@ -438,10 +447,11 @@ def test_cli_serve_sigterm_graceful(smollm2_gguf):
         while time.time() < deadline and _running_or_zero(url) == 0:
             time.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(400) == 0
+        assert proc.wait(400) == 0, output()
         t.join(60)
         status, _, body = result["r"]
         assert status == 200 and body["usage"]["completion_tokens"] == 40
     finally:
         if proc.poll() is None:
             proc.kill()
+        log.close()
