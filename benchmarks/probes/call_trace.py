@@ -1,0 +1,135 @@
+"""Where do the 2-3.5 ms of host time in one call of the compiled step go? (issue 17, item 2)
+
+step_dispatch.py timed the call of the 8B decode step (until it returns to Python) at 2.2-3.5 ms with command
+buffers, also with the device idle and also with the same input buffers every call; call_overhead.py put ~0.7 ms
+of it on the ~360 argument buffers. This probe names the rest: it runs the engine's step program of each batch
+bucket back to back (as step_dispatch's "busy" variant: fresh input buffers, previous tokens fed in, KV cache
+donated) under `jax.profiler.trace(create_perfetto_trace=True)` and sums, per host thread, the trace events
+(XLA / PjRt / StreamExecutor TraceMe annotations: execute, command-buffer record / update / launch, buffer
+allocation, ...) by name, per call. The call's own wall time is timed beside it, untraced and traced.
+
+  python benchmarks/probes/call_trace.py [--model llama3-8b] [--batch 1 64 256] [--context 512] [--iters 20]
+
+Output: per batch the top host events (ms per call, count per call, thread), and a JSON in benchmarks/results.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks.common import write_result  # noqa: E402
+from benchmarks.probes.step_dispatch import _fresh_step, _seqs  # noqa: E402
+
+
+# The Python tracer's frames of the probe itself and of the profiler: not part of the call.
+_OWN_FRAMES = ("profiler.py", "contextlib.py", "call_trace.py", "time perf_counter")
+
+
+def host_event_totals(trace_dir: str, calls: int, top: int = 30) -> list[dict]:
+    """Sum the complete ("X") events of the perfetto trace under trace_dir by (thread, name), per call.
+    Device planes (GPU streams) are left out: their pid's name carries '/device:'."""
+    paths = glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True)
+    if not paths:
+        return [{"error": f"no perfetto_trace.json.gz under {trace_dir}"}]
+    with gzip.open(paths[0], "rt") as f:
+        trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    pid_name, tid_name = {}, {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            pid_name[e["pid"]] = e["args"]["name"]
+        if e.get("ph") == "M" and e.get("name") == "thread_name":
+            tid_name[(e["pid"], e["tid"])] = e["args"]["name"]
+    total = collections.defaultdict(float)
+    count = collections.Counter()
+    for e in events:
+        if e.get("ph") != "X" or "/device:" in pid_name.get(e.get("pid"), ""):
+            continue
+        if any(f in e.get("name", "") for f in _OWN_FRAMES):
+            continue
+        key = (tid_name.get((e["pid"], e["tid"]), str(e["tid"])), e["name"])
+        total[key] += float(e.get("dur", 0.0))  # microseconds
+        count[key] += 1
+    rows = sorted(total, key=total.get, reverse=True)[:top]
+    return [dict(thread=t, name=n[:120], ms_per_call=total[(t, n)] / calls / 1e3, count_per_call=count[(t, n)] / calls)
+            for t, n in rows]
+
+
+def probe(llm, batch: int, ctx: int, iters: int) -> dict:
+    from jaxinfer.runner.batch import pack
+    from jaxinfer.runner.model_runner import step_compiler_options
+
+    r = llm.runner
+    hb = pack(_seqs(r, batch, ctx), r.ladder.pick(batch, batch), r.page_size)
+    flat = hb.flat()
+    opts = step_compiler_options(hb.bucket)
+    out = {"batch": batch, "bucket": str(hb.bucket), "compiler_options": opts}
+    for greedy in (True, False):
+        exe = _fresh_step(llm, hb.bucket, flat, options=opts, greedy_only=greedy)
+        prev = [r._no_prev]
+
+        def call():
+            ints, floats = jax.device_put(flat)
+            r.kv_caches, o, _, r.penalty_table = exe(r.loaded.params, r.kv_caches, ints, floats, prev[0],
+                                                     r.penalty_table)
+            prev[0] = o.tokens
+            return o.tokens
+
+        def run(n):
+            times = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - t0)
+            jax.block_until_ready(prev[0])
+            return float(np.median(times) * 1e3)
+
+        jax.block_until_ready(call())
+        untraced = run(iters)
+        d = tempfile.mkdtemp(prefix="call-trace-")
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            traced = run(iters)
+        name = "greedy" if greedy else "general"
+        out[name] = dict(call_ms_untraced=untraced, call_ms_traced=traced, host_events=host_event_totals(d, iters))
+        print(f"batch {batch} {name}: call median {untraced:.3f} ms untraced, {traced:.3f} traced; host events "
+              "(ms per call, count per call, thread):", flush=True)
+        for e in out[name]["host_events"]:
+            if "error" in e:
+                print("   ", e["error"])
+            else:
+                print(f"    {e['ms_per_call']:8.3f}  {e['count_per_call']:7.1f}  {e['thread'][:28]:28s} {e['name']}")
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="llama3-8b")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 64, 256])
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--max-model-len", type=int, default=1024)
+    a = ap.parse_args()
+    from jaxinfer import LLM
+
+    pages_per_seq = a.context // 16 + 2
+    llm = LLM(a.model, load_format="dummy", max_model_len=a.max_model_len, max_num_batched_tokens=max(256, max(a.batch)),
+              max_num_seqs=max(a.batch), num_pages=max(a.batch) * pages_per_seq + 8, warmup=False, progress=False)
+    rows = [probe(llm, b, a.context, a.iters) for b in a.batch]
+    print("wrote", write_result("call-trace", dict(model=a.model, xla_flags=os.environ.get("XLA_FLAGS", ""),
+                                                   rows=rows)))
+
+
+if __name__ == "__main__":
+    main()
