@@ -9,6 +9,8 @@ donated) under `jax.profiler.trace(create_perfetto_trace=True)` and sums, per ho
 allocation, ...) by name, per call. The call's own wall time is timed beside it, untraced and traced.
 
   python benchmarks/probes/call_trace.py [--model llama3-8b] [--batch 1 64 256] [--context 512] [--iters 20]
+      [--option KEY=VALUE ...]   (per-executable XLA options merged into the engine's, e.g. a command-buffer mode;
+                                  process-wide ones go in XLA_FLAGS)
 
 Output: per batch the top host events (ms per call, count per call, thread), and a JSON in benchmarks/results.
 """
@@ -67,7 +69,7 @@ def host_event_totals(trace_dir: str, calls: int, top: int = 30) -> list[dict]:
             for t, n in rows]
 
 
-def probe(llm, batch: int, ctx: int, iters: int) -> dict:
+def probe(llm, batch: int, ctx: int, iters: int, extra_options: dict | None = None) -> dict:
     from jaxinfer.runner.batch import pack
     from jaxinfer.runner.model_runner import step_compiler_options
 
@@ -75,6 +77,8 @@ def probe(llm, batch: int, ctx: int, iters: int) -> dict:
     hb = pack(_seqs(r, batch, ctx), r.ladder.pick(batch, batch), r.page_size)
     flat = hb.flat()
     opts = step_compiler_options(hb.bucket)
+    if extra_options:
+        opts = {**(opts or {}), **extra_options}
     out = {"batch": batch, "bucket": str(hb.bucket), "compiler_options": opts}
     for greedy in (True, False):
         exe = _fresh_step(llm, hb.bucket, flat, options=opts, greedy_only=greedy)
@@ -113,6 +117,13 @@ def probe(llm, batch: int, ctx: int, iters: int) -> dict:
     return out
 
 
+def _option_value(v: str):
+    """A compile option's value from the command line: XLA wants booleans and integers typed, enums as names."""
+    if v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    return int(v) if v.lstrip("-").isdigit() else v
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="llama3-8b")
@@ -120,15 +131,19 @@ def main():
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--tag", default="", help="suffix of the result's name (one file per variant)")
     a = ap.parse_args()
+    extra = {k: _option_value(v) for k, v in (kv.split("=", 1) for kv in a.option)}
     from jaxinfer import LLM
 
     pages_per_seq = a.context // 16 + 2
     llm = LLM(a.model, load_format="dummy", max_model_len=a.max_model_len, max_num_batched_tokens=max(256, max(a.batch)),
               max_num_seqs=max(a.batch), num_pages=max(a.batch) * pages_per_seq + 8, warmup=False, progress=False)
-    rows = [probe(llm, b, a.context, a.iters) for b in a.batch]
-    print("wrote", write_result("call-trace", dict(model=a.model, xla_flags=os.environ.get("XLA_FLAGS", ""),
-                                                   rows=rows)))
+    rows = [probe(llm, b, a.context, a.iters, extra) for b in a.batch]
+    name = "call-trace" + (f"-{a.tag}" if a.tag else "")
+    print("wrote", write_result(name, dict(model=a.model, xla_flags=os.environ.get("XLA_FLAGS", ""), options=extra,
+                                           rows=rows)))
 
 
 if __name__ == "__main__":
