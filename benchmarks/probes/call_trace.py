@@ -13,11 +13,18 @@ allocation, ...) by name, per call. The call's own wall time is timed beside it,
                                   process-wide ones go in XLA_FLAGS)
 
 Output: per batch the top host events (ms per call, count per call, thread), and a JSON in benchmarks/results.
+
+--exactness N: after the timings, N more calls per batch alternate the greedy and the general program with device
+arrays of random sizes allocated and kept between calls (so the allocator hands out moving addresses, as in
+serving), every call's tokens kept on the device and fetched at the end; the sha256 of all tokens is printed. Two
+processes with different command-buffer address modes must print the same digest (the dummy weights are seeded):
+a mode that replays a graph with a stale address gives other tokens.
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import hashlib
 import glob
 import gzip
 import json
@@ -80,8 +87,9 @@ def probe(llm, batch: int, ctx: int, iters: int, extra_options: dict | None = No
     if extra_options:
         opts = {**(opts or {}), **extra_options}
     out = {"batch": batch, "bucket": str(hb.bucket), "compiler_options": opts}
+    exes = {}
     for greedy in (True, False):
-        exe = _fresh_step(llm, hb.bucket, flat, options=opts, greedy_only=greedy)
+        exe = exes[greedy] = _fresh_step(llm, hb.bucket, flat, options=opts, greedy_only=greedy)
         prev = [r._no_prev]
 
         def call():
@@ -114,7 +122,32 @@ def probe(llm, batch: int, ctx: int, iters: int, extra_options: dict | None = No
                 print("   ", e["error"])
             else:
                 print(f"    {e['ms_per_call']:8.3f}  {e['count_per_call']:7.1f}  {e['thread'][:28]:28s} {e['name']}")
+    out["_exes"], out["_flat"] = exes, flat
     return out
+
+
+def exactness(llm, row: dict, calls: int, seed: int = 0) -> str:
+    """sha256 of the tokens of `calls` back-to-back calls (see the module docstring). Same inputs, seed and KV
+    state in every process: the KV cache is zeroed first, so the digest depends only on the programs' results."""
+    import jax.numpy as jnp
+
+    r, exes, flat = llm.runner, row.pop("_exes"), row.pop("_flat")
+    rng = np.random.default_rng(seed)
+    r.kv_caches = jax.tree.map(jnp.zeros_like, r.kv_caches)
+    r.penalty_table = jax.tree.map(jnp.zeros_like, r.penalty_table)
+    prev, kept, junk = r._no_prev, [], []
+    for i in range(calls):
+        ints, floats = jax.device_put(flat)
+        r.kv_caches, o, _, r.penalty_table = exes[i % 2 == 0](r.loaded.params, r.kv_caches, ints, floats, prev,
+                                                               r.penalty_table)
+        prev = o.tokens
+        kept.append(o.tokens)
+        junk.append(jnp.ones(int(rng.integers(1, 1 << 22)), jnp.uint8))  # 1 B - 4 MiB, freed in random order
+        if len(junk) > 3:
+            junk.pop(int(rng.integers(0, len(junk))))
+    digest = hashlib.sha256(b"".join(np.asarray(t).tobytes() for t in kept)).hexdigest()
+    print(f"exactness batch {row['batch']}: {calls} calls, sha256 {digest}", flush=True)
+    return digest
 
 
 def _option_value(v: str):
@@ -132,6 +165,7 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--exactness", type=int, default=0, metavar="N", help="N more calls per batch, digest printed")
     ap.add_argument("--tag", default="", help="suffix of the result's name (one file per variant)")
     a = ap.parse_args()
     extra = {k: _option_value(v) for k, v in (kv.split("=", 1) for kv in a.option)}
@@ -141,6 +175,13 @@ def main():
     llm = LLM(a.model, load_format="dummy", max_model_len=a.max_model_len, max_num_batched_tokens=max(256, max(a.batch)),
               max_num_seqs=max(a.batch), num_pages=max(a.batch) * pages_per_seq + 8, warmup=False, progress=False)
     rows = [probe(llm, b, a.context, a.iters, extra) for b in a.batch]
+    for row in rows:
+        if a.exactness:
+            row["exactness_sha256"] = exactness(llm, row, a.exactness)
+        row.pop("_exes", None), row.pop("_flat", None)
+    print("memory_stats:", {k: v for k, v in (jax.devices()[0].memory_stats() or {}).items()
+                            if k in ("bytes_in_use", "peak_bytes_in_use", "bytes_limit", "bytes_reserved",
+                                     "pool_bytes", "largest_free_block_bytes")}, flush=True)
     name = "call-trace" + (f"-{a.tag}" if a.tag else "")
     print("wrote", write_result(name, dict(model=a.model, xla_flags=os.environ.get("XLA_FLAGS", ""), options=extra,
                                            rows=rows)))
