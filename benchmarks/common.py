@@ -102,7 +102,9 @@ def program_cache_entries() -> int:
 def write_result(name: str, payload: dict) -> str:
     os.makedirs(RESULTS_DIR, exist_ok=True)
     payload = {"benchmark": name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "device": device_name(), "jax": jax.__version__, "commit": git_commit(), **payload}
+               "device": device_name(), "jax": jax.__version__, "commit": git_commit(),
+               "xla_flags": os.environ.get("XLA_FLAGS", ""),  # e.g. runner/xla_env.py's command-buffer mode
+               "allocator": os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default"), **payload}
     stamp = datetime.date.today().isoformat()
     # CPU runs (smoke tests of the scripts) never overwrite the GPU results of the same day.
     suffix = "" if jax.default_backend() == "gpu" else f"-{jax.default_backend()}"

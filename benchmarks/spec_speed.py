@@ -208,6 +208,7 @@ def main(argv=None):
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--unpipelined", action="store_true",
                     help="free drafts from the host (each speculative step finished before the next; the old path)")
+    ap.add_argument("--tag", default="", help="appended to the result file's name")
     ap.add_argument("--per-step-drafts", action="store_true",
                     help="draft models dispatch their k steps one by one (not fused into one program)")
     ap.add_argument("--profile", default=None, metavar="DIR",
@@ -255,7 +256,8 @@ def main(argv=None):
     rows = []
 
     def save():  # after every batch: a run cut by a time limit keeps what it measured
-        return write_result("spec-speed-per-step-drafts" if a.per_step_drafts else "spec-speed", dict(
+        name = "spec-speed-per-step-drafts" if a.per_step_drafts else "spec-speed"
+        return write_result(name + (f"-{a.tag}" if a.tag else ""), dict(
             model=a.model, drafts=a.drafts, k=a.k, prompt_len=a.prompt_len, new_tokens=a.new_tokens, setup_s=round(setup_s, 1),
             fused_draft_steps=not a.per_step_drafts,
             method="oracle drafts: true greedy continuation with probability a per position, else a random token; "

@@ -180,6 +180,7 @@ def main():
     ap.add_argument("--draft-model", default="tiny-llama", help="--speculative: the draft's preset (random weights)")
     ap.add_argument("--per-step-drafts", action="store_true",
                     help="--speculative: the draft model's k steps as k dispatches (not fused into one program)")
+    ap.add_argument("--tag", default="", help="appended to the result file's name")
     # --model: on a GPU, llama3-8b shows the host sections beside the real device time ('wait')
     add_engine_flags(ap, model="tiny-llama", load_format="dummy", max_num_batched_tokens=512)
     a = ap.parse_args()
@@ -188,7 +189,7 @@ def main():
         from benchmarks.probes import spec_step_cost
 
         rows = spec_step_cost.main(a, Sections)
-        path = write_result("host-step-cost-spec", dict(model=f"{a.model} ({a.load_format})", prompt_len=a.prompt_len,
+        path = write_result("host-step-cost-spec" + (f"-{a.tag}" if a.tag else ""), dict(model=f"{a.model} ({a.load_format})", prompt_len=a.prompt_len,
                                                         k=a.k, accept=a.accept, draft_model=a.draft_model,
                                                         rows=rows,
                                                         fused_draft_steps=not a.per_step_drafts))
@@ -245,7 +246,7 @@ def main():
             marginal[scen] = (by_b[hi] - by_b[lo]) / (hi - lo)
             print(f"{scen}: marginal host cost {marginal[scen]:.2f} µs per extra running request per step "
                   f"(batch {lo} -> {hi})")
-    path = write_result("host-step-cost", dict(model=f"{a.model} ({a.load_format})", prompt_len=a.prompt_len,
+    path = write_result("host-step-cost" + (f"-{a.tag}" if a.tag else ""), dict(model=f"{a.model} ({a.load_format})", prompt_len=a.prompt_len,
                                                marginal_us_per_req=marginal,
                                                max_model_len=max_len, page_size=16, rows=rows))
     print("wrote", path)

@@ -25,6 +25,7 @@ from jaxinfer.outputs import RunnerOutput, SeqInput, StepBatch
 from jaxinfer.runner.batch import _TOKEN_IDS, pack, pack_step
 from jaxinfer.runner.buckets import BucketLadder
 from jaxinfer.runner.cpu_defaults import cpu_kv_pages, ladder_args
+from jaxinfer.runner.device_memory import memory_budget
 from jaxinfer.runner.penalties import host_row, write_row
 from jaxinfer.weights.prepared import release_writes
 from jaxinfer.runner.program_cache import ProgramCache, abstract_signature, program_cache_enabled, program_key
@@ -197,13 +198,13 @@ class ModelRunner:
     def _pages_from_budget(self) -> int:
         cfg = self.loaded.cfg
         per_page = self.bytes_per_page // self._kv_shards
-        stats = self._device.memory_stats() or {}
-        if "bytes_limit" in stats:
+        memory = memory_budget(self._device)  # (limit, in use); None on CPU
+        if memory is not None:
             # Leave room for activations of the largest bucket: hidden/MLP intermediates and f32 logits.
             T, S = self.config.scheduler.max_num_batched_tokens, self.config.scheduler.max_num_seqs
             act = 8 * T * (cfg.hidden_size + 2 * cfg.intermediate_size + cfg.qkv_size) + 16 * S * cfg.vocab_size
-            budget = (stats["bytes_limit"] * self.config.cache.gpu_memory_utilization - stats.get("bytes_in_use", 0)
-                      - act)
+            limit, in_use = memory
+            budget = limit * self.config.cache.gpu_memory_utilization - in_use - act
             pages = int(budget // per_page)
         else:  # CPU: no memory statistics; size the pool for the request limits (runner/cpu_defaults.py)
             pages = cpu_kv_pages(per_page, self.config.scheduler.max_num_seqs, self.max_model_len, self.page_size)

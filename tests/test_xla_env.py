@@ -1,0 +1,92 @@
+"""runner/xla_env.py decides, before jax starts, whether the GPU gets stable command-buffer temporaries
+(--xla_gpu_command_buffer_update_mode=SKIP_TEMP, which also selects XLA's VMM allocator); runner/device_memory.py
+then sizes the KV cache from the CUDA driver, since jax reports no memory statistics under that allocator."""
+import pytest
+
+from jaxinfer.runner import device_memory, xla_env
+
+FLAG = xla_env.SKIP_TEMP_FLAG
+NEW, OLD = (0, 11, 2), (0, 10, 2)
+
+
+def test_flag_added_on_a_cuda_install_of_jaxlib_0_11_and_keeps_the_users_flags():
+    assert xla_env.stable_address_flags({}, NEW, True) == FLAG
+    assert xla_env.stable_address_flags({"XLA_FLAGS": "--xla_dump_to=/tmp/d"}, NEW, True) == f"--xla_dump_to=/tmp/d {FLAG}"
+    assert xla_env.stable_address_flags({"JAX_PLATFORMS": "cuda,cpu"}, NEW, True) == FLAG
+
+
+@pytest.mark.parametrize("environ, version, plugin", [
+    ({}, OLD, True),                                    # jaxlib 0.10 has no SKIP_TEMP: XLA would abort at start
+    ({}, None, True),                                   # no jaxlib metadata
+    ({}, NEW, False),                                   # no CUDA plugin (the CPU wheel, CI)
+    ({"JAX_PLATFORMS": "cpu"}, NEW, True),              # the user forces the CPU
+    ({"XLA_PYTHON_CLIENT_ALLOCATOR": "bfc"}, NEW, True),  # the user chose an allocator
+    ({"XLA_FLAGS": "--xla_gpu_command_buffer_update_mode=ALWAYS_UPDATE"}, NEW, True),  # ... or a mode
+    ({"JAXINFER_STABLE_GRAPH_ADDRESSES": "0"}, NEW, True),
+    ({"JAXINFER_STABLE_GRAPH_ADDRESSES": "off"}, NEW, True),
+])
+def test_flag_left_out(environ, version, plugin):
+    assert xla_env.stable_address_flags(environ, version, plugin) is None
+
+
+def test_configure_changes_only_what_the_decision_says(monkeypatch):
+    env = {"XLA_FLAGS": "--a"}
+    monkeypatch.setattr(xla_env, "_jaxlib_version", lambda: NEW)
+    monkeypatch.setattr(xla_env, "_has_cuda_plugin", lambda: True)
+    assert xla_env.configure(env) and env["XLA_FLAGS"] == f"--a {FLAG}"
+    assert not xla_env.configure(env) and env["XLA_FLAGS"] == f"--a {FLAG}"  # idempotent
+    monkeypatch.setattr(xla_env, "_has_cuda_plugin", lambda: False)
+    env = {}
+    assert not xla_env.configure(env) and env == {}
+
+
+def test_this_machines_jaxlib_version_parses():
+    v = xla_env._jaxlib_version()
+    assert v is not None and len(v) == 3 and v >= (0, 4, 0)
+
+
+class _Device:
+    def __init__(self, platform, stats, hw=0):
+        self.platform, self._stats, self.local_hardware_id = platform, stats, hw
+
+    def memory_stats(self):
+        return self._stats
+
+
+def test_memory_budget_from_jax_statistics_when_it_has_them():
+    d = _Device("gpu", {"bytes_limit": 100, "bytes_in_use": 30, "peak_bytes_in_use": 70})
+    assert device_memory.memory_budget(d) == (100, 30)
+
+
+def test_memory_budget_none_on_cpu():
+    assert device_memory.memory_budget(_Device("cpu", None)) is None
+    assert device_memory.memory_budget(_Device("cpu", {})) is None
+
+
+def test_memory_budget_from_the_driver_under_the_vmm_allocator(monkeypatch):
+    """No statistics on a GPU (VMM allocator): the limit is the fraction BFC would have preallocated, in use is
+    everything the driver sees held."""
+    calls = []
+    monkeypatch.setattr(device_memory, "cuda_mem_info", lambda ordinal: calls.append(ordinal) or (60 << 30, 140 << 30))
+    monkeypatch.delenv("XLA_CLIENT_MEM_FRACTION", raising=False)
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    assert device_memory.memory_budget(_Device("gpu", {}, hw=3)) == (int((140 << 30) * 0.75), 80 << 30)
+    assert calls == [3]
+    monkeypatch.setenv("XLA_CLIENT_MEM_FRACTION", "0.5")
+    assert device_memory.memory_budget(_Device("gpu", {}))[0] == 70 << 30
+
+
+@pytest.mark.parametrize("raw", ["abc", "0", "1.5"])
+def test_bad_mem_fraction_is_named(raw):
+    with pytest.raises(ValueError, match="XLA_CLIENT_MEM_FRACTION"):
+        device_memory.default_mem_fraction({"XLA_CLIENT_MEM_FRACTION": raw})
+
+
+def test_driver_query_without_libcuda_names_the_way_out(monkeypatch):
+    import ctypes
+
+    def no_lib(name):
+        raise OSError(f"{name}: cannot open shared object file")
+    monkeypatch.setattr(ctypes, "CDLL", no_lib)
+    with pytest.raises(RuntimeError, match="JAXINFER_STABLE_GRAPH_ADDRESSES=0"):
+        device_memory.cuda_mem_info(0)
