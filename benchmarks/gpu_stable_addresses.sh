@@ -25,7 +25,7 @@ case $PART in
      echo "gpu test rc=$?" >>"$LOG"
      both 150 hsc python3 benchmarks/probes/host_step_cost.py --model llama3-8b --load-format dummy --no-tokenizer \
        --batch 1 64 256 ;;
-  b) both 270 lat python3 benchmarks/latency.py --batch 1 64 256 ;;
+  b) both 245 lat python3 benchmarks/latency.py --batch 1 64 256 ;;
   c) both 270 spec python3 benchmarks/spec_speed.py --batch 1 --accept 0.7 --drafts none llama3.2-1b ;;
 esac
 grep -vE "^\s+[0-9.]+\s+[0-9.]+\s" "$LOG" | tail -70
