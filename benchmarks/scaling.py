@@ -159,8 +159,9 @@ def _fits(model: str, tp: int, layers: int | None, frac: float = 0.85) -> tuple[
     hf = preset_config(model)
     cfg = ModelConfig.from_hf({**hf, "num_hidden_layers": layers or hf["num_hidden_layers"]})
     need = cfg.num_params() * 2 / tp
-    stats = jax.devices()[0].memory_stats() or {}
-    have = stats.get("bytes_limit", 0)
+    from jaxinfer.runner.device_memory import memory_budget
+
+    have = (memory_budget(jax.devices()[0]) or (0, 0))[0]  # the CUDA driver's figure under the VMM allocator
     if have and need > frac * have:
         return False, f"weights {need / 1e9:.1f} GB per device > {frac:.0%} of {have / 1e9:.1f} GB"
     return True, ""

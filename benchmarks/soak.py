@@ -43,8 +43,10 @@ def _rss_bytes() -> int:
 def _device_bytes() -> int | None:
     import jax
 
-    stats = getattr(jax.devices()[0], "memory_stats", lambda: None)()
-    return None if not stats else int(stats.get("bytes_in_use", 0))
+    from jaxinfer.runner.device_memory import memory_budget
+
+    memory = memory_budget(jax.devices()[0])  # jax's statistics, or the CUDA driver's under the VMM allocator
+    return None if memory is None else memory[1]
 
 
 MALFORMED = [  # (name, method, path, body bytes, content type)

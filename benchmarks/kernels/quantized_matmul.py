@@ -196,10 +196,10 @@ def time_us(run, args, calls_per_run: int, reps: int, dispatches: int) -> tuple[
 
 
 def _bytes_in_use():
-    try:
-        return int(jax.devices()[0].memory_stats()["bytes_in_use"])
-    except Exception:  # CPU: no allocator stats
-        return None
+    from jaxinfer.runner.device_memory import memory_budget
+
+    memory = memory_budget(jax.devices()[0])  # jax's statistics, or the CUDA driver's under the VMM allocator
+    return None if memory is None else memory[1]  # CPU: None
 
 
 def qf_grouped_max() -> int:
