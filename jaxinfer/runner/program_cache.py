@@ -5,7 +5,8 @@ every start still traces and lowers each step program (seconds per bucket on a 2
 compiled executable itself (`jax.experimental.serialize_executable`) under a key of everything the program depends
 on, and loads it back without tracing:
 
-  key = sha256(jax / jaxlib versions, backend + platform version + device kind and count, XLA_FLAGS,
+  key = sha256(jax / jaxlib versions, backend + platform version + device kind and count, XLA_FLAGS, whether the
+               allocator reports memory statistics (BFC) or not (CPU, VMM),
                a digest of jaxinfer's and pallas_kernels' source, the program's name, and `parts`: the caller's
                config reprs and the abstract input signature (shapes, dtypes, shardings of every argument))
 
@@ -96,9 +97,13 @@ def _environment() -> str:
     import jaxlib
 
     dev = jax.devices()[0]
+    # The allocator in force, not only XLA_FLAGS: runner/xla_env.py's command-buffer mode (VMM allocator, no memory
+    # statistics) takes effect only if jaxinfer was imported before jax started; a process that started jax first
+    # has the same XLA_FLAGS but the default allocator, and must not share programs with one that did not.
+    allocator = "stats" if dev.memory_stats() else "no-stats"
     return repr((jax.__version__, getattr(jaxlib, "__version__", "?"), jax.default_backend(),
                  getattr(dev.client, "platform_version", "?"), dev.device_kind, jax.device_count(),
-                 os.environ.get("XLA_FLAGS", ""), source_digest()))
+                 os.environ.get("XLA_FLAGS", ""), allocator, source_digest()))
 
 
 def abstract_signature(tree) -> str:
