@@ -6,10 +6,12 @@
 # temporaries (one executable-owned allocation) move between back-to-back calls. jaxlib 0.11.2 knows
 # --xla_gpu_command_buffer_update_mode={ALWAYS_UPDATE,SKIP_TEMP} and --xla_gpu_enable_command_buffer_va_remapping
 # (strings of libjax_common.so; first call of this script, results/gpu-cb-modes-0021616-2026-12-04.log: SKIP_TEMP
-# alone took batch 256's call from 5.6 to 3.3 ms). Stable temporaries need the VMM allocator
-# (XLA_PYTHON_CLIENT_ALLOCATOR=vmm) to reserve one virtual range per executable; SKIP_TEMP on the default (BFC)
-# allocator may replay a stale address. Each variant is one process: call_trace.py's timings at batch 64 / 256 and
-# its --exactness digest (the same in every variant that computes right).
+# alone took batch 256's call from 5.6 to 3.3 ms). Stable temporaries need the VMM allocator to reserve one
+# virtual range per executable. Each variant is one process: call_trace.py's timings at batch 64 / 256 and its
+# --exactness digest (the same in every variant that computes right). Found by the second call
+# (results/gpu-cb-modes-0a4f929-2026-12-04.log): SKIP_TEMP itself switches the client to the VMM allocator ("requires
+# the VMM allocator. Overriding allocator kind to kVmm"; memory_stats() empty), the digests are identical in all
+# variants, and --xla_gpu_enable_command_buffer_va_remapping is not an XLA_FLAGS flag here (that variant aborts).
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

@@ -11,7 +11,8 @@ NEW, OLD = (0, 11, 2), (0, 10, 2)
 
 def test_flag_added_on_a_cuda_install_of_jaxlib_0_11_and_keeps_the_users_flags():
     assert xla_env.stable_address_flags({}, NEW, True) == FLAG
-    assert xla_env.stable_address_flags({"XLA_FLAGS": "--xla_dump_to=/tmp/d"}, NEW, True) == f"--xla_dump_to=/tmp/d {FLAG}"
+    dump = "--xla_dump_to=/tmp/d"
+    assert xla_env.stable_address_flags({"XLA_FLAGS": dump}, NEW, True) == f"{dump} {FLAG}"
     assert xla_env.stable_address_flags({"JAX_PLATFORMS": "cuda,cpu"}, NEW, True) == FLAG
 
 

@@ -189,7 +189,8 @@ def main():
         from benchmarks.probes import spec_step_cost
 
         rows = spec_step_cost.main(a, Sections)
-        path = write_result("host-step-cost-spec" + (f"-{a.tag}" if a.tag else ""), dict(model=f"{a.model} ({a.load_format})", prompt_len=a.prompt_len,
+        name = "host-step-cost-spec" + (f"-{a.tag}" if a.tag else "")
+        path = write_result(name, dict(model=f"{a.model} ({a.load_format})", prompt_len=a.prompt_len,
                                                         k=a.k, accept=a.accept, draft_model=a.draft_model,
                                                         rows=rows,
                                                         fused_draft_steps=not a.per_step_drafts))
@@ -246,7 +247,8 @@ def main():
             marginal[scen] = (by_b[hi] - by_b[lo]) / (hi - lo)
             print(f"{scen}: marginal host cost {marginal[scen]:.2f} µs per extra running request per step "
                   f"(batch {lo} -> {hi})")
-    path = write_result("host-step-cost" + (f"-{a.tag}" if a.tag else ""), dict(model=f"{a.model} ({a.load_format})", prompt_len=a.prompt_len,
+    name = "host-step-cost" + (f"-{a.tag}" if a.tag else "")
+    path = write_result(name, dict(model=f"{a.model} ({a.load_format})", prompt_len=a.prompt_len,
                                                marginal_us_per_req=marginal,
                                                max_model_len=max_len, page_size=16, rows=rows))
     print("wrote", path)

@@ -12,10 +12,11 @@ and outputs are updated (results/gpu-cb-modes-0a4f929-2026-12-04.log: same token
 figures are in benchmarks/README.md). With the VMM allocator `Device.memory_stats()` is empty: the KV budget then
 comes from the CUDA driver (runner/device_memory.py).
 
-Applied only where it can matter and cannot break: a CUDA plugin installed, jaxlib >= 0.11 (older jaxlibs do not
-know SKIP_TEMP and abort on unknown flag values), JAX_PLATFORMS not forcing another platform, and the user has chosen
-neither an allocator (XLA_PYTHON_CLIENT_ALLOCATOR) nor an update mode. JAXINFER_STABLE_GRAPH_ADDRESSES=0 turns it
-off. Setting it after jax has started a backend changes nothing (XLA reads XLA_FLAGS once). Never imports jax.
+Applied only where it can matter and cannot break: a CUDA plugin installed, jaxlib >= 0.11 (jaxlib 0.10.2's
+binaries do not contain SKIP_TEMP: XLA would reject the flag's value at start), JAX_PLATFORMS not forcing another
+platform, and the user has chosen neither an allocator (XLA_PYTHON_CLIENT_ALLOCATOR) nor an update mode.
+JAXINFER_STABLE_GRAPH_ADDRESSES=0 turns it off. Setting it after jax has started a backend changes nothing (XLA
+reads XLA_FLAGS once). Never imports jax.
 """
 from __future__ import annotations
 
