@@ -5,6 +5,10 @@
 #           both ways (engine-thread host time per step; target <= 1.0 ms at 256)
 #   PART=b  latency.py --batch 1 64 256 both ways (the plain-XLA peer in the first run only)
 #   PART=c  spec_speed.py --batch 1 with the 1B-shaped draft, both ways (its draft steps were host-bound)
+#   PART=inputs  (not run yet) with stable temporaries, what is left of the call: call_trace.py at batch 1 / 64 / 256
+#           as the engine calls it, with the same input buffers every call, and with the same previous tokens too
+#           (batch 1's call stayed at ~3 ms: if the inputs' commands are its update, stage the inputs into
+#           donated buffers of fixed address)
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -26,6 +30,12 @@ case $PART in
      both 150 hsc python3 benchmarks/probes/host_step_cost.py --model llama3-8b --load-format dummy --no-tokenizer \
        --batch 1 64 256 ;;
   b) both 245 lat python3 benchmarks/latency.py --batch 1 64 256 ;;
+  inputs) for v in "" "--same-inputs" "--same-inputs --fixed-prev"; do
+       echo "=== call_trace $v" >>"$LOG"
+       timeout -k 5 120 python3 benchmarks/probes/call_trace.py --batch 1 64 256 --iters 20 $v \
+         --tag "inputs$(echo $v | tr -d ' -')" 2>&1 | grep -v cuda_timer \
+         | grep -E "^batch|command_buffer::|cuGraphLaunch|wrote|rror" >>"$LOG"
+     done ;;
   c) both 270 spec python3 benchmarks/spec_speed.py --batch 1 --accept 0.7 --drafts none llama3.2-1b ;;
 esac
 grep -vE "^\s+[0-9.]+\s+[0-9.]+\s" "$LOG" | tail -70

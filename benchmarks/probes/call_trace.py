@@ -11,6 +11,9 @@ allocation, ...) by name, per call. The call's own wall time is timed beside it,
   python benchmarks/probes/call_trace.py [--model llama3-8b] [--batch 1 64 256] [--context 512] [--iters 20]
       [--option KEY=VALUE ...]   (per-executable XLA options merged into the engine's, e.g. a command-buffer mode;
                                   process-wide ones go in XLA_FLAGS)
+      [--same-inputs] [--fixed-prev] (the same input buffers / the same previous-token buffer every call: with the
+                                  temporaries stable (runner/xla_env.py), what is left of `command_buffer::update`
+                                  is the commands touching moved inputs and outputs; these say which)
 
 Output: per batch the top host events (ms per call, count per call, thread), and a JSON in benchmarks/results.
 
@@ -76,7 +79,8 @@ def host_event_totals(trace_dir: str, calls: int, top: int = 30) -> list[dict]:
             for t, n in rows]
 
 
-def probe(llm, batch: int, ctx: int, iters: int, extra_options: dict | None = None) -> dict:
+def probe(llm, batch: int, ctx: int, iters: int, extra_options: dict | None = None, same_inputs: bool = False,
+          fixed_prev: bool = False) -> dict:
     from jaxinfer.runner.batch import pack
     from jaxinfer.runner.model_runner import step_compiler_options
 
@@ -86,16 +90,18 @@ def probe(llm, batch: int, ctx: int, iters: int, extra_options: dict | None = No
     opts = step_compiler_options(hb.bucket)
     if extra_options:
         opts = {**(opts or {}), **extra_options}
-    out = {"batch": batch, "bucket": str(hb.bucket), "compiler_options": opts}
+    out = {"batch": batch, "bucket": str(hb.bucket), "compiler_options": opts, "same_inputs": same_inputs,
+           "fixed_prev": fixed_prev}
+    fixed = jax.device_put(flat)  # --same-inputs: one pair of input buffers for every call (stable addresses)
     exes = {}
     for greedy in (True, False):
         exe = exes[greedy] = _fresh_step(llm, hb.bucket, flat, options=opts, greedy_only=greedy)
         prev = [r._no_prev]
 
         def call():
-            ints, floats = jax.device_put(flat)
-            r.kv_caches, o, _, r.penalty_table = exe(r.loaded.params, r.kv_caches, ints, floats, prev[0],
-                                                     r.penalty_table)
+            ints, floats = fixed if same_inputs else jax.device_put(flat)
+            r.kv_caches, o, _, r.penalty_table = exe(r.loaded.params, r.kv_caches, ints, floats,
+                                                     r._no_prev if fixed_prev else prev[0], r.penalty_table)
             prev[0] = o.tokens
             return o.tokens
 
@@ -165,6 +171,8 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--same-inputs", action="store_true", help="one pair of input buffers for every call")
+    ap.add_argument("--fixed-prev", action="store_true", help="the same previous-token buffer for every call")
     ap.add_argument("--exactness", type=int, default=0, metavar="N", help="N more calls per batch, digest printed")
     ap.add_argument("--tag", default="", help="suffix of the result's name (one file per variant)")
     a = ap.parse_args()
@@ -174,7 +182,7 @@ def main():
     pages_per_seq = a.context // 16 + 2
     llm = LLM(a.model, load_format="dummy", max_model_len=a.max_model_len, max_num_batched_tokens=max(256, max(a.batch)),
               max_num_seqs=max(a.batch), num_pages=max(a.batch) * pages_per_seq + 8, warmup=False, progress=False)
-    rows = [probe(llm, b, a.context, a.iters, extra) for b in a.batch]
+    rows = [probe(llm, b, a.context, a.iters, extra, a.same_inputs, a.fixed_prev) for b in a.batch]
     for row in rows:
         if a.exactness:
             row["exactness_sha256"] = exactness(llm, row, a.exactness)
