@@ -65,16 +65,44 @@ def test_memory_budget_none_on_cpu():
 
 
 def test_memory_budget_from_the_driver_under_the_vmm_allocator(monkeypatch):
-    """No statistics on a GPU (VMM allocator): the limit is the fraction BFC would have preallocated, in use is
-    everything the driver sees held."""
-    calls = []
-    monkeypatch.setattr(device_memory, "cuda_mem_info", lambda ordinal: calls.append(ordinal) or (60 << 30, 140 << 30))
+    """No statistics on a GPU (VMM allocator): the limit is the fraction BFC would have preallocated; in use is what
+    jax's live arrays hold, unless the driver sees the device fuller than the rest of the device allows."""
+    calls, live = [], [16 << 30]
+    free_total = [(106 << 30, 140 << 30)]  # 34 GiB held on the device: weights + the allocator's cache
+    monkeypatch.setattr(device_memory, "cuda_mem_info", lambda ordinal: calls.append(ordinal) or free_total[0])
+    monkeypatch.setattr(device_memory, "live_bytes", lambda device: live[0])
     monkeypatch.delenv("XLA_CLIENT_MEM_FRACTION", raising=False)
     monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
-    assert device_memory.memory_budget(_Device("gpu", {}, hw=3)) == (int((140 << 30) * 0.75), 80 << 30)
+    limit = int((140 << 30) * 0.75)
+    assert device_memory.memory_budget(_Device("gpu", {}, hw=3)) == (limit, 16 << 30)  # as BFC would count
     assert calls == [3]
+    free_total[0] = (20 << 30, 140 << 30)  # another process holds most of the device: 120 GiB used
+    assert device_memory.memory_budget(_Device("gpu", {})) == (limit, (120 << 30) - (35 << 30))
     monkeypatch.setenv("XLA_CLIENT_MEM_FRACTION", "0.5")
     assert device_memory.memory_budget(_Device("gpu", {}))[0] == 70 << 30
+
+
+def test_vmm_budget_never_passes_the_free_memory(monkeypatch):
+    """budget = limit * utilisation - in use <= free - slack, whatever the driver reports."""
+    monkeypatch.delenv("XLA_CLIENT_MEM_FRACTION", raising=False)
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    monkeypatch.setattr(device_memory, "live_bytes", lambda device: 1 << 30)
+    total = 140 << 30
+    for free in (total, 120 << 30, 80 << 30, 30 << 30, 5 << 30):
+        monkeypatch.setattr(device_memory, "cuda_mem_info", lambda ordinal, f=free: (f, total))
+        limit, in_use = device_memory.memory_budget(_Device("gpu", {}))
+        assert limit * 0.9 - in_use <= free - (1 - 0.75 * 0.9 - 0.25) * total + 1
+
+
+def test_live_bytes_counts_this_devices_arrays():
+    import jax
+    import jax.numpy as jnp
+
+    dev = jax.devices()[0]
+    before = device_memory.live_bytes(dev)
+    x = jnp.ones((1000, 250), jnp.float32)  # 1,000,000 bytes
+    assert device_memory.live_bytes(dev) - before == 1_000_000
+    del x
 
 
 @pytest.mark.parametrize("raw", ["abc", "0", "1.5"])

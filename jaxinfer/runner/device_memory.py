@@ -1,11 +1,13 @@
 """How much device memory the KV-cache budget may count on: (limit, in use) in bytes, or None (CPU).
 
 With jax's default (BFC) allocator `Device.memory_stats()` has both: `bytes_limit` is the pool jax preallocated
-(XLA_CLIENT_MEM_FRACTION of the device, 0.75 by default) and `bytes_in_use` what jax holds in it. With the VMM
-allocator (which runner/xla_env.py selects on GPUs for stable command-buffer addresses) `memory_stats()` is empty, so
-the same two figures come from the CUDA driver: limit = the same fraction of the device's total memory (the pool
-BFC would have taken, so both allocators give the KV cache the same budget), in use = total - free (everything this
-and other processes hold on the device: conservative).
+(XLA_CLIENT_MEM_FRACTION of the device, 0.75 by default) and `bytes_in_use` what jax's live buffers hold in it. With
+the VMM allocator (which runner/xla_env.py selects on GPUs for stable command-buffer addresses) `memory_stats()` is
+empty, so the same two figures are rebuilt: limit = the same fraction of the device's total memory (the pool BFC
+would have taken), in use = the bytes of jax's live arrays on the device, as BFC counts them, or more where the CUDA
+driver sees the device fuller than that pool's complement allows (other processes, the allocator's cache): in use >=
+total - free - (1 - fraction) * total. The budget then never passes what is physically free, less a slack of
+(1 - fraction * gpu_memory_utilization) - (1 - fraction) of the device (7.5% at 0.75 and 0.9).
 """
 from __future__ import annotations
 
@@ -33,7 +35,21 @@ def memory_budget(device) -> tuple[int, int] | None:
     if device.platform != "gpu":
         return None
     free, total = cuda_mem_info(getattr(device, "local_hardware_id", None) or 0)
-    return int(total * default_mem_fraction()), int(total - free)
+    fraction = default_mem_fraction()
+    in_use = max(live_bytes(device), int(total - free - (1.0 - fraction) * total))
+    return int(total * fraction), in_use
+
+
+def live_bytes(device) -> int:
+    """Bytes of jax's live arrays held on `device` (their shards there), what BFC's `bytes_in_use` counts."""
+    import jax
+
+    n = 0
+    for x in jax.live_arrays():
+        for shard in x.addressable_shards:
+            if shard.device == device:
+                n += shard.data.nbytes
+    return n
 
 
 def cuda_mem_info(ordinal: int) -> tuple[int, int]:
