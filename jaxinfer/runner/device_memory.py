@@ -41,14 +41,23 @@ def memory_budget(device) -> tuple[int, int] | None:
 
 
 def live_bytes(device) -> int:
-    """Bytes of jax's live arrays held on `device` (their shards there), what BFC's `bytes_in_use` counts."""
+    """Bytes of jax's live arrays held on `device` (their shards there), what BFC's `bytes_in_use` counts. Each
+    device buffer once: a shard's `.data` is itself a live array over the same buffer."""
     import jax
 
-    n = 0
+    n, seen = 0, set()
     for x in jax.live_arrays():
         for shard in x.addressable_shards:
-            if shard.device == device:
-                n += shard.data.nbytes
+            if shard.device != device:
+                continue
+            data = shard.data
+            try:
+                key = data.unsafe_buffer_pointer()
+            except Exception:  # noqa: BLE001 - e.g. an empty buffer: count it by identity
+                key = ("id", id(data))
+            if key not in seen:
+                seen.add(key)
+                n += data.nbytes
     return n
 
 
