@@ -99,7 +99,10 @@ def program_cache_entries() -> int:
     return len([f for f in os.listdir(d) if f.endswith(".jxp")]) if os.path.isdir(d) else 0
 
 
-def write_result(name: str, payload: dict) -> str:
+def write_result(name: str, payload: dict, tag: str = "") -> str:
+    """Write benchmarks/results/<name>[-<tag>][-<backend>]-<date>.json (tag: a run's label, e.g. one A/B side)."""
+    if tag:
+        name = f"{name}-{tag}"
     os.makedirs(RESULTS_DIR, exist_ok=True)
     payload = {"benchmark": name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "device": device_name(), "jax": jax.__version__, "commit": git_commit(),

@@ -249,14 +249,14 @@ def main():
               f"{r['ttft_s'] * 1e3:.1f} ms | all steps after the first token: {r['decode_tok_s']:.1f} tok/s",
               flush=True)
         # written after every batch, so a run cut short keeps its finished rows
-        path = write_result("latency" + (f"-{a.tag}" if a.tag else ""), dict(
+        path = write_result("latency", dict(
             model=a.model, attention_backend=a.attention_backend, prompt_len=a.prompt_len,
             new_tokens=a.new_tokens, config=vars(a), hbm_TBps=bw / 1e12, weight_GB=weight_bytes / 1e9,
             kv_bytes_per_token=kv_tok, startup_s=startup, background_compile_s=background_s,
             compilation_cache_entries_before=cache_before,
             num_pages=llm.runner.num_pages,
             peer_note="plain_xla_tok_s: benchmarks/peers/plain_xla.py in a subprocess before the engine, same batch "
-                      "and context", rows=rows))
+                      "and context", rows=rows), tag=a.tag)
     print("wrote", path)
 
 

@@ -163,9 +163,9 @@ def main():
         noise = dict(greedy_match_fraction_bf16_vs_f32=sum(x == y for x, y in pairs) / len(pairs),
                      mean_common_prefix_tokens_bf16_vs_f32=float(np.mean([_common_prefix(x, y) for x, y in pairs])))
         print("bf16 vs f32 baselines:", noise)
-    path = write_result("quality" + (f"-{a.tag}" if a.tag else ""), dict(**noise, model=os.path.basename(a.model), text="jaxinfer/data/quality_text.txt",
+    path = write_result("quality", dict(**noise, model=os.path.basename(a.model), text="jaxinfer/data/quality_text.txt",
                                         num_tokens=len(ids), greedy_prompts=len(prompts),
-                                        greedy_new_tokens=a.new_tokens, rows=rows))
+                                        greedy_new_tokens=a.new_tokens, rows=rows), tag=a.tag)
     print("wrote", path)
 
 

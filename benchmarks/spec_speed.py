@@ -256,15 +256,15 @@ def main(argv=None):
     rows = []
 
     def save():  # after every batch: a run cut by a time limit keeps what it measured
-        name = "spec-speed-per-step-drafts" if a.per_step_drafts else "spec-speed"
-        return write_result(name + (f"-{a.tag}" if a.tag else ""), dict(
+        return write_result("spec-speed-per-step-drafts" if a.per_step_drafts else "spec-speed", dict(
             model=a.model, drafts=a.drafts, k=a.k, prompt_len=a.prompt_len, new_tokens=a.new_tokens, setup_s=round(setup_s, 1),
             fused_draft_steps=not a.per_step_drafts,
             method="oracle drafts: true greedy continuation with probability a per position, else a random token; "
                    "the continuation is the fixed point of the speculative run's own greedy outputs (module "
                    "docstring); draft models run for their cost, their tokens replaced",
             engine=dict(common, load_format=a.load_format, num_pages=a.num_pages,
-                        max_num_batched_tokens=a.max_num_batched_tokens), rows=rows, batch_threshold=_thresholds(rows)))
+                        max_num_batched_tokens=a.max_num_batched_tokens), rows=rows, batch_threshold=_thresholds(rows)),
+            tag=a.tag)
 
     for b in a.batch:
         prompts = [rng.integers(0, vocab, a.prompt_len).tolist() for _ in range(b)]

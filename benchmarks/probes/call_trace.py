@@ -42,7 +42,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.common import write_result  # noqa: E402
-from benchmarks.probes.step_dispatch import _fresh_step, _seqs  # noqa: E402
+from benchmarks.probes.step_dispatch import _fresh_step, _seqs, add_probe_args, probe_llm  # noqa: E402
 
 
 # The Python tracer's frames of the probe itself and of the profiler: not part of the call.
@@ -165,11 +165,7 @@ def _option_value(v: str):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="llama3-8b")
-    ap.add_argument("--batch", type=int, nargs="+", default=[1, 64, 256])
-    ap.add_argument("--context", type=int, default=512)
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--max-model-len", type=int, default=1024)
+    add_probe_args(ap, iters=20)
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--same-inputs", action="store_true", help="one pair of input buffers for every call")
     ap.add_argument("--fixed-prev", action="store_true", help="the same previous-token buffer for every call")
@@ -177,11 +173,7 @@ def main():
     ap.add_argument("--tag", default="", help="suffix of the result's name (one file per variant)")
     a = ap.parse_args()
     extra = {k: _option_value(v) for k, v in (kv.split("=", 1) for kv in a.option)}
-    from jaxinfer import LLM
-
-    pages_per_seq = a.context // 16 + 2
-    llm = LLM(a.model, load_format="dummy", max_model_len=a.max_model_len, max_num_batched_tokens=max(256, max(a.batch)),
-              max_num_seqs=max(a.batch), num_pages=max(a.batch) * pages_per_seq + 8, warmup=False, progress=False)
+    llm = probe_llm(a)
     rows = [probe(llm, b, a.context, a.iters, extra, a.same_inputs, a.fixed_prev) for b in a.batch]
     for row in rows:
         if a.exactness:
@@ -190,9 +182,7 @@ def main():
     print("memory_stats:", {k: v for k, v in (jax.devices()[0].memory_stats() or {}).items()
                             if k in ("bytes_in_use", "peak_bytes_in_use", "bytes_limit", "bytes_reserved",
                                      "pool_bytes", "largest_free_block_bytes")}, flush=True)
-    name = "call-trace" + (f"-{a.tag}" if a.tag else "")
-    print("wrote", write_result(name, dict(model=a.model, xla_flags=os.environ.get("XLA_FLAGS", ""), options=extra,
-                                           rows=rows)))
+    print("wrote", write_result("call-trace", dict(model=a.model, options=extra, rows=rows), tag=a.tag))
 
 
 if __name__ == "__main__":

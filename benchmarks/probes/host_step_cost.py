@@ -189,11 +189,10 @@ def main():
         from benchmarks.probes import spec_step_cost
 
         rows = spec_step_cost.main(a, Sections)
-        name = "host-step-cost-spec" + (f"-{a.tag}" if a.tag else "")
-        path = write_result(name, dict(model=f"{a.model} ({a.load_format})", prompt_len=a.prompt_len,
+        path = write_result("host-step-cost-spec", dict(model=f"{a.model} ({a.load_format})", prompt_len=a.prompt_len,
                                                         k=a.k, accept=a.accept, draft_model=a.draft_model,
                                                         rows=rows,
-                                                        fused_draft_steps=not a.per_step_drafts))
+                                                        fused_draft_steps=not a.per_step_drafts), tag=a.tag)
         print("wrote", path)
         return
     a.batch = a.batch or [1, 64, 256]
@@ -247,10 +246,9 @@ def main():
             marginal[scen] = (by_b[hi] - by_b[lo]) / (hi - lo)
             print(f"{scen}: marginal host cost {marginal[scen]:.2f} µs per extra running request per step "
                   f"(batch {lo} -> {hi})")
-    name = "host-step-cost" + (f"-{a.tag}" if a.tag else "")
-    path = write_result(name, dict(model=f"{a.model} ({a.load_format})", prompt_len=a.prompt_len,
+    path = write_result("host-step-cost", dict(model=f"{a.model} ({a.load_format})", prompt_len=a.prompt_len,
                                                marginal_us_per_req=marginal,
-                                               max_model_len=max_len, page_size=16, rows=rows))
+                                               max_model_len=max_len, page_size=16, rows=rows), tag=a.tag)
     print("wrote", path)
 
 

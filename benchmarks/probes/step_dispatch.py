@@ -142,19 +142,29 @@ def _summary(times, wall, iters):
                 call_ms_min=float(t.min()), step_ms=wall / iters * 1e3)
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def add_probe_args(ap: argparse.ArgumentParser, iters: int) -> None:
+    """The arguments of the step-call probes (this one and call_trace.py)."""
     ap.add_argument("--model", default="llama3-8b")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 64, 256])
     ap.add_argument("--context", type=int, default=512)
-    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--iters", type=int, default=iters)
     ap.add_argument("--max-model-len", type=int, default=1024)
-    a = ap.parse_args()
+
+
+def probe_llm(a):
+    """A lazily compiled engine on dummy weights sized for the probes' largest batch at --context."""
     from jaxinfer import LLM
 
     pages_per_seq = a.context // 16 + 2
-    llm = LLM(a.model, load_format="dummy", max_model_len=a.max_model_len, max_num_batched_tokens=max(256, max(a.batch)),
-              max_num_seqs=max(a.batch), num_pages=max(a.batch) * pages_per_seq + 8, warmup=False, progress=False)
+    return LLM(a.model, load_format="dummy", max_model_len=a.max_model_len, max_num_batched_tokens=max(256, max(a.batch)),
+               max_num_seqs=max(a.batch), num_pages=max(a.batch) * pages_per_seq + 8, warmup=False, progress=False)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    add_probe_args(ap, iters=30)
+    a = ap.parse_args()
+    llm = probe_llm(a)
     rows = []
     for b in a.batch:
         res = probe_batch(llm, b, a.context, a.iters)
@@ -168,7 +178,7 @@ def main():
                       f"min {v['call_ms_min']:7.3f} | device step {v['step_ms']:7.3f} ms")
     dev = jax.devices()[0]
     print("wrote", write_result("step-dispatch", dict(model=a.model, platform_version=getattr(
-        dev.client, "platform_version", ""), xla_flags=os.environ.get("XLA_FLAGS", ""), rows=rows)))
+        dev.client, "platform_version", ""), rows=rows)))
 
 
 if __name__ == "__main__":
