@@ -77,6 +77,7 @@ def main():
                     help="first: concurrent --kv-request-len requests that fit with a bf16 vs an fp8 KV cache")
     ap.add_argument("--kv-request-len", type=int, default=2048)
     ap.add_argument("--smoke", action="store_true", help="CPU smoke test: tiny-llama preset")
+    ap.add_argument("--tag", default="", help="appended to the result file's name")
     from benchmarks.common import add_profile_arg, start_profile
     add_profile_arg(ap)
     a = ap.parse_args()
@@ -183,7 +184,7 @@ def save(a, rows, bw, t_start, kv_rows) -> str:
     return write_result("quantized-decode", dict(
         model=a.model, prompt_len=a.prompt_len, new_tokens=a.new_tokens, num_requests=a.num_requests,
         tp_prompt_len=a.tp_prompt_len, output_len=a.output_len, hbm_TBps=bw / 1e12,
-        wall_s=time.perf_counter() - t_start, rows=rows, kv_capacity=kv_rows))
+        wall_s=time.perf_counter() - t_start, rows=rows, kv_capacity=kv_rows), tag=a.tag)
 
 if __name__ == "__main__":
     main()
