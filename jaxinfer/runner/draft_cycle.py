@@ -30,7 +30,6 @@ from jaxinfer.runner.batch import INT_FIELDS, field_shapes, pack
 from jaxinfer.runner.buckets import Bucket
 from jaxinfer.runner.model_runner import compile_lowered, step_compiler_options
 from jaxinfer.runner.spec_carry import DRAFT, LAST, PREV, SHIFT
-from jaxinfer.runner.input_slots import InputSlots
 
 
 class _Fields:
@@ -71,7 +70,6 @@ class DraftCycle:
         if num_steps < 1:
             raise ValueError(f"num_steps={num_steps} must be >= 1")
         self.runner, self.num_steps = runner, num_steps
-        self._slots = InputSlots()  # fixed-address inputs (runner/input_slots.py), on the default device as before
         self.max_seqs = runner.config.scheduler.max_num_seqs
         step_fn, ps, K = runner._step, runner.page_size, num_steps
 
@@ -150,10 +148,6 @@ class DraftCycle:
     def warmup(self, carry_shape) -> None:
         for b1, b2 in self.buckets():
             self._program(b1, b2, tuple(carry_shape))
-            if self._slots.enabled:  # the inputs' buffers and their writer (no compile in the first cycles)
-                i1, f1 = self.runner.placeholder_batch(b1)
-                i2, f2 = self.runner.placeholder_batch(b2)
-                self._slots.put(i1, np.zeros(i2.size + 2 * b2.num_seqs, np.int32), f1, f2)
 
     def dispatch(self, carry, seqs: Sequence[tuple[int, int, Sequence[int], int]]):
         """seqs: (carry row, worst-case tokens before the drafts `base` >= 2, draft page table, k). Returns the
@@ -169,7 +163,7 @@ class DraftCycle:
         ks = np.zeros(b2.num_seqs, np.int32)
         rows[:n] = [row for row, _, _, _ in seqs]
         ks[:n] = [k for _, _, _, k in seqs]
-        args = self._slots.put(i1, np.concatenate([i2, rows, ks]), f1, f2)
+        args = jax.device_put((i1, np.concatenate([i2, rows, ks]), f1, f2))
         r.kv_caches, carry, r.penalty_table = self._program(b1, b2, tuple(carry.shape))(
             r.loaded.params, r.kv_caches, *args, carry, r.penalty_table)
         return carry

@@ -32,7 +32,6 @@ from jaxinfer.outputs import SeqInput
 from jaxinfer.runner.batch import INT_FIELDS, field_shapes, pack
 from jaxinfer.runner.buckets import Bucket
 from jaxinfer.runner.model_runner import compile_lowered, step_compiler_options
-from jaxinfer.runner.input_slots import InputSlots
 
 
 def _int_offsets(bucket: Bucket) -> dict[str, tuple[int, tuple[int, ...]]]:
@@ -80,7 +79,6 @@ class FusedDraftSteps:
         if num_steps < 1:
             raise ValueError(f"num_steps={num_steps} must be >= 1")
         self.runner = runner
-        self._slots = InputSlots()  # fixed-address inputs (runner/input_slots.py), on the default device as before
         self.num_steps = num_steps
         self.max_seqs = runner.config.scheduler.max_num_seqs
         step_fn, ps, max_seqs = runner._step, runner.page_size, self.max_seqs
@@ -123,9 +121,6 @@ class FusedDraftSteps:
     def warmup(self) -> None:
         for b in self.buckets():
             self._program(b)
-            if self._slots.enabled:  # the inputs' buffers and their writer (no compile in the first proposals)
-                ints, floats = self.runner.placeholder_batch(b)
-                self._slots.put(np.zeros(ints.size + b.num_seqs, np.int32), floats)
 
     def dispatch(self, seqs: Sequence[SeqInput], ks: Sequence[int]) -> jax.Array:
         """Launch the steps for decode-only `seqs` (one token each: the last known token at its position),
@@ -140,7 +135,7 @@ class FusedDraftSteps:
         ints, floats = batch.flat()
         k_row = np.zeros(bucket.num_seqs, np.int32)
         k_row[:n] = ks
-        ints_ext, floats = self._slots.put(np.concatenate([ints, k_row]), floats)
+        ints_ext, floats = jax.device_put((np.concatenate([ints, k_row]), floats))
         r.kv_caches, tokens, r.penalty_table = self._program(bucket)(r.loaded.params, r.kv_caches, ints_ext, floats,
                                                                      r.penalty_table)
         return tokens

@@ -26,7 +26,6 @@ from jaxinfer.runner.batch import _TOKEN_IDS, pack, pack_step
 from jaxinfer.runner.buckets import BucketLadder
 from jaxinfer.runner.cpu_defaults import cpu_kv_pages, ladder_args
 from jaxinfer.runner.device_memory import memory_budget
-from jaxinfer.runner.input_slots import InputSlots
 from jaxinfer.runner.penalties import host_row, write_row
 from jaxinfer.weights.prepared import release_writes
 from jaxinfer.runner.program_cache import ProgramCache, abstract_signature, program_cache_enabled, program_key
@@ -94,8 +93,6 @@ class ModelRunner:
         self._device = plan.devices[0] if plan is not None else jax.devices()[0]
         self._kv_shards = plan.tp if plan is not None else 1
         self._replicated = plan.replicated if plan is not None else None
-        # the packed batch of every step at fixed device addresses (GPU: its CUDA graph is not updated per call)
-        self.input_slots = InputSlots(self._replicated)
         # Penalty token counts, one row per sequence that may run at once (runner/penalties.py); allocated before
         # the KV budget is measured so it is accounted for (8B shapes: 256 x 128256 x 4 B = 131 MB).
         self.num_penalty_slots = config.scheduler.max_num_seqs
@@ -243,12 +240,9 @@ class ModelRunner:
             if self.greedy_programs:
                 steps.append(self._step_program(b, greedy_only=True))
             if jax.default_backend() != "cpu":  # CPU programs have no kernels to load; keep CPU start-up short
-                ints, floats = self.input_slots.put(*self.placeholder_batch(b))
+                ints, floats = jax.device_put(self.placeholder_batch(b), self._replicated)
                 for step in steps:
                     out, _ = self.run_compiled(step, ints, floats)
-        if self.input_slots.enabled:  # every bucket's input buffers and their writer: no compile in a later step
-            for b in self.ladder.buckets:
-                self.input_slots.put(*self.placeholder_batch(b))
         if later:  # the small buckets' programs: a 1-token step runs in the next bucket up until they are ready
             if self.greedy_programs:
                 self.compile_in_background(later, workers=1, greedy_only=True)
@@ -455,7 +449,7 @@ class ModelRunner:
                 raise ValueError(f"penalty slot {slot} is outside [0, {self.num_penalty_slots})")
             row = host_row(prompt_ids, output_ids, self.loaded.cfg.vocab_size)
             self.penalty_table = self._penalty_writer()(self.penalty_table, np.int32(slot), row)
-        ints, floats = self.input_slots.put(*batch.flat())
+        ints, floats = jax.device_put(batch.flat(), self._replicated)
         prev_tokens = (prev.carry if prev.carry is not None else prev.out.carry) if prev is not None else self._no_prev
         self.kv_caches, out, hidden, self.penalty_table = step(self.loaded.params, self.kv_caches, ints, floats,
                                                                prev_tokens, self.penalty_table)
