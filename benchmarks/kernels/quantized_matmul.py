@@ -75,8 +75,8 @@ def _families():
         return sum((x.size + 1) // 2 if x.dtype == jnp.int4 else x.size * x.dtype.itemsize
                    for x in jax.tree.leaves(tree))
 
-    def int8_nk(w):
-        L = quantized_leaves(w, i8, jnp.bfloat16)
+    def int8_nk(w):  # (on a GPU the spec's default layout is already [N, K]: ask for the [K, N] one and transpose)
+        L = quantized_leaves(w, i8, jnp.bfloat16, layout="kn")
         return {"q": jnp.asarray(L["q"].T), "scale": L["scale"]}
 
     def int4_native_nk(w):  # q int4 [N, K], scale / offset [N, G]: K contiguous, as int8_nk
@@ -87,7 +87,7 @@ def _families():
         "bf16": (lambda w: {"w": w.astype(jnp.bfloat16)}, nbytes),
         "int4_native_nk": (int4_native_nk, nbytes),
         "fp8": (lambda w: quantized_leaves(w, f8, jnp.bfloat16), nbytes),
-        "int8_kn": (lambda w: quantized_leaves(w, i8, jnp.bfloat16), nbytes),
+        "int8_kn": (lambda w: quantized_leaves(w, i8, jnp.bfloat16, layout="kn"), nbytes),
         "int8_nk": (int8_nk, nbytes),
         "int4_packed": (lambda w: quantized_leaves(w, i4, jnp.bfloat16, layout="packed"), nbytes),
         "int4_native": (lambda w: quantized_leaves(w, i4, jnp.bfloat16, layout="native"), nbytes),

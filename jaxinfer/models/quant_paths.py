@@ -57,16 +57,18 @@ PATHS = {
     # +0.05%, the int8 bound +1%), so this weight-only backend does not use it ('w8a8' does, on [K, N] weights).
     # At M <= 16 the small-M kernel below wins on the small weights too (kernel_nk, results/kernel-int8-nk-pallas-
     # 999c7de-2026-12-03.json, M = 1 / 16: qkv 16.2 / 17.2 us vs XLA's 21.0 / 20.4, o 14.5 / 14.6 vs 17.0 / 14.5).
-    # M >= 64 (prefill): the Mosaic GPU tensor-core kernel (mosaic_large_m.py) where it divides the shape, else
-    # convert-nk (KERNEL_FALLBACK).
-    ("int8", "xla-nk"): ((16, "pallas-nk"), (32, "convert-nk"), (ANY_M, "mosaic-nk")),
+    # M > 1024 (the 2048-token prefill bucket): the Mosaic GPU tensor-core kernel (mosaic_large_m.py) where it
+    # divides the shape, else convert-nk (KERNEL_FALLBACK). Per op on the H200 (o 4096 x 4096, results/kernel-
+    # quantized-matmul-mosaic-1c416ad-2026-12-04.json): M = 2048 0.92x bf16 against convert-nk's 0.83x; M = 256
+    # 0.32-0.44x (convert-nk 0.51x), M = 64 0.37x (convert-nk 1.06x).
+    ("int8", "xla-nk"): ((16, "pallas-nk"), (1024, "convert-nk"), (ANY_M, "mosaic-nk")),
     # The small-M kernel (kernel_nk.py, the Pallas-Triton form of triton_small_m.py) at M <= 16 on the large
     # weights. Per op on the H200 against XLA's convert-nk (results/kernel-int8-nk-pallas-999c7de-2026-12-03.json,
     # M = 1): gate_up 48.3 vs 69.9 us, down 26.1 vs 35.2, lm_head 161 vs 212; in the engine the batch-1 int8 step
     # went from 3.88 to 3.17 ms. The same kernel through jax-triton ('triton-nk') was as fast per op on the large
     # weights but made the engine's step slower (5.25 vs 3.89 ms), hence the Pallas port. Where the kernel
     # cannot run it falls back to convert-nk (path_for).
-    ("int8", "xla-nk", "large"): ((16, "pallas-nk"), (32, "convert-nk"), (ANY_M, "mosaic-nk")),
+    ("int8", "xla-nk", "large"): ((16, "pallas-nk"), (1024, "convert-nk"), (ANY_M, "mosaic-nk")),
     # int4 on [N, K/2] packed weights ('triton-int4', the GPU int4 default): the small-M kernel at M <= 16, XLA
     # dequantize + dot above. Its jax-triton form ('triton-int4-nk') decoded batch 1 at 90.8 tok/s against 182.1
     # for 'auto' (results/quantized-decode-jax-triton-76be10a-2026-12-03.json); the Pallas port ('pallas-int4-nk')

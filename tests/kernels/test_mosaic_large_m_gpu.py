@@ -51,7 +51,7 @@ def test_engine_path_takes_the_kernel_at_prefill_sizes(monkeypatch):
     from jaxinfer.models import quant_paths
 
     assert quant_paths.path_for("int8", "xla-nk", 2048, 4096, 28672) == "mosaic-nk"
-    assert quant_paths.path_for("int8", "xla-nk", 256, 4096, 6144) == "mosaic-nk"
-    assert quant_paths.path_for("int8", "xla-nk", 96, 4096, 6144) == "convert-nk"  # no config divides 96
+    assert quant_paths.path_for("int8", "xla-nk", 2048, 4096, 6144) == "mosaic-nk"
+    assert quant_paths.path_for("int8", "xla-nk", 256, 4096, 6144) == "convert-nk"  # the kernel loses there
     monkeypatch.setenv("JAXINFER_MOSAIC", "0")
     assert quant_paths.path_for("int8", "xla-nk", 2048, 4096, 28672) == "convert-nk"
