@@ -15,7 +15,6 @@ Variants (VARIANTS below; `family` = the weight layout, built once per shape and
   int4n_dequant        native int4 [K, N] (jnp.int4): (q * scale) as the dot's operand prologue, one dot
   int4n_grouped(_mixed)  native int4: per-group partial dots [G, M, N] (q.astype(bf16) | the int4 operand itself),
                        * scale, summed over the groups
-  int8_mosaic_nk_<c>   int8 [N, K] on JAX's Mosaic GPU mixed-type matmul (mosaic_large_m.py), tile config c; M >= 64
 Timing: one jitted function calls the op n times (unrolled; n >= the weight copies, ~150 us of device work) on
 as many distinct weight copies as exceed twice the 50 MB L2 (weights stream from HBM, as in a model), each call
 depending on the previous through one element of x; 8 calls of it are dispatched back to back and timed; time =
@@ -132,20 +131,7 @@ def variants(interpret: bool):
         "int4n_dequant_nk": ("int4_native_nk", lambda x, w: _int4_nk_dequant(x, w, g), "int4n", None),
         "int4_xla_packed": ("int4_packed", lambda x, w: qx.int4_matmul_xla(x, w["q"], w["scale"], w["offset"],
                                                                            group_size=g), "int4", ("int4", "xla")),
-        **({} if interpret else _mosaic_variants()),
     }
-
-
-def _mosaic_variants():
-    """int8_mosaic_nk_<config>: the large-M tensor-core kernel (mosaic_large_m.py) in each tile configuration; the
-    default configuration's row stands for the model path (no interpret mode: GPU only)."""
-    from pallas_kernels.quantized_matmul import mosaic_large_m as qm
-
-    def op(c):
-        return lambda x, w: qm.int8_matmul_large_m(x, w["q"], w["scale"], config=c)
-
-    return {f"int8_mosaic_nk_{c}": ("int8_nk", op(c), "int8", ("int8nk", "mosaic-nk") if c == qm.DEFAULT_CONFIG
-                                    else None) for c in qm.CONFIGS}
 
 
 def _int4_nk_dequant(x, w, g):

@@ -30,11 +30,8 @@ on GPU. Under tensor parallelism a layer's kernels=False turns the small-M kerne
 """
 from __future__ import annotations
 
-import os
-
 from pallas_kernels.quantized_matmul import kernel as qmm_kernel
 from pallas_kernels.quantized_matmul import kernel_nk as qmm_kernel_nk
-from pallas_kernels.quantized_matmul import mosaic_large_m as qmm_mosaic
 from pallas_kernels.quantized_matmul import reference as qmm_ref
 from pallas_kernels.quantized_matmul import triton_small_m as qmm_triton
 from pallas_kernels.quantized_matmul import xla as qmm_xla
@@ -57,18 +54,14 @@ PATHS = {
     # +0.05%, the int8 bound +1%), so this weight-only backend does not use it ('w8a8' does, on [K, N] weights).
     # At M <= 16 the small-M kernel below wins on the small weights too (kernel_nk, results/kernel-int8-nk-pallas-
     # 999c7de-2026-12-03.json, M = 1 / 16: qkv 16.2 / 17.2 us vs XLA's 21.0 / 20.4, o 14.5 / 14.6 vs 17.0 / 14.5).
-    # M > 1024 (the 2048-token prefill bucket): the Mosaic GPU tensor-core kernel (mosaic_large_m.py) where it
-    # divides the shape, else convert-nk (KERNEL_FALLBACK). Per op on the H200 (o 4096 x 4096, results/kernel-
-    # quantized-matmul-mosaic-1c416ad-2026-12-04.json): M = 2048 0.92x bf16 against convert-nk's 0.83x; M = 256
-    # 0.32-0.44x (convert-nk 0.51x), M = 64 0.37x (convert-nk 1.06x).
-    ("int8", "xla-nk"): ((16, "pallas-nk"), (1024, "convert-nk"), (ANY_M, "mosaic-nk")),
+    ("int8", "xla-nk"): ((16, "pallas-nk"), (ANY_M, "convert-nk")),
     # The small-M kernel (kernel_nk.py, the Pallas-Triton form of triton_small_m.py) at M <= 16 on the large
     # weights. Per op on the H200 against XLA's convert-nk (results/kernel-int8-nk-pallas-999c7de-2026-12-03.json,
     # M = 1): gate_up 48.3 vs 69.9 us, down 26.1 vs 35.2, lm_head 161 vs 212; in the engine the batch-1 int8 step
     # went from 3.88 to 3.17 ms. The same kernel through jax-triton ('triton-nk') was as fast per op on the large
     # weights but made the engine's step slower (5.25 vs 3.89 ms), hence the Pallas port. Where the kernel
     # cannot run it falls back to convert-nk (path_for).
-    ("int8", "xla-nk", "large"): ((16, "pallas-nk"), (1024, "convert-nk"), (ANY_M, "mosaic-nk")),
+    ("int8", "xla-nk", "large"): ((16, "pallas-nk"), (ANY_M, "convert-nk")),
     # int4 on [N, K/2] packed weights ('triton-int4', the GPU int4 default): the small-M kernel at M <= 16, XLA
     # dequantize + dot above. Its jax-triton form ('triton-int4-nk') decoded batch 1 at 90.8 tok/s against 182.1
     # for 'auto' (results/quantized-decode-jax-triton-76be10a-2026-12-03.json); the Pallas port ('pallas-int4-nk')
@@ -91,14 +84,14 @@ GPU_INT4_DEFAULT_GROUPS = (128,)
 # Paths each weight layout can run (a table row naming another layout's path is an error, check_tables).
 LAYOUT_PATHS = {
     ("int8", "kn"): ("reference", "pallas", "pallas-interpret", "xla", "xla-mixed", "w8a8"),
-    ("int8", "nk"): ("reference-nk", "convert-nk", "mixed-nk", "w8a8-nk", "triton-nk", "pallas-nk", "mosaic-nk"),
+    ("int8", "nk"): ("reference-nk", "convert-nk", "mixed-nk", "w8a8-nk", "triton-nk", "pallas-nk"),
     ("int4", "packed"): ("reference", "pallas", "pallas-interpret", "xla"),
     ("int4", "native"): ("reference-native", "int4-dequant", "int4-grouped", "int4-grouped-mixed"),
     ("int4", "packed-nk"): ("reference-packed-nk", "xla-packed-nk", "triton-int4-nk", "pallas-int4-nk"),
 }
 # A small-M kernel path where its kernel cannot run (`kernel_runs`) becomes this one.
 KERNEL_FALLBACK = {"triton-nk": "convert-nk", "triton-int4-nk": "xla-packed-nk", "pallas-nk": "convert-nk",
-                   "pallas-int4-nk": "xla-packed-nk", "mosaic-nk": "convert-nk"}
+                   "pallas-int4-nk": "xla-packed-nk"}
 
 
 def kernel_runs(path: str, M: int, K: int | None, N: int | None, group_size: int | None = None) -> bool:
@@ -107,9 +100,6 @@ def kernel_runs(path: str, M: int, K: int | None, N: int | None, group_size: int
     the Pallas kernel takes for the 'pallas-*' ones."""
     if path.startswith("triton-"):
         return qmm_triton.usable()
-    if path == "mosaic-nk":  # the large-M tensor-core kernel (mosaic_large_m.py); JAXINFER_MOSAIC=0 turns it off
-        return (K is not None and N is not None and os.environ.get("JAXINFER_MOSAIC", "1") != "0"
-                and qmm_mosaic.usable() and qmm_mosaic.supports(M, K, N))
     if K is None or N is None or not qmm_triton.kernels_enabled():
         return False
     if path == "pallas-int4-nk":
@@ -191,8 +181,6 @@ def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, 
             return qmm_triton.int8_matmul_nk(x, q, scale, out_dtype=out_dtype)
         if path == "pallas-nk":
             return qmm_kernel_nk.int8_matmul_nk(x, q, scale, out_dtype=out_dtype)
-        if path == "mosaic-nk":
-            return qmm_mosaic.int8_matmul_large_m(x, q, scale, out_dtype=out_dtype)
         if path in ("convert-nk", "mixed-nk", "w8a8-nk"):
             fn = {"convert-nk": qmm_fused.int8_convert_xla, "mixed-nk": qmm_fused.int8_mixed_xla,
                   "w8a8-nk": qmm_fused.int8_w8a8_xla}[path]
