@@ -75,6 +75,20 @@ def test_program_key_covers_name_and_parts():
     assert program_key("step", 1, abstract_signature([a])) != program_key("step", 1, abstract_signature([b]))
 
 
+def test_program_key_covers_the_trace_time_switches(monkeypatch):
+    """JAXINFER_TRITON picks the small-M kernels or XLA's forms while the step is traced: a program compiled under
+    one setting must not be loaded under the other."""
+    from jaxinfer.runner.program_cache import TRACE_ENV, program_key
+
+    assert "JAXINFER_TRITON" in TRACE_ENV
+    monkeypatch.delenv("JAXINFER_TRITON", raising=False)
+    default = program_key("step", 1)
+    monkeypatch.setenv("JAXINFER_TRITON", "0")
+    off = program_key("step", 1)
+    monkeypatch.setenv("JAXINFER_TRITON", "1")
+    assert off != default and program_key("step", 1) == default  # unset and "1" are the same setting
+
+
 def test_prefetch_loads_the_first_program_of_the_last_start_and_a_stale_hint_is_harmless(cache, monkeypatch):
     """prefetch() (jaxinfer generate): the next start under the same hint gets the first program the last one
     used from the prefetch thread, bitwise the same results as the programs read from disk; missing or damaged

@@ -92,8 +92,19 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
-@functools.lru_cache(maxsize=None)
+# Environment switches read while a step is traced, so they change the program under the same source and config:
+# a process with JAXINFER_TRITON=0 (XLA's forms instead of the small-M kernels) must not load programs compiled with
+# the kernels. (Seen on the H200 with an env switch missing from the key: the other process's program was loaded.)
+# Each is on unless set to "0".
+TRACE_ENV = ("JAXINFER_TRITON",)
+
+
 def _environment() -> str:
+    return _environment_for(tuple(os.environ.get(k, "1") != "0" for k in TRACE_ENV))
+
+
+@functools.lru_cache(maxsize=None)
+def _environment_for(trace_env: tuple) -> str:
     import jaxlib
 
     dev = jax.devices()[0]
@@ -103,7 +114,7 @@ def _environment() -> str:
     allocator = "stats" if dev.memory_stats() else "no-stats"
     return repr((jax.__version__, getattr(jaxlib, "__version__", "?"), jax.default_backend(),
                  getattr(dev.client, "platform_version", "?"), dev.device_kind, jax.device_count(),
-                 os.environ.get("XLA_FLAGS", ""), allocator, source_digest()))
+                 os.environ.get("XLA_FLAGS", ""), allocator, source_digest(), trace_env))
 
 
 def abstract_signature(tree) -> str:
