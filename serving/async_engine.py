@@ -213,25 +213,28 @@ class AsyncEngine:
                     self._num_steps += 1
                 except Exception as e:  # noqa: BLE001 - fail every request, keep serving
                     log.exception("engine step failed")
-                    for rid, sink in list(self._sinks.items()):
+                    failed = list(self._sinks.items())
+                    self._sinks.clear()
+                    self._finished(len(failed))
+                    for rid, sink in failed:
                         eng.abort(rid)
                         sink.put(RuntimeError(f"engine step failed: {e}"))
-                    self._finished(len(self._sinks))
-                    self._sinks.clear()
                     outs = []
+                # A request's slot is released before its last item reaches the client: a client that sends its
+                # next request as soon as it has the answer must find the slot free (max_waiting), not get a 503.
                 for out in outs:
                     sink = self._sinks.get(out.request_id)
                     if sink is None:
                         continue
                     if out.error is not None:  # ended alone: a step failed on it
-                        sink.put(RequestFailedError(out.error))
                         del self._sinks[out.request_id]
                         self._finished(1)
+                        sink.put(RequestFailedError(out.error))
                         continue
-                    sink.put(out)
                     if out.finished:
                         del self._sinks[out.request_id]
                         self._finished(1)
+                    sink.put(out)
             self._publish()
 
     def _finished(self, k: int):

@@ -94,7 +94,7 @@ def source_digest() -> str:
 
 # Environment switches read while a step is traced, so they change the program under the same source and config:
 # a process with JAXINFER_TRITON=0 (XLA's forms instead of the small-M kernels) must not load programs compiled with
-# the kernels. (Seen on the H200 with an env switch missing from the key: the other process's program was loaded.)
+# the kernels. (Seen on the H200, 2026-12-04, with a since-removed switch: the other setting's program was loaded.)
 # Each is on unless set to "0".
 TRACE_ENV = ("JAXINFER_TRITON",)
 
