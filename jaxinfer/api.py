@@ -10,6 +10,7 @@ from typing import Iterator, Sequence
 
 from jaxinfer.config import ConfigError, EngineConfig
 from jaxinfer.engine.gc_freeze import startup_objects_frozen
+from jaxinfer.env_switch import switch
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams
 
@@ -50,9 +51,7 @@ class LLM:
         # the weights load (_start_first_compile)
         self._first_request = _first_request
         # warmup None: JAXINFER_WARMUP (default on; "0" compiles each program on first use, as the test suite does)
-        # (off values as JAXINFER_PROGRAM_CACHE / JAXINFER_PREPARED_CACHE read them)
-        self._warmup = (os.environ.get("JAXINFER_WARMUP", "1").lower() not in ("0", "false", "no", "off")
-                        if warmup is None else warmup)
+        self._warmup = switch("JAXINFER_WARMUP") if warmup is None else warmup
         # seconds per start-up phase (benchmarks/startup.py prints them); tokenizer_s ran on its own thread
         self.startup_breakdown = times = {}
         from jaxinfer.weights.loader import resolve_model

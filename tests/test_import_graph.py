@@ -10,7 +10,7 @@ from tests.import_graph import graph, strongly_connected
 
 LAYERS = [
     # plain types and settings, no project imports; the kernels with their references
-    ["jaxinfer.config", "jaxinfer.outputs", "jaxinfer.sampling_params", "pallas_kernels"],
+    ["jaxinfer.config", "jaxinfer.env_switch", "jaxinfer.outputs", "jaxinfer.sampling_params", "pallas_kernels"],
     # the host loop (no jax); the network and its architecture registry; mesh + sharding rules
     ["jaxinfer.engine", "jaxinfer.models", "jaxinfer.parallel"],
     ["jaxinfer.weights"],                        # checkpoint formats, quantize-on-load, the default model

@@ -48,6 +48,8 @@ from typing import Any, Callable
 
 import jax
 
+from jaxinfer.env_switch import switch
+
 log = logging.getLogger("jaxinfer")
 
 DEFAULT_MAX_BYTES = 4 << 30  # programs of the 8B shape are ~10-50 MB each
@@ -69,9 +71,8 @@ DEFAULT_BACKENDS = ("cpu", "gpu")
 
 def program_cache_enabled(backend: str | None = None) -> bool:
     """JAXINFER_PROGRAM_CACHE=1 / 0 turns it on / off; unset: on for DEFAULT_BACKENDS only."""
-    v = os.environ.get("JAXINFER_PROGRAM_CACHE")
-    if v is not None:
-        return v.lower() not in ("0", "false", "no", "off")
+    if os.environ.get("JAXINFER_PROGRAM_CACHE") is not None:
+        return switch("JAXINFER_PROGRAM_CACHE")
     return (backend or jax.default_backend()) in DEFAULT_BACKENDS
 
 

@@ -25,6 +25,8 @@ import importlib.util
 import os
 from collections.abc import Mapping
 
+from jaxinfer.env_switch import switch
+
 SKIP_TEMP_FLAG = "--xla_gpu_command_buffer_update_mode=SKIP_TEMP"
 OPT_OUT = "JAXINFER_STABLE_GRAPH_ADDRESSES"
 _CUDA_PLUGIN_MODULES = ("jax_cuda13_plugin", "jax_cuda12_plugin", "jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
@@ -33,7 +35,7 @@ _CUDA_PLUGIN_MODULES = ("jax_cuda13_plugin", "jax_cuda12_plugin", "jax_plugins.x
 def stable_address_flags(environ: Mapping[str, str], jaxlib_version: tuple[int, ...] | None,
                          has_cuda_plugin: bool) -> str | None:
     """The XLA_FLAGS value to set for stable command-buffer temporaries, or None to leave the environment alone."""
-    if environ.get(OPT_OUT, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not switch(OPT_OUT, environ=environ):
         return None
     if not has_cuda_plugin or jaxlib_version is None or jaxlib_version < (0, 11):
         return None

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxinfer.env_switch import switch
 from jaxinfer.weights.fingerprint import file_fingerprint
 
 log = logging.getLogger("jaxinfer")
@@ -50,7 +51,7 @@ RELEASE_TIMEOUT_S = 120.0
 
 
 def enabled() -> bool:
-    return os.environ.get("JAXINFER_PREPARED_CACHE", "1").lower() not in ("0", "false", "no", "off")
+    return switch("JAXINFER_PREPARED_CACHE")
 
 
 def root() -> str:

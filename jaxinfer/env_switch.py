@@ -1,0 +1,19 @@
+"""The JAXINFER_* on / off switches read from the environment, with one spelling of "off" for all of them:
+"0", "false", "no" or "off" (any case, surrounding spaces ignored); anything else set means on. Imports nothing
+but os (runner/xla_env.py reads its switch before jax starts)."""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+OFF_VALUES = ("0", "false", "no", "off")
+
+
+def is_off(value: str) -> bool:
+    return value.strip().lower() in OFF_VALUES
+
+
+def switch(name: str, default: bool = True, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether switch `name` is on: `default` when unset."""
+    value = (os.environ if environ is None else environ).get(name)
+    return default if value is None else not is_off(value)
