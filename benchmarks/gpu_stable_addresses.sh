@@ -5,10 +5,11 @@
 #           both ways (engine-thread host time per step; target <= 1.0 ms at 256)
 #   PART=b  latency.py --batch 1 64 256 both ways (the plain-XLA peer in the first run only)
 #   PART=c  spec_speed.py --batch 1 with the 1B-shaped draft, both ways (its draft steps were host-bound)
-#   PART=inputs  (not run yet) with stable temporaries, what is left of the call: call_trace.py at batch 1 / 64 / 256
-#           as the engine calls it, with the same input buffers every call, and with the same previous tokens too
-#           (batch 1's call stayed at ~3 ms: if the inputs' commands are its update, stage the inputs into
-#           donated buffers of fixed address)
+#   PART=inputs  with stable temporaries, what is left of the call: call_trace.py at batch 1 / 64 / 256 as the
+#           engine calls it, with the same input buffers every call, and with the same previous tokens too (run at
+#           d03d2a6: results/gpu-stable-addresses-inputs-d03d2a6-2026-12-04.log; the moved inputs cost ~0.6 ms of
+#           update, the previous tokens nothing; staging them through a second program did not pay, see
+#           benchmarks/README.md "2026-12-04 d")
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

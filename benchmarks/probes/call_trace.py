@@ -92,7 +92,7 @@ def probe(llm, batch: int, ctx: int, iters: int, extra_options: dict | None = No
         opts = {**(opts or {}), **extra_options}
     out = {"batch": batch, "bucket": str(hb.bucket), "compiler_options": opts, "same_inputs": same_inputs,
            "fixed_prev": fixed_prev}
-    fixed = jax.device_put(flat)  # --same-inputs: one pair of input buffers for every call (stable addresses)
+    fixed = jax.device_put(flat) if same_inputs else None  # one pair of input buffers for every call
     exes = {}
     for greedy in (True, False):
         exe = exes[greedy] = _fresh_step(llm, hb.bucket, flat, options=opts, greedy_only=greedy)
@@ -100,8 +100,7 @@ def probe(llm, batch: int, ctx: int, iters: int, extra_options: dict | None = No
 
         def call():
             ints, floats = fixed if same_inputs else jax.device_put(flat)
-            r.kv_caches, o, _, r.penalty_table = exe(r.loaded.params, r.kv_caches, ints, floats,
-                                                     r._no_prev if fixed_prev else prev[0], r.penalty_table)
+            o, _ = r.run_compiled(exe, ints, floats, r._no_prev if fixed_prev else prev[0])
             prev[0] = o.tokens
             return o.tokens
 
@@ -144,8 +143,7 @@ def exactness(llm, row: dict, calls: int, seed: int = 0) -> str:
     prev, kept, junk = r._no_prev, [], []
     for i in range(calls):
         ints, floats = jax.device_put(flat)
-        r.kv_caches, o, _, r.penalty_table = exes[i % 2 == 0](r.loaded.params, r.kv_caches, ints, floats, prev,
-                                                               r.penalty_table)
+        o, _ = r.run_compiled(exes[i % 2 == 0], ints, floats, prev)
         prev = o.tokens
         kept.append(o.tokens)
         junk.append(jnp.ones(int(rng.integers(1, 1 << 22)), jnp.uint8))  # 1 B - 4 MiB, freed in random order

@@ -122,8 +122,7 @@ def probe_batch(llm, batch: int, ctx: int, iters: int) -> dict:
 
             def call():
                 ints, floats = fixed if same else jax.device_put(flat)
-                r.kv_caches, out, _, r.penalty_table = exe(r.loaded.params, r.kv_caches, ints, floats, prev[0],
-                                                           r.penalty_table)
+                out, _ = r.run_compiled(exe, ints, floats, prev[0])
                 prev[0] = out.tokens
                 return out.tokens
 
