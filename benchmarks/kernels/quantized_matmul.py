@@ -82,9 +82,15 @@ def _families():
         L = quantized_leaves(w, i4, jnp.bfloat16, layout="native")
         return {k: jnp.asarray(v.T) for k, v in L.items()}
 
+    def int4_mosaic_nk(w):  # q int4 [N, K], scale / offset [G, N] (the 'mosaic-int4' backend's leaves)
+        L = quantized_leaves(w, i4, jnp.bfloat16, layout="native")
+        return {k: jnp.asarray(v.T) if k == "q" else v for k, v in L.items()}
+
     return {
         "bf16": (lambda w: {"w": w.astype(jnp.bfloat16)}, nbytes),
         "int4_native_nk": (int4_native_nk, nbytes),
+        "int4_mosaic_nk": (int4_mosaic_nk, nbytes),
+        "int4_packed_nk": (lambda w: quantized_leaves(w, i4, jnp.bfloat16, layout="packed-nk"), nbytes),
         "fp8": (lambda w: quantized_leaves(w, f8, jnp.bfloat16), nbytes),
         "int8_kn": (lambda w: quantized_leaves(w, i8, jnp.bfloat16, layout="kn"), nbytes),
         "int8_nk": (int8_nk, nbytes),
@@ -99,8 +105,28 @@ def variants(interpret: bool):
     from pallas_kernels.quantized_matmul import xla as qx
     from pallas_kernels.quantized_matmul import xla_fused as qf
 
+    from pallas_kernels.quantized_matmul import kernel_nk as qnk
+    from pallas_kernels.quantized_matmul import mosaic_int4 as qmi
+
     g = GROUP
+
+    def mosaic(target=qmi.TARGET_CTAS, stages=4):
+        def op(x, w):
+            cfg = qmi.default_config(x.shape[0], x.shape[1], w["q"].shape[0], target_ctas=target, max_stages=stages)
+            return qmi.int4_matmul_mosaic(x, w["q"], w["scale"], w.get("offset"), cfg=cfg)
+        default = (target, stages) == (qmi.TARGET_CTAS, 4)
+        return ("int4_mosaic_nk", op, "int4mn", ("int4mn", "mosaic-int4") if default else None)
+
     return {
+        # the Mosaic GPU int4 kernel (mosaic_int4.py) at M <= 16, with split / pipeline variants, and the engine's
+        # previous int4 decode kernel (kernel_nk's, [N, K/2] packed) as its peer
+        "int4_mosaic": mosaic(),
+        "int4_mosaic_t512": mosaic(512),
+        "int4_mosaic_t2048": mosaic(2048),
+        "int4_mosaic_st2": mosaic(stages=2),
+        "int4_mosaic_st8": mosaic(stages=8),
+        "int4_pallas_nk": ("int4_packed_nk", lambda x, w: qnk.int4_matmul_nk(
+            x, w["q"], w["scale"], w["offset"], group_size=g), "int4pnk", ("int4pnk", "pallas-int4-nk")),
         "bf16": ("bf16", lambda x, w: jnp.dot(x, w["w"], preferred_element_type=jnp.float32).astype(x.dtype),
                  None, None),
         "fp8_w8a8": ("fp8", lambda x, w: qx.fp8_matmul_xla(x, w["q"], w["scale"]), "fp8", None),
@@ -161,6 +187,11 @@ def reference(kind, fam, x, w):
         return qr.int8_w8a8_matmul_reference(x, q, w["scale"], out_dtype=f32)
     if kind == "int4":
         return qr.int4_matmul_reference(x, w["q"], w["scale"], w["offset"], group_size=GROUP, out_dtype=f32)
+    if kind == "int4mn":
+        return qr.int4_native_matmul_reference(x, w["q"].T, w["scale"], w.get("offset"), group_size=GROUP,
+                                               out_dtype=f32)
+    if kind == "int4pnk":
+        return qr.int4_matmul_reference(x, w["q"].T, w["scale"], w["offset"], group_size=GROUP, out_dtype=f32)
     if kind == "int4n":
         return qr.int4_native_matmul_reference(x, w["q"], w["scale"], w.get("offset"), group_size=GROUP,
                                                out_dtype=f32)

@@ -1,0 +1,206 @@
+"""int4 weight-only matmul at decode sizes on Hopper tensor cores (Pallas Mosaic GPU): y = x @ dequantize(q).T.
+
+Shapes: x [M, K] bf16 (M <= 16 tokens), q int4 [N, K] (signed, K contiguous: the 'native-nk' layout of
+reference.py, XLA packing two values a byte), scale [K/g, N], offset [K/g, N] or None (symmetric), g = 128;
+W[n, k] = q[n, k] * scale[k // g, n] (+ offset[k // g, n]); y [M, N], f32 accumulation.
+
+Why a third design (issue 20): the first two int4 kernels (Pallas-Triton [K/2, N], then Triton / Pallas-Triton
+[N, K/2] with CUDA-core unpacking) streamed 0.4-1.8 TB/s of packed bytes at M = 1 against a 2.8 TB/s target: by
+operation count they spend ~5-8 integer / FMA instructions a weight. Here the tensor cores do the products and the
+unpacking is Mosaic GPU's int4 -> bf16 register conversion (CUTLASS's prmt + lop3 + one bf16x2 subtract: about
+1.5 instructions a weight), so the CUDA cores only convert:
+
+  the problem, transposed:  y^T [N, Mp] = W [N, K] @ x^T [K, Mp]   (wgmma m64 nMp k16; Mp = 8 or 16 token rows,
+                                                                    x zero-padded; the weight is the register LHS)
+  grid = (N / 64, split):   CTA (n, s) = one warpgroup streaming weight rows [64 n, 64 n + 64) over K groups
+                            [s G_s, (s + 1) G_s) through a TMA pipeline (int4 tile [64, g] = 4 KB a stage);
+  per group j:              part = q_j (int4 -> bf16 in registers) @ x_j^T   (a fresh [64, Mp] f32 accumulator)
+                            acc += part * scale[j, rows] + offset[j, rows] * xs[j, :]   (xs = the group's column
+                            sums of x^T, computed outside; so the dequantized weight is never rounded to bf16)
+  out [split, N, Mp] f32:   XLA sums the splits (deterministic), transposes and casts.
+
+No interpret mode: Mosaic GPU kernels need the GPU. On CPU the tests check that the kernel traces and lowers for
+CUDA (jax.export with platforms=['cuda']) and the wrapper's algebra through a jnp stand-in; the kernel's numbers
+against reference.int4_native_matmul_reference are GPU tests (tests/kernels/test_mosaic_int4_gpu.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+GROUP = 128          # the group size the kernel takes (tile_k = one group a pipeline step)
+TILE_N = 64          # weight rows a CTA (one warpgroup: wgmma's M)
+MAX_M = 16           # token rows (wgmma's N: 8 or 16)
+XS_WIDTH = 32        # xs rows padded to 128 bytes (the pipeline copies whole multiples of the warpgroup size)
+TARGET_CTAS = 1024   # split K until the grid has about this many CTAs (~8 resident per SM on 132 SMs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    split: int       # K splits (each a whole number of groups)
+    stages: int      # pipeline depth (max_concurrent_steps)
+
+
+def padded_m(M: int) -> int:
+    return 8 if M <= 8 else 16
+
+
+def default_config(M: int, K: int, N: int, group_size: int = GROUP, target_ctas: int = TARGET_CTAS,
+                   max_stages: int = 4) -> Config:
+    """The smallest split of K (a divisor of the group count, >= 2 groups a split) giving >= target_ctas CTAs
+    (else the largest such split), and a pipeline of up to max_stages groups."""
+    groups = K // group_size
+    tiles = N // TILE_N
+    split = 1
+    for cand in range(1, groups + 1):
+        if groups % cand or groups // cand < 2:
+            continue
+        split = cand
+        if tiles * cand >= target_ctas:
+            break
+    return Config(split=split, stages=max(1, min(max_stages, groups // split)))
+
+
+def supports(M: int, K: int, N: int, group_size: int | None) -> bool:
+    """Whole tiles only: M <= 16, g = 128, N a multiple of 64, K a multiple of g (every 8B projection)."""
+    return (0 < M <= MAX_M and group_size == GROUP and N % TILE_N == 0 and K % GROUP == 0 and K >= GROUP)
+
+
+@functools.lru_cache(maxsize=None)
+def _modules():
+    try:
+        from jax.experimental import pallas as pl
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+    except ImportError:  # pragma: no cover - a JAX without Pallas Mosaic GPU
+        return None
+    return pl, plgpu
+
+
+def usable() -> bool:
+    """A Hopper GPU as the default backend and Pallas Mosaic GPU importable (read at trace time)."""
+    if jax.default_backend() != "gpu" or _modules() is None:
+        return False
+    return str(getattr(jax.devices()[0], "compute_capability", "")) == "9.0"
+
+
+def kernel_inputs(x2, scale, group_size: int = GROUP):
+    """x [M, K] -> (x^T's rows padded: x_p bf16 [Mp, K], xs f32 [K/g, XS_WIDTH] = per-group sums of x_p's rows,
+    zero past Mp: a 128-byte row, since the kernel's copies move multiples of 128 bytes)."""
+    M, K = x2.shape
+    mp = padded_m(M)
+    x_p = jnp.pad(x2.astype(jnp.bfloat16), ((0, mp - M), (0, 0)))
+    xs = jnp.sum(x_p.astype(jnp.float32).reshape(mp, K // group_size, group_size), axis=2).T
+    return x_p, jnp.pad(xs, ((0, 0), (0, XS_WIDTH - mp)))
+
+
+def _call(x_p, q, scale, offset, xs, *, cfg: Config):
+    """The Mosaic GPU kernel: -> part f32 [split, N, Mp]."""
+    pl, plgpu = _modules()
+    mp, K = x_p.shape
+    N = q.shape[0]
+    groups = K // GROUP
+    gps = groups // cfg.split                      # groups per split
+    tiles = N // TILE_N
+    has_offset = offset is not None
+    w_swizzle = plgpu.find_swizzle(GROUP * 4)      # 64 bytes a row of the int4 tile
+    x_swizzle = plgpu.find_swizzle(GROUP * 16)     # 256 bytes a row of the bf16 x tile -> 128
+    w_transforms = (plgpu.TilingTransform((8, w_swizzle * 8 // 4)), plgpu.SwizzleTransform(w_swizzle))
+    x_transforms = (plgpu.TilingTransform((8, x_swizzle * 8 // 16)), plgpu.SwizzleTransform(x_swizzle))
+    row_layout = plgpu.Layout.WGMMA.reduce(1)      # a [64] vector over the accumulator's rows
+    col_layout = plgpu.Layout.WGMMA.reduce(0)      # a [Mp] vector over its columns
+
+    def body(*refs):
+        if has_offset:
+            q_g, x_g, s_g, o_g, xs_g, out_g, out_smem = refs
+        else:
+            q_g, x_g, s_g, xs_g, out_g, out_smem = refs
+            o_g = None
+        n = lax.axis_index("n")
+        sp = lax.axis_index("s")
+        rows = pl.ds(n * TILE_N, TILE_N)
+        gsl = pl.ds(sp * gps, gps)
+        ksl = pl.ds(sp * (gps * GROUP), gps * GROUP)
+
+        def step(_, q_s, x_s, s_s, *rest):
+            if has_offset:
+                o_s, xs_s, acc = rest
+            else:
+                xs_s, acc = rest
+            w = plgpu.load(q_s, (), layout=plgpu.Layout.WGMMA).astype(jnp.bfloat16)       # [64, g]
+
+            def mma(acc_ref):
+                plgpu.wgmma(acc_ref, w, plgpu.transpose_ref(x_s, (1, 0)))                 # x_s [Mp, g]
+                return acc_ref[...]
+
+            part = pl.run_scoped(mma, plgpu.ACC((TILE_N, mp), jnp.float32))              # [64, Mp]
+            sc = plgpu.load(s_s.at[0], (), layout=row_layout).astype(jnp.float32)         # [64]
+            acc = acc + part * lax.broadcast_in_dim(sc, (TILE_N, mp), [0])
+            if has_offset:
+                of = plgpu.load(o_s.at[0], (), layout=row_layout).astype(jnp.float32)
+                xs = plgpu.load(xs_s.at[0, pl.ds(0, mp)], (), layout=col_layout)          # [Mp]
+                acc = acc + (lax.broadcast_in_dim(of, (TILE_N, mp), [0])
+                             * lax.broadcast_in_dim(xs, (TILE_N, mp), [1]))
+            return acc
+
+        in_specs = [plgpu.BlockSpec((TILE_N, GROUP), lambda j: (0, j), transforms=w_transforms),
+                    plgpu.BlockSpec((mp, GROUP), lambda j: (0, j), transforms=x_transforms),
+                    plgpu.BlockSpec((1, TILE_N), lambda j: (j, 0))]
+        operands = [q_g.at[rows, ksl], x_g.at[:, ksl], s_g.at[gsl, rows]]
+        if has_offset:
+            in_specs.append(plgpu.BlockSpec((1, TILE_N), lambda j: (j, 0)))
+            operands.append(o_g.at[gsl, rows])
+        in_specs.append(plgpu.BlockSpec((1, XS_WIDTH), lambda j: (j, 0)))
+        operands.append(xs_g.at[gsl, :])
+        acc0 = plgpu.layout_cast(jnp.zeros((TILE_N, mp), jnp.float32), plgpu.Layout.WGMMA)
+        acc = plgpu.emit_pipeline(step, grid=(gps,), in_specs=in_specs, max_concurrent_steps=cfg.stages,
+                                  init_carry=acc0)(*operands)
+        out_smem[...] = acc
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(out_smem, out_g.at[sp, rows])
+        plgpu.wait_smem_to_gmem(0)
+
+    f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((cfg.split, N, mp), jnp.float32),
+                     grid=(tiles, cfg.split), grid_names=("n", "s"),
+                     scratch_types=[plgpu.SMEM((TILE_N, mp), jnp.float32)])
+    return f(q, x_p, scale, *((offset,) if has_offset else ()), xs)
+
+
+def _finish(part, M: int, out_dtype):
+    """part f32 [split, N, Mp] -> y [M, N]: the splits summed, transposed, padding rows dropped."""
+    return jnp.sum(part, axis=0)[:, :M].T.astype(out_dtype)
+
+
+def forward(x2, q, scale, offset, *, cfg: Config, out_dtype, call=None):
+    """x [M, K] -> y [M, N] around the kernel (`call`, default the Mosaic GPU kernel; the CPU tests pass a jnp
+    stand-in of the same contract: (x_p, q, scale, offset, xs, cfg=) -> part f32 [split, N, Mp])."""
+    x_p, xs = kernel_inputs(x2, scale)
+    part = (call or _call)(x_p, q, scale, offset, xs, cfg=cfg)
+    return _finish(part, x2.shape[0], out_dtype)
+
+
+_int4_mosaic = jax.jit(forward, static_argnames=("cfg", "out_dtype", "call"))
+
+
+def int4_matmul_mosaic(x, q, scale, offset=None, *, group_size: int = GROUP, out_dtype=None,
+                       cfg: Config | None = None):
+    """x [..., K] @ dequantize(q int4 [N, K], scale, offset [K/g, N] or None).T -> [..., N] (module docstring).
+    ValueError where the kernel does not take the shape (callers check `supports` first)."""
+    N, K = q.shape
+    if x.shape[-1] != K or q.dtype != jnp.int4 or scale.shape != (K // group_size, N):
+        raise ValueError(f"int4_matmul_mosaic wants x [..., {K}], q int4 [N, K], scale [K/g, N]; got x {x.shape}, "
+                         f"q {q.dtype} {q.shape}, scale {scale.shape}, group_size {group_size}")
+    if offset is not None and offset.shape != scale.shape:
+        raise ValueError(f"offset must be [K/g, N] like scale {scale.shape}, got {offset.shape}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, K)
+    M = x2.shape[0]
+    if not supports(M, K, N, group_size):
+        raise ValueError(f"the Mosaic int4 kernel takes M <= {MAX_M}, g = {GROUP}, N % {TILE_N} == 0, K % g == 0; "
+                         f"got M={M}, K={K}, N={N}, g={group_size}")
+    cfg = cfg or default_config(M, K, N, group_size)
+    y = _int4_mosaic(x2, q, scale, offset, cfg=cfg, out_dtype=out_dtype or x.dtype)
+    return y.reshape(*lead, N)
