@@ -124,6 +124,37 @@ def test_native_int4_backend_in_engine_matches_reference(tiny_llama_dir, quantiz
     assert _greedy(nat, prompts, n=4) == _greedy(ref, prompts, n=4)
 
 
+@pytest.fixture(scope="module")
+def g128_llama_dir(tmp_path_factory):
+    """A tiny random float32 Llama whose projections take int4 group 128 (hidden 128, MLP 256), as the
+    'mosaic-int4' backend needs."""
+    torch.manual_seed(1)
+    cfg = tf.LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         initializer_range=0.3, bos_token_id=1, eos_token_id=2)
+    path = tmp_path_factory.mktemp("g128_llama")
+    tf.LlamaForCausalLM(cfg).float().eval().save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("quantization", ["int4", "int4-asym"])
+def test_mosaic_int4_backend_in_engine_matches_reference(g128_llama_dir, quantization):
+    """quantized_matmul='mosaic-int4': signed int4 [out, in] weights through the loader and the engine (on the CPU
+    every bucket takes the kernel's XLA fallback on the same layout); the same weights as the packed reference
+    path, so prompt log-probs agree to float32 rounding and greedy tokens are identical."""
+    import jax.numpy as jnp
+
+    ref = jaxinfer.LLM(g128_llama_dir, quantization=quantization, quantized_matmul="reference", **OPTS)
+    mos = jaxinfer.LLM(g128_llama_dir, quantization=quantization, quantized_matmul="mosaic-int4", **OPTS)
+    down = mos.model.module().layers[0].mlp.down
+    assert down.backend == "mosaic-int4" and down.q[...].dtype == jnp.int4 and down.q[...].shape == (128, 256)
+    assert (down.offset is None) == (not quantization.endswith("asym"))
+    prompt = _prompt()
+    np.testing.assert_allclose(_prompt_logprobs(mos, prompt), _prompt_logprobs(ref, prompt), atol=1e-3, rtol=0)
+    prompts = [_prompt(seed=s, n=10) for s in range(2)]
+    assert _greedy(mos, prompts, n=4) == _greedy(ref, prompts, n=4)
+
+
 def test_w8a8_backend_in_engine_is_close(tiny_llama_dir, float_llm):
     """quantized_matmul='w8a8' (int8 only): activations quantized per token too, so it is NOT the weight-only int8
     model: its prompt log-probs are bounded against the float model (the int8 row's bound of

@@ -118,15 +118,6 @@ def variants(interpret: bool):
         return ("int4_mosaic_nk", op, "int4mn", ("int4mn", "mosaic-int4") if default else None)
 
     return {
-        # the Mosaic GPU int4 kernel (mosaic_int4.py) at M <= 16, with split / pipeline variants, and the engine's
-        # previous int4 decode kernel (kernel_nk's, [N, K/2] packed) as its peer
-        "int4_mosaic": mosaic(),
-        "int4_mosaic_t512": mosaic(512),
-        "int4_mosaic_t2048": mosaic(2048),
-        "int4_mosaic_st2": mosaic(stages=2),
-        "int4_mosaic_st8": mosaic(stages=8),
-        "int4_pallas_nk": ("int4_packed_nk", lambda x, w: qnk.int4_matmul_nk(
-            x, w["q"], w["scale"], w["offset"], group_size=g), "int4pnk", ("int4pnk", "pallas-int4-nk")),
         "bf16": ("bf16", lambda x, w: jnp.dot(x, w["w"], preferred_element_type=jnp.float32).astype(x.dtype),
                  None, None),
         "fp8_w8a8": ("fp8", lambda x, w: qx.fp8_matmul_xla(x, w["q"], w["scale"]), "fp8", None),
@@ -157,6 +148,15 @@ def variants(interpret: bool):
         "int4n_dequant_nk": ("int4_native_nk", lambda x, w: _int4_nk_dequant(x, w, g), "int4n", None),
         "int4_xla_packed": ("int4_packed", lambda x, w: qx.int4_matmul_xla(x, w["q"], w["scale"], w["offset"],
                                                                            group_size=g), "int4", ("int4", "xla")),
+        # the Mosaic GPU int4 kernel (mosaic_int4.py) at M <= 16, with split / pipeline variants, and the engine's
+        # previous int4 decode kernel (kernel_nk's, [N, K/2] packed) as its peer
+        "int4_mosaic": mosaic(),
+        "int4_mosaic_t512": mosaic(512),
+        "int4_mosaic_t2048": mosaic(2048),
+        "int4_mosaic_st2": mosaic(stages=2),
+        "int4_mosaic_st8": mosaic(stages=8),
+        "int4_pallas_nk": ("int4_packed_nk", lambda x, w: qnk.int4_matmul_nk(
+            x, w["q"], w["scale"], w["offset"], group_size=g), "int4pnk", ("int4pnk", "pallas-int4-nk")),
     }
 
 

@@ -25,12 +25,15 @@ from jaxinfer.config.model import ConfigError
 #                [out, in] weights, weight-only, formulation per weight size and M from the table: on a GPU the
 #                Pallas-Triton small-M kernel at M <= 16, XLA's convert + dot above), "xla-int4" (int4 only:
 #                XLA-native int4 weights, formulation per M from the table) or "triton-int4" (int4 only: [out, in/2]
-#                packed weights, the small-M int4 kernel at M <= 16 on one device, XLA dequantize + dot above / under TP).
+#                packed weights, the small-M int4 kernel at M <= 16 on one device, XLA dequantize + dot above / under TP)
+#                or "mosaic-int4" (int4 group 128 only: signed int4 [out, in] weights, the Mosaic GPU tensor-core
+#                kernel at M <= 16 on a Hopper GPU, XLA dequantize + dot above; one device only).
 
 QUANT_METHODS = ("int8", "int4", "fp8")
 INT4_GROUP_SIZES = (32, 64, 128)
-MATMUL_BACKENDS = ("auto", "reference", "xla", "pallas", "w8a8", "xla-nk", "xla-int4", "triton-int4")
-_BACKEND_METHODS = {"w8a8": "int8", "xla-nk": "int8", "xla-int4": "int4", "triton-int4": "int4"}  # one method only
+MATMUL_BACKENDS = ("auto", "reference", "xla", "pallas", "w8a8", "xla-nk", "xla-int4", "triton-int4", "mosaic-int4")
+_BACKEND_METHODS = {"w8a8": "int8", "xla-nk": "int8", "xla-int4": "int4", "triton-int4": "int4",
+                    "mosaic-int4": "int4"}  # one method only
 _INT4_RE = re.compile(r"int4(?:-g(\d+))?(-asym|-sym)?")
 
 
@@ -66,6 +69,10 @@ class QuantSpec:
         if only is not None and self.method != only:
             raise QuantizationError(
                 f"quantized_matmul={self.backend!r} is for {only} models only, not {self.name}; use 'auto'")
+        if self.backend == "mosaic-int4" and self.group_size != 128:
+            raise QuantizationError(
+                f"quantized_matmul='mosaic-int4' takes int4 group 128 weights only (its kernel dequantizes one "
+                f"128-wide group a step), not {self.name}; use 'auto' for other group sizes")
         if self.method == "fp8" and self.backend == "pallas":
             raise QuantizationError(
                 "fp8 (W8A8) runs through XLA's native fp8 dot, there is no Pallas fp8 kernel; use "

@@ -65,7 +65,7 @@ class QuantLinear(nnx.Module):
     """y = x @ dequantize(W) (+ b), W quantized in one of the layouts of quantized_matmul/reference.py.
 
     Leaves: q (int8 [in, out] | int8 [out, in] ('xla-nk') | packed uint8 [in/2, out] | packed uint8 [out, in/2]
-    ('triton-int4') | int4 [in, out] | e4m3 [out, in]), scale, offset
+    ('triton-int4') | int4 [in, out] | int4 [out, in] ('mosaic-int4') | e4m3 [out, in]), scale, offset
     (int4 only; none for symmetric weights in the native int4 layout), b.
     `backend` is static (resolve_backend); with 'auto' / 'xla-int4' the path is picked per call from the
     static token count M (models/quant_paths.py).
@@ -95,6 +95,12 @@ class QuantLinear(nnx.Module):
         elif spec.method == "int4" and quant_paths.weight_layout_of("int4", backend) == "native":
             G = K // spec.group_size
             self.q = nnx.Param(jnp.zeros((K, N), jnp.int4), logical_axes=(ax_in, ax_out))
+            self.scale = nnx.Param(jnp.zeros((G, N), dtype), logical_axes=(ax_in, ax_out))
+            self.offset = (None if spec.symmetric
+                           else nnx.Param(jnp.zeros((G, N), dtype), logical_axes=(ax_in, ax_out)))
+        elif spec.method == "int4" and quant_paths.weight_layout_of("int4", backend) == "native-nk":
+            G = K // spec.group_size
+            self.q = nnx.Param(jnp.zeros((N, K), jnp.int4), logical_axes=(ax_out, ax_in))
             self.scale = nnx.Param(jnp.zeros((G, N), dtype), logical_axes=(ax_in, ax_out))
             self.offset = (None if spec.symmetric
                            else nnx.Param(jnp.zeros((G, N), dtype), logical_axes=(ax_in, ax_out)))

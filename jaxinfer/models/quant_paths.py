@@ -19,6 +19,9 @@ Model backends (the `quantized_matmul` option after quant.resolve_backend) and t
                              order); the small-M kernel at M <= 16, XLA dequantize + dot above
                              (PATHS[('int4', 'triton-int4')])
                                                                                         int4 packed-nk
+  'mosaic-int4'              int4 group 128 only: signed int4 [N, K] weights (K contiguous); the Mosaic GPU
+                             tensor-core kernel at M <= 16 on a Hopper GPU, XLA dequantize + dot above
+                             (PATHS[('int4', 'mosaic-int4')])                         int4 native-nk
   'auto'                     resolves to GPU_DEFAULT[method] on GPU (int8: 'xla-nk', int4-g128: 'triton-int4');
                              PATHS[(method, 'auto')] picks
                              per M among the paths of the int8 [K, N] / int4 packed layout for 'auto' itself
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 from pallas_kernels.quantized_matmul import kernel as qmm_kernel
 from pallas_kernels.quantized_matmul import kernel_nk as qmm_kernel_nk
+from pallas_kernels.quantized_matmul import mosaic_int4 as qmm_mosaic
 from pallas_kernels.quantized_matmul import reference as qmm_ref
 from pallas_kernels.quantized_matmul import triton_small_m as qmm_triton
 from pallas_kernels.quantized_matmul import xla as qmm_xla
@@ -67,6 +71,11 @@ PATHS = {
     # for 'auto' (results/quantized-decode-jax-triton-76be10a-2026-12-03.json); the Pallas port ('pallas-int4-nk')
     # at 255.9 against 198.7 (results/quantized-decode-pallas-nk-e29a522-2026-12-03.log).
     ("int4", "triton-int4"): ((16, "pallas-int4-nk"), (ANY_M, "xla-packed-nk")),
+    # int4 on signed int4 [N, K] weights ('mosaic-int4'): the Mosaic GPU tensor-core kernel at M <= 16 (per op on
+    # the H200 at M = 1, results/kernel-quantized-matmul-mosaic-int4-22841b2-2026-12-04.json: gate_up 36.7 us vs
+    # 54.8 for 'pallas-int4-nk' and 76.1 for the bf16 dot, down 21-31 vs 35.9 / 39.9, qkv 14.5 vs 20.2 / 22.5,
+    # o 11-13 vs 15.5 / 21.6), XLA's dequantize + dot above.
+    ("int4", "mosaic-int4"): ((16, "mosaic-int4-nk"), (ANY_M, "int4-dequant-nk")),
 }
 # Weights of at least this many elements take the 'large' table: 32M int8 weights are 32 MB, so past it a weight
 # no longer sits in the 50 MB L2 beside the activations (the 8B shapes: qkv 25M and o 17M below, down 59M,
@@ -88,10 +97,11 @@ LAYOUT_PATHS = {
     ("int4", "packed"): ("reference", "pallas", "pallas-interpret", "xla"),
     ("int4", "native"): ("reference-native", "int4-dequant", "int4-grouped", "int4-grouped-mixed"),
     ("int4", "packed-nk"): ("reference-packed-nk", "xla-packed-nk", "triton-int4-nk", "pallas-int4-nk"),
+    ("int4", "native-nk"): ("reference-native-nk", "int4-dequant-nk", "mosaic-int4-nk"),
 }
 # A small-M kernel path where its kernel cannot run (`kernel_runs`) becomes this one.
 KERNEL_FALLBACK = {"triton-nk": "convert-nk", "triton-int4-nk": "xla-packed-nk", "pallas-nk": "convert-nk",
-                   "pallas-int4-nk": "xla-packed-nk"}
+                   "pallas-int4-nk": "xla-packed-nk", "mosaic-int4-nk": "int4-dequant-nk"}
 
 
 def kernel_runs(path: str, M: int, K: int | None, N: int | None, group_size: int | None = None) -> bool:
@@ -102,6 +112,8 @@ def kernel_runs(path: str, M: int, K: int | None, N: int | None, group_size: int
         return qmm_triton.usable()
     if K is None or N is None or not qmm_triton.kernels_enabled():
         return False
+    if path == "mosaic-int4-nk":
+        return qmm_mosaic.usable() and qmm_mosaic.supports(M, K, N, group_size)
     if path == "pallas-int4-nk":
         return qmm_kernel_nk.int4_supports(M, K, N, group_size, qmm_kernel_nk.int4_config_for(M, K, N, group_size))
     return qmm_kernel_nk.supports(K, N, qmm_kernel_nk.config_for(M, K, N))
@@ -111,7 +123,7 @@ def weight_layout_of(method: str, backend: str) -> str:
     """The device layout a resolved model backend runs on: int4 'native' for 'xla-int4', else int4 'packed';
     int8 'nk' for 'xla-nk', else 'kn'; fp8 'nk' (e4m3 [N, K])."""
     if method == "int4":
-        return {"xla-int4": "native", "triton-int4": "packed-nk"}.get(backend, "packed")
+        return {"xla-int4": "native", "triton-int4": "packed-nk", "mosaic-int4": "native-nk"}.get(backend, "packed")
     if method == "int8":
         return "nk" if backend == "xla-nk" else "kn"
     return "nk"
@@ -125,7 +137,7 @@ def path_for(method: str, backend: str, M: int, K: int | None = None, N: int | N
     device) turns every KERNEL_FALLBACK path into its XLA fallback."""
     if method == "fp8":
         return "reference" if backend == "reference" else "xla"
-    if backend in ("xla-int4", "triton-int4"):
+    if backend in ("xla-int4", "triton-int4", "mosaic-int4"):
         path = _lookup(PATHS[("int4", backend)], M)
     elif backend == "xla-nk":
         large = K is not None and N is not None and K * N >= LARGE_WEIGHT
@@ -168,7 +180,7 @@ def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, 
     kernels: whether the small-M kernel paths may run (path_for)."""
     M = x.size // x.shape[-1]
     K = x.shape[-1]
-    nk = method == "fp8" or weight_layout_of(method, backend) in ("nk", "packed-nk")
+    nk = method == "fp8" or weight_layout_of(method, backend) in ("nk", "packed-nk", "native-nk")
     N = q.shape[0] if nk else q.shape[-1]
     path = path_for(method, backend, M, K, N, group_size, kernels)
     if method == "fp8":
@@ -206,6 +218,15 @@ def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, 
         if path in ("int4-grouped", "int4-grouped-mixed"):
             return qmm_fused.int4_native_grouped_xla(x, q, scale, offset, group_size=group_size,
                                                      out_dtype=out_dtype, mixed=path == "int4-grouped-mixed")
+    elif method == "int4" and weight_layout_of("int4", backend) == "native-nk":
+        if path == "reference-native-nk":
+            return qmm_ref.int4_native_matmul_reference(x, q.T, scale, offset, group_size=group_size,
+                                                        out_dtype=out_dtype)
+        if path == "int4-dequant-nk":
+            return qmm_fused.int4_native_nk_dequant_xla(x, q, scale, offset, group_size=group_size,
+                                                        out_dtype=out_dtype)
+        if path == "mosaic-int4-nk":
+            return qmm_mosaic.int4_matmul_mosaic(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype)
     elif method == "int4" and weight_layout_of("int4", backend) == "packed-nk":
         if path == "reference-packed-nk":
             return qmm_ref.int4_matmul_reference(x, q.T, scale, offset, group_size=group_size, out_dtype=out_dtype)

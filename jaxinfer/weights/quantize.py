@@ -97,15 +97,17 @@ def quantize_rtn(w, method: str, *, group_size: int | None = None, symmetric: bo
 def _device_leaves(q, scale, zero, *, method: str, group_size: int | None, dtype, layout: str = "packed"):
     """(q, scale, zero) in QuantizedTensor conventions -> the QuantLinear leaves (reference.py layouts).
     layout: int4 'packed' (uint8 [K/2, N], the Pallas kernel's), 'packed-nk' (its transpose [N, K/2], the Triton
-    kernel's) or 'native' (int4 [K, N], XLA's packed s4;
+    kernel's), 'native' (int4 [K, N], XLA's packed s4) or 'native-nk' (its transpose, int4 [N, K]: the Mosaic
+    kernel's;
     no offset leaf for symmetric weights: W = q * scale); int8 'kn' ([K, N]) or 'nk' ([N, K], backend 'xla-nk')."""
-    if method == "int4" and layout == "native":
+    if method == "int4" and layout in ("native", "native-nk"):
         scale = scale.astype(jnp.float32)
+        t = (lambda a: a.T) if layout == "native-nk" else (lambda a: a)       # native-nk: q int4 [N, K]
         if zero is None:
-            return {"q": q.astype(jnp.int4), "scale": scale.astype(dtype)}
+            return {"q": t(q.astype(jnp.int4)), "scale": scale.astype(dtype)}
         q4 = (q.astype(jnp.int32) - 8).astype(jnp.int4)                       # u - 8; W = (q4 + 8 - zero) * s
         offset = (8.0 - zero.astype(jnp.float32)) * scale
-        return {"q": q4, "scale": scale.astype(dtype), "offset": offset.astype(dtype)}
+        return {"q": t(q4), "scale": scale.astype(dtype), "offset": offset.astype(dtype)}
     if method == "int8":
         q8 = q.astype(jnp.int8)
         return {"q": q8.T if layout == "nk" else q8, "scale": scale.astype(jnp.float32)}
@@ -256,12 +258,12 @@ class Quantizer:
     """
 
     def __init__(self, cfg, spec: QuantSpec, dtype, place=None):
-        if place is not None and weight_layout(spec) == "native":
+        if place is not None and weight_layout(spec) in ("native", "native-nk"):
             # jax (0.10, CPU) hands out sharded int4 arrays unpacked while the step compiled for their shardings
             # wants them packed (a layout mismatch at the first call); not yet verified on the GPU either.
             raise QuantizationError(
-                "quantized_matmul='xla-int4' (native int4 weights) does not run with tensor or data parallelism "
-                "yet; use quantized_matmul='auto' (packed int4) or 'xla', or a single device")
+                f"quantized_matmul='{spec.backend}' (native int4 weights) does not run with tensor or data "
+                "parallelism yet; use quantized_matmul='auto' (packed int4) or 'xla', or a single device")
         self.spec, self.dtype, self.place = spec, dtype, place
         self.modules = quantized_module_paths(cfg, spec)
 
@@ -281,7 +283,7 @@ class Quantizer:
         module, leaf = path[:-1], path[-1]
         if module in self.modules and leaf == "w":
             q = self.place.shardings[module + ("q",)]
-            if weight_layout(self._spec(module)) not in ("nk", "packed-nk"):
+            if weight_layout(self._spec(module)) not in ("nk", "packed-nk", "native-nk"):
                 return q
             return type(q)(q.mesh, type(q.spec)(*tuple(q.spec)[::-1]))
         return self.place.shardings[path]

@@ -25,6 +25,8 @@ int4 (weights: the XLA-native layout of reference.py, q int4 [K, N] signed, scal
                             The partials cost M * G * N * 4 bytes: meant for small M (decode); past
                             GROUPED_MAX_BYTES it falls back to the dequant form. mixed=True hands the dot the int4
                             operand itself (mixed-type dot) instead of q.astype(bf16).
+  int4_native_nk_dequant_xla  the dequant form on the transposed layout q int4 [N, K] ('native-nk', the Mosaic
+                            kernel's: mosaic_int4.py), contracted over the contiguous K.
 All take x [..., K] (bf16 or f32) and return [..., N] in out_dtype (default x.dtype).
 
 Why no seventh Pallas-Triton variant (a small-M split-K kernel on weights pre-shuffled for 16-byte loads): the
@@ -124,6 +126,23 @@ def int4_native_dequant_xla(x, q, scale, offset, *, group_size: int, out_dtype=N
     if offset is not None:
         w = w + offset.astype(dt)[:, None, :]
     y = jnp.dot(x2, w.reshape(K, N), preferred_element_type=jnp.float32)
+    return y.astype(out_dtype or x.dtype).reshape(*lead, N)
+
+
+def int4_native_nk_dequant_xla(x, q, scale, offset, *, group_size: int, out_dtype=None):
+    """The 'native-nk' layout (q int4 [N, K], scale / offset [K/g, N]): dequantize to x.dtype as the dot's operand
+    prologue, contracted over the weight's contiguous K, f32 accumulation (the Mosaic kernel's path above M = 16)."""
+    if q.ndim != 2:
+        raise TypeError(f"native-nk int4 weights must be int4 [N, K], got {q.dtype} {tuple(q.shape)}")
+    N, K = q.shape
+    _check_int4(x, q.T, scale, offset, group_size)
+    x2, lead = _as_2d(x)
+    dt = x.dtype
+    G = K // group_size
+    w = q.astype(dt).reshape(N, G, group_size) * scale.astype(dt).T[:, :, None]
+    if offset is not None:
+        w = w + offset.astype(dt).T[:, :, None]
+    y = lax.dot_general(x2, w.reshape(N, K), (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     return y.astype(out_dtype or x.dtype).reshape(*lead, N)
 
 

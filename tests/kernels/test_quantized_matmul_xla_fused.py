@@ -189,7 +189,8 @@ def test_no_kernel_paths_without_kernels(monkeypatch):
 
 @pytest.mark.parametrize("quantization,backend", [("int8", "w8a8"), ("int4-g32", "xla-int4"),
                                                   ("int4-g64-asym", "xla-int4"), ("int4-g32", "triton-int4"),
-                                                  ("int4-g64-asym", "triton-int4")])
+                                                  ("int4-g64-asym", "triton-int4"), ("int4", "mosaic-int4"),
+                                                  ("int4-asym", "mosaic-int4")])
 def test_quant_linear_backends(quantization, backend):
     """QuantLinear with the new backends: leaves in the backend's layout, output = the path's own reference,
     for M on both sides of the xla-int4 / triton-int4 tables' switch (triton-int4 on CPU: its XLA fallback on
@@ -199,7 +200,7 @@ def test_quant_linear_backends(quantization, backend):
     lin = QuantLinear(K, N, bias=False, dtype=jnp.float32, spec=spec, backend=backend)
     w = _weights(K, N, seed=7)
     qt = quantize_rtn(w, spec.method, group_size=spec.group_size, symmetric=spec.symmetric)
-    layout = {"xla-int4": "native", "triton-int4": "packed-nk"}.get(backend, "packed")
+    layout = {"xla-int4": "native", "triton-int4": "packed-nk", "mosaic-int4": "native-nk"}.get(backend, "packed")
     leaves = tensor_leaves(qt, jnp.float32, layout=layout)
     assert leaves["q"].shape == lin.q.shape and leaves["q"].dtype == lin.q.dtype
     assert (lin.offset is None) == ("offset" not in leaves)
@@ -214,11 +215,34 @@ def test_quant_linear_backends(quantization, backend):
             assert leaves["q"].shape == (N, K // 2)
             ref = qr.int4_matmul_reference(x, leaves["q"].T, leaves["scale"], leaves["offset"],
                                            group_size=spec.group_size)
+        elif backend == "mosaic-int4":
+            assert leaves["q"].shape == (N, K) and leaves["q"].dtype == jnp.int4
+            ref = qr.int4_native_matmul_reference(x, leaves["q"].T, leaves["scale"], leaves.get("offset"),
+                                                  group_size=spec.group_size)
         else:
             ref = qr.int4_native_matmul_reference(x, leaves["q"], leaves["scale"], leaves.get("offset"),
                                                   group_size=spec.group_size)
         assert _rel(got, ref) < 1e-5
         assert _rel(got, np.asarray(x, np.float64) @ w) < 0.13
+
+
+def test_mosaic_int4_paths(monkeypatch):
+    """'mosaic-int4': the Mosaic kernel at M <= 16 where it runs (a Hopper GPU: simulated here), XLA's dequantize +
+    dot on the [N, K] layout above, and the XLA path wherever the kernel cannot run (CPU, a shape it does not
+    take, a layer under tensor parallelism, JAXINFER_TRITON=0)."""
+    from pallas_kernels.quantized_matmul import mosaic_int4, triton_small_m
+
+    assert quant_paths.path_for("int4", "mosaic-int4", 1, 4096, 4096, 128) == "int4-dequant-nk"   # CPU
+    monkeypatch.setattr(triton_small_m, "kernels_enabled", lambda: True)
+    monkeypatch.setattr(mosaic_int4, "usable", lambda: True)
+    assert quant_paths.path_for("int4", "mosaic-int4", 1, 4096, 4096, 128) == "mosaic-int4-nk"
+    assert quant_paths.path_for("int4", "mosaic-int4", 16, 14336, 4096, 128) == "mosaic-int4-nk"
+    assert quant_paths.path_for("int4", "mosaic-int4", 32, 4096, 4096, 128) == "int4-dequant-nk"
+    assert quant_paths.path_for("int4", "mosaic-int4", 1, 4096, 4100, 128) == "int4-dequant-nk"
+    assert quant_paths.path_for("int4", "mosaic-int4", 1, 4096, 4096, 128, kernels=False) == "int4-dequant-nk"
+    assert quant_paths.weight_layout_of("int4", "mosaic-int4") == "native-nk"
+    with pytest.raises(QuantizationError, match="group 128 weights only"):
+        parse_quantization("int4-g64", backend="mosaic-int4")
 
 
 def test_backend_method_mismatch_is_a_clear_error():
