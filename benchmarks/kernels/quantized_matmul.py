@@ -110,11 +110,11 @@ def variants(interpret: bool):
 
     g = GROUP
 
-    def mosaic(target=qmi.TARGET_CTAS, stages=4):
+    def mosaic(target=None, stages=4):  # target None: the kernel's default (TARGET_CTAS, LONG_K_TARGET_CTAS)
         def op(x, w):
             cfg = qmi.default_config(x.shape[0], x.shape[1], w["q"].shape[0], target_ctas=target, max_stages=stages)
             return qmi.int4_matmul_mosaic(x, w["q"], w["scale"], w.get("offset"), cfg=cfg)
-        default = (target, stages) == (qmi.TARGET_CTAS, 4)
+        default = (target, stages) == (None, 4)
         return ("int4_mosaic_nk", op, "int4mn", ("int4mn", "mosaic-int4") if default else None)
 
     return {

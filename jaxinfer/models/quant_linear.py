@@ -18,6 +18,7 @@ from jaxinfer.config import QuantizationError, QuantSpec
 from jaxinfer.models import quant_paths
 from jaxinfer.models.quant_paths import quantized_matmul
 from pallas_kernels.quantized_matmul import kernel as qmm_kernel
+from pallas_kernels.quantized_matmul import mosaic_int4 as qmm_mosaic
 from pallas_kernels.quantized_matmul import reference as qmm_ref
 
 log = logging.getLogger("jaxinfer")
@@ -39,9 +40,13 @@ def check_quantized_shape(shape, method: str, group_size: int | None, name: str 
 
 
 
-def resolve_backend(spec: QuantSpec, platform: str | None = None) -> str:
-    """'reference' | 'xla' | 'pallas' | 'pallas-interpret' | 'auto' | 'w8a8' | 'xla-int4' for this spec on this
-    platform (models/quant_paths.py: what each runs, and the per-M table behind 'auto')."""
+def resolve_backend(spec: QuantSpec, platform: str | None = None, *, distributed: bool = False,
+                    hopper: bool | None = None) -> str:
+    """'reference' | 'xla' | 'pallas' | 'pallas-interpret' | 'auto' | 'w8a8' | 'xla-int4' | 'triton-int4' |
+    'mosaic-int4' ... for this spec on this platform (models/quant_paths.py: what each runs, and the per-M table
+    behind 'auto'). distributed: the weights are placed by a tensor / data-parallel plan (the native int4 layouts
+    do not run there yet: weights/quantize.Quantizer). hopper: a Hopper GPU (None: ask the device); 'auto' for
+    int4 group 128 on one Hopper GPU is 'mosaic-int4' (quant_paths.HOPPER_INT4_DEFAULT)."""
     platform = platform or jax.default_backend()
     on_cpu = platform == "cpu"
     if spec.backend == "auto":
@@ -49,16 +54,20 @@ def resolve_backend(spec: QuantSpec, platform: str | None = None) -> str:
             return "reference"
         if spec.method == "int4" and spec.group_size not in quant_paths.GPU_INT4_DEFAULT_GROUPS:
             return "auto"  # (the [N, K/2] kernel's batched form takes g = 128 only: elsewhere the [K/2, N] one)
+        if spec.method == "int4" and not distributed and (qmm_mosaic.usable() if hopper is None else hopper):
+            return quant_paths.HOPPER_INT4_DEFAULT
         return quant_paths.GPU_DEFAULT[spec.method]
     if spec.backend == "pallas":
         return "pallas-interpret" if on_cpu else "pallas"
     return spec.backend
 
 
-def weight_layout(spec: QuantSpec, platform: str | None = None) -> str:
-    """The device layout of this spec's QuantLinear leaves: int4 'native' (jnp.int4 [K, N]) or 'packed'
-    (uint8 [K/2, N]); int8 'kn' ('nk' for 'xla-nk'); fp8 'nk'."""
-    return quant_paths.weight_layout_of(spec.method, resolve_backend(spec, platform))
+def weight_layout(spec: QuantSpec, platform: str | None = None, *, distributed: bool = False,
+                  hopper: bool | None = None) -> str:
+    """The device layout of this spec's QuantLinear leaves (resolve_backend's arguments): int4 'packed' (uint8
+    [K/2, N]), 'packed-nk', 'native' (jnp.int4 [K, N]) or 'native-nk'; int8 'kn' ('nk' for 'xla-nk'); fp8 'nk'."""
+    return quant_paths.weight_layout_of(spec.method, resolve_backend(spec, platform, distributed=distributed,
+                                                                     hopper=hopper))
 
 
 class QuantLinear(nnx.Module):

@@ -15,14 +15,15 @@ Model backends (the `quantized_matmul` option after quant.resolve_backend) and t
                              elements) / PATHS[('int8', 'xla-nk', 'large')]           int8 [N, K]
   'xla-int4'                 int4 only: XLA-native int4 [K, N] (packed s4) weights; the formulation per M from
                              PATHS[('int4', 'xla-int4')]                                int4 native
-  'triton-int4'              int4 only (the GPU int4 default): packed uint8 [N, K/2] weights (K contiguous; same nibble
-                             order); the small-M kernel at M <= 16, XLA dequantize + dot above
-                             (PATHS[('int4', 'triton-int4')])
+  'triton-int4'              int4 only (the int4-g128 default on other GPUs and under TP / DP): packed uint8
+                             [N, K/2] weights (K contiguous; same nibble order); the small-M kernel at M <= 16, XLA
+                             dequantize + dot above (PATHS[('int4', 'triton-int4')])
                                                                                         int4 packed-nk
-  'mosaic-int4'              int4 group 128 only: signed int4 [N, K] weights (K contiguous); the Mosaic GPU
-                             tensor-core kernel at M <= 16 on a Hopper GPU, XLA dequantize + dot above
-                             (PATHS[('int4', 'mosaic-int4')])                         int4 native-nk
-  'auto'                     resolves to GPU_DEFAULT[method] on GPU (int8: 'xla-nk', int4-g128: 'triton-int4');
+  'mosaic-int4'              int4 group 128 only (the default on one Hopper GPU): signed int4 [N, K] weights (K
+                             contiguous); the Mosaic GPU tensor-core kernel at M <= 16 on a Hopper GPU, XLA
+                             dequantize + dot above (PATHS[('int4', 'mosaic-int4')])  int4 native-nk
+  'auto'                     resolves to GPU_DEFAULT[method] on GPU (int8: 'xla-nk', int4-g128: 'triton-int4'; on
+                             one Hopper GPU int4-g128: HOPPER_INT4_DEFAULT, 'mosaic-int4');
                              PATHS[(method, 'auto')] picks
                              per M among the paths of the int8 [K, N] / int4 packed layout for 'auto' itself
 PATHS[(method, backend)] = ((max_m, path), ...): the first row with M <= max_m is used. The defaults reproduce the
@@ -85,6 +86,12 @@ LARGE_WEIGHT = 32 << 20
 # int4 'triton-int4' (results/quantized-decode-pallas-nk-e29a522-2026-12-03.log, 8B shape, H200): batch 1 255.9 tok/s
 # against 198.7 for 'auto' (the [K/2, N] Pallas kernel) and 233.2 for bf16; batch 16 3,287 against 3,025 and 3,404.
 GPU_DEFAULT = {"int8": "xla-nk", "int4": "triton-int4", "fp8": "xla"}
+# int4 group 128 on ONE Hopper GPU (models/quant_linear.resolve_backend): the Mosaic GPU kernel. In the engine on the
+# H200, one process (results/quantized-decode-mosaic-int4-2026-12-05.json, 8B shape, int8 LM head): batch-1 median
+# step 3.62 ms against 4.36 for 'triton-int4' and 4.27 for bf16 (1.12x bf16 vs 0.97x), batch 16 3,822 tok/s against
+# 3,265 and 3,382 (1.13x vs 0.97x); offline 384 x 512/128 4,487 output tok/s = 0.74x bf16 ('triton-int4' 0.59x on
+# 12-03). Elsewhere (other GPUs, tensor / data parallelism: its native int4 layout is single-device) GPU_DEFAULT.
+HOPPER_INT4_DEFAULT = "mosaic-int4"
 # int4 group sizes that take GPU_DEFAULT['int4']: the small-M kernel's tensor-core form (M = 2..16) needs g = 128,
 # and below it the [N, K/2] layout would fall back to XLA's dequantize + dot (4.5x the bf16 dot at M = 16), so
 # other group sizes (GGUF Q4_0 / Q4_1's 32, int4-g64) keep 'auto', the [K/2, N] Pallas kernel at every M.

@@ -204,7 +204,7 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
         float_state = nnx.split(nnx.eval_shape(lambda: module_cls(cfg, jdtype, mlp_blocks=blocks)))[1]
         tp = 1 if plan is None else plan.tp
         graphdef, abs_state = nnx.split(nnx.eval_shape(lambda: quantize_module(
-            module_cls(cfg, jdtype, mlp_blocks=blocks), quantization, jdtype, tp=tp)))
+            module_cls(cfg, jdtype, mlp_blocks=blocks), quantization, jdtype, tp=tp, distributed=plan is not None)))
     elif shapes is not None and plan is None and shapes.dtype == jdtype:  # (a fresh State: filled in below)
         graphdef, abs_state = shapes.graphdef, jax.tree.unflatten(shapes.treedef, list(shapes.params))
     else:

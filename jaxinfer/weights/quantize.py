@@ -182,19 +182,23 @@ def tensor_leaves(qt: QuantizedTensor, dtype, shardings: dict | None = None, in_
                           group_size=qt.group_size, dtype=dtype, layout=layout)
 
 
-def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None, tp: int = 1):
+def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None, tp: int = 1,
+                    distributed: bool | None = None):
     """Replace the decoder projections (and the LM head if spec.lm_head) of a LlamaForCausalLM by QuantLinears
     of the same shapes and logical axes, in place, except those in spec.float_modules. Run inside nnx.eval_shape at
     load: nothing is allocated.
     tp: the tensor-parallel degree: the Pallas backends become the XLA path (module docstring), and int4 groups
-    must not straddle the devices of a row-parallel layer (QuantizationError otherwise)."""
+    must not straddle the devices of a row-parallel layer (QuantizationError otherwise). distributed: the weights
+    are placed by a parallel plan (default: tp > 1; data parallelism too), which 'auto' resolves for
+    (quant_linear.resolve_backend)."""
+    distributed = tp > 1 if distributed is None else distributed
     def tp_backend(b: str) -> str:
         if tp > 1 and (b.startswith("pallas") or b == "auto"):  # 'auto': its table may pick Pallas
             log.info("tensor_parallel_size=%d: quantized layers use the XLA matmul, not the Pallas kernel", tp)
             return "xla"
         return b
 
-    layer_backend = tp_backend(backend or resolve_backend(spec))
+    layer_backend = tp_backend(backend or resolve_backend(spec, distributed=distributed))
 
     def swap(lin: Linear, name: str, spec: QuantSpec = spec, backend: str = layer_backend) -> QuantLinear:
         K, N = lin.w.shape
@@ -216,7 +220,7 @@ def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None, t
                 "quantize_lm_head=True but this model ties its LM head to the embeddings, which stay unquantized;"
                 " drop quantize_lm_head")
         head = spec.head_spec()
-        head_backend = layer_backend if head is spec else tp_backend(resolve_backend(head))
+        head_backend = layer_backend if head is spec else tp_backend(resolve_backend(head, distributed=distributed))
         model.lm_head = swap(model.lm_head, "lm_head", head, head_backend)
     return model
 
@@ -258,7 +262,8 @@ class Quantizer:
     """
 
     def __init__(self, cfg, spec: QuantSpec, dtype, place=None):
-        if place is not None and weight_layout(spec) in ("native", "native-nk"):
+        self.distributed = place is not None  # 'auto' resolves as quantize_module did for the same plan
+        if place is not None and self._layout(spec) in ("native", "native-nk"):
             # jax (0.10, CPU) hands out sharded int4 arrays unpacked while the step compiled for their shardings
             # wants them packed (a layout mismatch at the first call); not yet verified on the GPU either.
             raise QuantizationError(
@@ -266,6 +271,9 @@ class Quantizer:
                 "parallelism yet; use quantized_matmul='auto' (packed int4) or 'xla', or a single device")
         self.spec, self.dtype, self.place = spec, dtype, place
         self.modules = quantized_module_paths(cfg, spec)
+
+    def _layout(self, spec: QuantSpec) -> str:
+        return weight_layout(spec, distributed=self.distributed)
 
     def _spec(self, module: tuple) -> QuantSpec:
         """The LM head's own spec (QuantSpec.head_spec: int8 for int4 models by default), else the model's."""
@@ -283,7 +291,7 @@ class Quantizer:
         module, leaf = path[:-1], path[-1]
         if module in self.modules and leaf == "w":
             q = self.place.shardings[module + ("q",)]
-            if weight_layout(self._spec(module)) not in ("nk", "packed-nk", "native-nk"):
+            if self._layout(self._spec(module)) not in ("nk", "packed-nk", "native-nk"):
                 return q
             return type(q)(q.mesh, type(q.spec)(*tuple(q.spec)[::-1]))
         return self.place.shardings[path]
@@ -307,7 +315,7 @@ class Quantizer:
 
                     value = relayout_quantized_for_tp(path, value, place.layout)
                     in_shardings = (self.input_sharding(path), shardings["scale"])  # qt.q is [in, out]
-                leaves = tensor_leaves(value, self.dtype, shardings, in_shardings, layout=weight_layout(spec))
+                leaves = tensor_leaves(value, self.dtype, shardings, in_shardings, layout=self._layout(spec))
             else:
                 if place is not None and not isinstance(value, jax.Array):
                     from jaxinfer.parallel import relayout_for_tp
@@ -315,7 +323,7 @@ class Quantizer:
                     host = relayout_for_tp(path, np.asarray(value), place.layout)
                     value = jax.make_array_from_callback(host.shape, self.input_sharding(path),
                                                          lambda idx: host[idx])
-                leaves = quantized_leaves(value, spec, self.dtype, shardings)
+                leaves = quantized_leaves(value, spec, self.dtype, shardings, layout=self._layout(spec))
             return {module + (k,): v for k, v in leaves.items()}
         if isinstance(value, QuantizedTensor):
             raise QuantizationError(

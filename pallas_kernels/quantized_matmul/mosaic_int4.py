@@ -42,6 +42,13 @@ TILE_N = 64          # weight rows a CTA (one warpgroup: wgmma's M)
 MAX_M = 16           # token rows (wgmma's N: 8 or 16)
 XS_WIDTH = 32        # xs rows padded to 128 bytes (the pipeline copies whole multiples of the warpgroup size)
 TARGET_CTAS = 1024   # split K until the grid has about this many CTAs (~8 resident per SM on 132 SMs)
+# ... but half that for long K (>= LONG_K_GROUPS groups): each CTA then streams twice as many groups. The 8B down
+# projection (K = 14336, N = 4096) took 21.1 us at M = 1 with 512 CTAs (split 8) against 31.5 with 1024 (split 16),
+# 24.4 against 26.8 at M = 16; the shorter-K shapes measured no consistent gain from it (gate_up 36.6 vs 36.7 at
+# M = 1, 43.0 vs 38.9 at M = 16; o 11.9 vs 13.2, 21.4 vs 14.7), run-to-run spread ~1-2 us (H200, 22841b2,
+# results/kernel-quantized-matmul-mosaic-int4-22841b2-2026-12-04.json, variants int4_mosaic / int4_mosaic_t512).
+LONG_K_GROUPS = 64
+LONG_K_TARGET_CTAS = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,11 +61,14 @@ def padded_m(M: int) -> int:
     return 8 if M <= 8 else 16
 
 
-def default_config(M: int, K: int, N: int, group_size: int = GROUP, target_ctas: int = TARGET_CTAS,
+def default_config(M: int, K: int, N: int, group_size: int = GROUP, target_ctas: int | None = None,
                    max_stages: int = 4) -> Config:
     """The smallest split of K (a divisor of the group count, >= 2 groups a split) giving >= target_ctas CTAs
-    (else the largest such split), and a pipeline of up to max_stages groups."""
+    (else the largest such split), and a pipeline of up to max_stages groups. target_ctas None: TARGET_CTAS, or
+    LONG_K_TARGET_CTAS for K of LONG_K_GROUPS groups or more."""
     groups = K // group_size
+    if target_ctas is None:
+        target_ctas = LONG_K_TARGET_CTAS if groups >= LONG_K_GROUPS else TARGET_CTAS
     tiles = N // TILE_N
     split = 1
     for cand in range(1, groups + 1):

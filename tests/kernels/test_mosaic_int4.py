@@ -47,6 +47,10 @@ def test_config_arithmetic():
         groups = K // MI.GROUP
         assert groups % cfg.split == 0 and groups // cfg.split >= 2 and 1 <= cfg.stages <= groups // cfg.split
     assert MI.default_config(1, 4096, 28672).split * (28672 // 64) >= MI.TARGET_CTAS
+    # long K (the 8B down projection, 112 groups): half the CTAs, each streaming twice the groups (measured faster)
+    assert MI.default_config(1, 14336, 4096) == MI.Config(split=8, stages=4)
+    assert MI.default_config(1, 14336, 4096, target_ctas=MI.TARGET_CTAS) == MI.Config(split=16, stages=4)
+    assert MI.default_config(1, 4096, 4096) == MI.Config(split=16, stages=2)   # 32 groups: unchanged
     assert MI.default_config(1, 256, 64).split == 1                   # 2 groups: no split leaves 2 a split
     assert MI.supports(1, 4096, 6144, 128) and MI.supports(16, 14336, 4096, 128)
     assert not MI.supports(17, 4096, 6144, 128) and not MI.supports(1, 4096, 6144, 64)

@@ -300,7 +300,8 @@ def test_quant_linear_xla_nk(monkeypatch, large):
 
 
 def test_gpu_defaults_resolve_to_measured_backends():
-    """On GPU, 'auto' int8 resolves to the [out, in] weight-only backend, int4 to the [out, in/2] one, and an int4
+    """On GPU, 'auto' int8 resolves to the [out, in] weight-only backend, int4 to the [out, in/2] one (on one
+    Hopper GPU to the Mosaic kernel's [out, in] int4), and an int4
     model's default int8 LM head follows int8's (head_spec keeps 'auto'); on CPU all stay the jnp reference."""
     from jaxinfer.models.quant_linear import resolve_backend, weight_layout
 
@@ -310,9 +311,16 @@ def test_gpu_defaults_resolve_to_measured_backends():
     head = parse_quantization("int4", quantize_lm_head=None).head_spec()
     assert head.method == "int8" and resolve_backend(head, "gpu") == "xla-nk"
     i4 = parse_quantization("int4")
-    assert resolve_backend(i4, "gpu") == "triton-int4" and weight_layout(i4, "gpu") == "packed-nk"
-    assert resolve_backend(i4, "cpu") == "reference" and weight_layout(i4, "cpu") == "packed"
+    assert resolve_backend(i4, "gpu", hopper=False) == "triton-int4"
+    assert weight_layout(i4, "gpu", hopper=False) == "packed-nk"
+    # one Hopper GPU: the Mosaic kernel's signed int4 [out, in]; a parallel plan keeps the packed layout
+    assert resolve_backend(i4, "gpu", hopper=True) == "mosaic-int4"
+    assert weight_layout(i4, "gpu", hopper=True) == "native-nk"
+    assert resolve_backend(i4, "gpu", hopper=True, distributed=True) == "triton-int4"
+    assert resolve_backend(i4, "gpu") == "triton-int4"   # this test's devices: not a Hopper GPU
+    assert resolve_backend(i4, "cpu", hopper=True) == "reference" and weight_layout(i4, "cpu") == "packed"
+    assert resolve_backend(head, "gpu", hopper=True) == "xla-nk"   # the int8 head of an int4 model
     for g in (32, 64):   # the batched kernel form takes g = 128 only: other groups keep the [K/2, N] kernel
         i4g = parse_quantization(f"int4-g{g}")
-        assert resolve_backend(i4g, "gpu") == "auto" and weight_layout(i4g, "gpu") == "packed"
+        assert resolve_backend(i4g, "gpu", hopper=True) == "auto" and weight_layout(i4g, "gpu") == "packed"
         assert quant_paths.path_for("int4", "auto", 16, 4096, 4096, g) == "pallas"
