@@ -112,7 +112,8 @@ class LLM:
             times["runner_s"], t = time.perf_counter() - t, time.perf_counter()
         self.model = load_model(self.source, dtype, seed=config.seed, progress=progress,
                                 quantization=config.quant_spec, plan=plans[0],
-                                shapes=None if early is None else early.loaded)
+                                shapes=None if early is None else early.loaded,
+                                matmul_backend=config.kernels.quantized_matmul)
         self.models = [self.model] + [replicate_model(self.model, p) for p in plans[1:]]
         times["weights_s"], t = time.perf_counter() - t, time.perf_counter()
         cfg = self.model.cfg

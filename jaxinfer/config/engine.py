@@ -224,7 +224,8 @@ class KernelConfig:
     min_bucket_tokens: int | None = _opt(None, "tokens of the smallest step shape; a step of fewer tokens pads to it "
                                                "(default 1: on GPU a 1-token bucket below 16, 32, ..., or 16 with "
                                                "speculation; runner/cpu_defaults.py)")
-    quantized_matmul: str = _opt("auto", "quantized layers: auto (on GPU int8 xla-nk, int4-g128 triton-int4, "
+    quantized_matmul: str = _opt("auto", "quantized layers (pre-quantized checkpoints too): auto (on GPU int8 "
+                                         "xla-nk, int4-g128 mosaic-int4 on one Hopper GPU, else triton-int4, "
                                          "other int4 pallas, XLA's fp8 dot for fp8; the jnp reference on CPU) | "
                                          "reference | xla | pallas | w8a8 (int8 only, activations quantized) | "
                                          "xla-nk (int8 only, [out, in] weights, weight-only) | "

@@ -169,7 +169,8 @@ def resolve_dtype(dtype: str, cfg: ModelConfig):
 
 
 def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool = True, quantization=None,
-               tensors=None, plan=None, shapes: LoadedModel | None = None) -> LoadedModel:
+               tensors=None, plan=None, shapes: LoadedModel | None = None,
+               matmul_backend: str = "auto") -> LoadedModel:
     """quantization: a config.QuantSpec (None: float weights); the decoder projections become
     QuantLinears filled by RTN on the device, tensor by tensor (or from QuantizedTensors in `tensors`).
     tensors: an iterable of (Hugging Face name, np.ndarray | QuantizedTensor) read instead of src's files
@@ -178,13 +179,14 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
     give, each device receiving only its own block (see `_sharded_placer`). The returned cfg is the config the
     model runs with (KV heads replicated up to tensor_parallel_size; jaxinfer/parallel.py).
     shapes: abstract_model(src, dtype) already built (float weights, one device): its module structure is reused
-    instead of tracing the module's shapes a second time."""
+    instead of tracing the module's shapes a second time. matmul_backend: the quantized_matmul option, for a
+    pre-quantized checkpoint loaded with quantization=None (a QuantSpec carries its own)."""
     if getattr(quantization, "name", None) == "gguf":  # config.KeepGGUFQuantization: the file's own int4
         from jaxinfer.weights.gguf_quant import keep_gguf_quantization
 
         quantization, tensors = keep_gguf_quantization(src, quantization)
     if tensors is None and src.kind == "hf" and src.path is not None:
-        quantization, tensors = _prequantized(src, quantization)
+        quantization, tensors = _prequantized(src, quantization, matmul_backend)
     arch, hf_cfg = registry.model_config(src.hf_config)
     module_cls = arch.module  # the network class the registry names for this architecture
     cfg, layout, blocks = hf_cfg, None, 1
@@ -296,7 +298,7 @@ def params_from_quantized(src, tensors: Mapping[str, Any] | Iterable[tuple[str, 
     return load_model(src, dtype, quantization=spec, tensors=iter(items), progress=progress)
 
 
-def _prequantized(src: ModelSource, quantization):
+def _prequantized(src: ModelSource, quantization, matmul_backend: str = "auto"):
     """A Hugging Face directory whose config carries an AWQ / GPTQ / FP8 / compressed-tensors float8
     quantization_config is read by weights/prequantized.py and loaded quantized as it is (QuantizedTensors, no
     re-quantization). Returns (QuantSpec, tensor iterator), or (quantization, None) for any other checkpoint.
@@ -310,7 +312,7 @@ def _prequantized(src: ModelSource, quantization):
 
     check_checkpoint_compatible(quantization, src.hf_config, repr(src.path))
     _, read, _ = read_quantized_checkpoint(src.path)
-    spec = spec_of_tensors(read, quantization.backend if quantization is not None else "auto")
+    spec = spec_of_tensors(read, quantization.backend if quantization is not None else matmul_backend)
     return spec, iter(read.items())
 
 

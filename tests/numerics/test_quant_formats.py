@@ -387,3 +387,32 @@ def test_llm_refuses_requantizing_a_prequantized_checkpoint(tmp_path, tiny_llama
     path, _, _ = _awq_checkpoint(tmp_path, tiny_llama_dir)
     with pytest.raises(ValueError, match="already quantized"):
         LLM(str(path), quantization="int8", dtype="float32", max_model_len=64, num_pages=16, warmup=False)
+
+
+@pytest.mark.parametrize("fmt", ["awq", "gptq-sym", "gptq-asym"])
+def test_prequantized_g128_checkpoint_on_the_hopper_int4_layout(tmp_path, g128_llama_dir, fmt):
+    """AWQ / GPTQ group-128 checkpoints on 'mosaic-int4' (the int4-g128 default on one Hopper GPU: signed int4
+    [out, in], zero points folded into an offset; on the CPU its XLA fallback runs on that layout) give the same
+    prompt log-probs and greedy tokens as the jnp reference on the checkpoint's own values: a nibble, sign or
+    zero-point slip in the conversion would not."""
+    import jax.numpy as jnp
+
+    from jaxinfer import LLM, SamplingParams
+
+    if fmt == "awq":
+        path, _, _ = _awq_checkpoint(tmp_path, g128_llama_dir, g=128)
+    else:
+        path, _ = _gptq_checkpoint(tmp_path, g128_llama_dir, g=128, sym=fmt == "gptq-sym")
+    kw = dict(dtype="float32", max_model_len=64, num_pages=16, warmup=False)
+    sp = SamplingParams(max_tokens=6, temperature=0.0, prompt_logprobs=0, ignore_eos=True)
+    prompt = [3, 17, 5, 99, 42, 7, 250, 11]
+    mos = LLM(str(path), quantized_matmul="mosaic-int4", **kw)
+    down = mos.model.module().layers[0].mlp.down
+    assert down.backend == "mosaic-int4" and down.q[...].dtype == jnp.int4 and down.q[...].shape == (128, 256)
+    got = mos.generate([prompt], sp, use_tqdm=False)[0]
+    ref = LLM(str(path), quantized_matmul="reference", **kw).generate([prompt], sp, use_tqdm=False)[0]
+    assert got.outputs[0].token_ids == ref.outputs[0].token_ids
+    for a, b in zip(got.prompt_logprobs[1:], ref.prompt_logprobs[1:]):
+        (ta, la), = a.items()
+        (tb, lb), = b.items()
+        assert ta == tb and abs(la.logprob - lb.logprob) < 1e-4
