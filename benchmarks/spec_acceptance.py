@@ -106,7 +106,8 @@ def main(argv=None):
         if "layer_skip" in a.methods]
     results = {"plain": {kind: {"wall_s": round(dt, 2)} for kind, (_, dt) in ref.items()}}
     for name, sc in methods:
-        llm = LLM(config=config.replace(speculative_config=dict(sc, num_speculative_tokens=a.k, adaptive=False)),
+        llm = LLM(config=config.replace(speculative_config=dict(sc, num_speculative_tokens=a.k, adaptive=False,
+                                                                     batch_policy=False)),
                   progress=False, warmup=False)
         results[name] = {}
         for kind, prompts in (("quoting", QUOTING), ("chat", CHAT)):

@@ -226,8 +226,10 @@ def main(argv=None):
     t0 = time.perf_counter()
     plain = LLM(config=config, progress=False)
     # The speculative engine: verify rows for up to max_batch requests; its proposer is swapped per run below.
+    # batch_policy off: this benchmark measures speculation itself (its results fill engine/spec_policy.py's table)
     spec_llm = LLM(config=config.replace(speculative_config=dict(method="ngram", num_speculative_tokens=a.k,
-                                                                 max_batch_size=max_batch, adaptive=False)),
+                                                                 max_batch_size=max_batch, adaptive=False,
+                                                                 batch_policy=False)),
                    progress=False)
     vocab = spec_llm.model_config.vocab_size
     inners = {"none": None}

@@ -204,7 +204,10 @@ class LLM:
         if sc.batch_policy:
             from jaxinfer.engine.spec_policy import SpecPolicy
 
-            policy = SpecPolicy("host" if sc.method == "ngram" else "model")
+            # pipelined n-gram drafts are looked up on the device: the table's free drafts; host n-gram drafts
+            # (pipelined=False) have no table of their own (the cost model); draft model / layer-skip: "model"
+            kind = ("free" if sc.pipelined else "host") if sc.method == "ngram" else "model"
+            policy = SpecPolicy(kind)
         return SpecControl(proposer, sc.num_speculative_tokens, max_spec, sc.adaptive, sc.min_acceptance,
                            pipelined=sc.pipelined, policy=policy)
 

@@ -32,7 +32,7 @@ def llm(tiny_llama_dir, tok_dir):
 @pytest.fixture(scope="module")
 def spec_llm(tiny_llama_dir, tok_dir):
     return jaxinfer.LLM(tiny_llama_dir, tokenizer=tok_dir, num_pages=12, **KW,
-                        speculative_config=dict(method="ngram", num_speculative_tokens=3))
+                        speculative_config=dict(method="ngram", num_speculative_tokens=3, batch_policy=False))
 
 
 def _prompts(seed=0, n=10):

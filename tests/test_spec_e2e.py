@@ -43,7 +43,7 @@ def _spec_llm(path, method):
         extra = {"layer_skip": dict(num_draft_layers=1), "draft": dict(draft_model=path)}.get(method, {})
         # warmup=True: the test checks that nothing compiles after warm-up (the suite defaults to lazy)
         _LLMS[method] = jaxinfer.LLM(path, num_pages=8, speculative_config=dict(
-            method=method, num_speculative_tokens=3, **extra), warmup=True, **KW)
+            method=method, num_speculative_tokens=3, batch_policy=False, **extra), warmup=True, **KW)
     return _LLMS[method]
 
 
@@ -133,3 +133,26 @@ def _chi2(samples, probs):
     obs = np.append(counts[big], counts[~big].sum())
     exp = np.append(expected[big], expected[~big].sum())
     assert stats.chisquare(obs, exp).pvalue > ALPHA
+
+
+def test_default_batch_policy_keeps_a_draft_model_to_batch_1(tiny_llama_dir, base):
+    """With the default batch_policy (engine/spec_policy.py's measured table), a draft model speculates at batch 1
+    (measured 1.2x there) and not while 4 requests run (below 1x measured at batch 8); outputs stay the plain
+    engine's either way."""
+    llm = jaxinfer.LLM(tiny_llama_dir, num_pages=200, speculative_config=dict(
+        method="draft", draft_model=tiny_llama_dir, num_speculative_tokens=3), **KW)
+    assert llm.config.speculative.batch_policy
+    sp = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    prompts = [[5, 17, 300, 41], [9, 8, 7], [100, 200, 300, 400, 5], [42] * 6]
+    want = [o.outputs[0].token_ids for o in base.generate(prompts, sp, use_tqdm=False)]
+
+    one = llm.generate(prompts[:1], sp, use_tqdm=False)
+    st = llm.engine.spec_stats()
+    assert one[0].outputs[0].token_ids == want[0]
+    assert st["num_verify_steps"] > 0  # batch 1: on
+
+    four = llm.generate(prompts, sp, use_tqdm=False)  # admitted together, same length: 4 run until the end
+    after = llm.engine.spec_stats()
+    assert [o.outputs[0].token_ids for o in four] == want
+    assert after["num_verify_steps"] == st["num_verify_steps"]  # batch 4: off
+    assert after["num_steps_off_large_batch"] > st["num_steps_off_large_batch"]

@@ -43,7 +43,8 @@ def base(bigram_dir):
 @pytest.fixture(scope="module")
 def spec_llm(bigram_dir):
     return jaxinfer.LLM(bigram_dir, num_pages=8, speculative_config=dict(method="ngram",
-                                                                         num_speculative_tokens=K), **KW)
+                                                                         num_speculative_tokens=K,
+                                                                         batch_policy=False), **KW)
 
 
 def test_pipelined_ngram_identical_to_plain(base, spec_llm):
@@ -105,7 +106,7 @@ def test_pipelined_ngram_identical_to_plain(base, spec_llm):
 
 def test_host_fallback_when_not_pipelined(bigram_dir):
     llm = jaxinfer.LLM(bigram_dir, num_pages=200, speculative_config=dict(
-        method="ngram", num_speculative_tokens=K, pipelined=False), **KW)
+        method="ngram", num_speculative_tokens=K, pipelined=False, batch_policy=False), **KW)
     assert not isinstance(llm.engine.spec.proposer, DeviceNgramProposer)
 
 
@@ -114,7 +115,7 @@ def test_stop_strings_pipelined(bigram_dir, tiny_tokenizer_dir):
     end the pipelined outputs exactly where plain decoding's end; text never includes the stop string."""
     plain = jaxinfer.LLM(bigram_dir, tokenizer=tiny_tokenizer_dir, num_pages=200, **KW)
     spec = jaxinfer.LLM(bigram_dir, tokenizer=tiny_tokenizer_dir, num_pages=200, speculative_config=dict(
-        method="ngram", num_speculative_tokens=K), **KW)
+        method="ngram", num_speculative_tokens=K, batch_policy=False), **KW)
     rng = np.random.default_rng(2)
     prompts = [rng.integers(3, 512, size=int(rng.integers(2, 20))).tolist() for _ in range(6)]
     sp = lambda stop=None: SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, stop=stop)  # noqa: E731

@@ -23,7 +23,8 @@ def base(tiny_llama_dir):
 @pytest.fixture(scope="module")
 def spec_llm(tiny_llama_dir):
     return jaxinfer.LLM(tiny_llama_dir, num_pages=8, speculative_config=dict(method="ngram",
-                                                                            num_speculative_tokens=K), **KW)
+                                                                            num_speculative_tokens=K,
+                                                                            batch_policy=False), **KW)
 
 
 def _noisy(ref, rng, p_bad):
@@ -79,7 +80,7 @@ def test_draft_model_cycles_are_pipelined(tiny_llama_dir, base, method):
     # tests/test_spec_e2e.py's engine shape (8 pages: these requests get preempted too): the same compiled
     # programs, from JAX's persistent cache
     llm = jaxinfer.LLM(tiny_llama_dir, num_pages=8, speculative_config=dict(
-        method=method, num_speculative_tokens=K, **extra), **KW)
+        method=method, num_speculative_tokens=K, batch_policy=False, **extra), **KW)
     rng = np.random.default_rng(5)
     prompts = [rng.integers(3, 512, size=int(rng.integers(1, 40))).tolist() for _ in range(5)]
     max_tokens = [int(rng.integers(2, 30)) for _ in prompts]

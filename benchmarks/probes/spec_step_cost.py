@@ -57,7 +57,8 @@ def build(model: str, load_format: str, max_batch: int, k: int, max_len: int, ma
     return LLM(model, load_format=load_format, max_model_len=max_len, max_num_seqs=max_batch, num_pages=2048,
                max_num_batched_tokens=max_num_batched_tokens, progress=False,
                speculative_config=dict(method="draft", draft_model=draft_model, draft_load_format="dummy",
-                                       num_speculative_tokens=k, max_batch_size=max_batch, adaptive=False))
+                                       num_speculative_tokens=k, max_batch_size=max_batch, adaptive=False,
+                                       batch_policy=False))
 
 
 def instrument(llm: LLM, sec) -> None:

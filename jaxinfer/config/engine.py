@@ -35,8 +35,12 @@ class SpeculativeConfig:
         runner/draft_cycle.py; "ngram": the prompt lookup on the device, runner/ngram_device.py). False: every
         speculative step is finished before the next is scheduled (n-gram drafts from the host proposer).
     batch_policy: per step, speculation on/off and a cap on k from the measured speed-up table of
-        engine/spec_policy.py (batch size x draft agreement, per drafter kind) on top of max_batch_size. Off by
-        default until the table holds measurements of the pipelined path.
+        engine/spec_policy.py (batch size x recent draft agreement, per drafter kind: pipelined n-gram drafts as the
+        benchmark's free drafts, a draft model or layer-skip as the 1B-shaped draft) on top of max_batch_size; on
+        by default since the table holds the pipelined path's measurements (2026-12-05). With it, a draft model
+        speculates at batch 1 only where its measured speed-up beats 1.05 (a >= ~0.63; at batch 8 it measured
+        0.65-0.99x, so it is off above batch 1), free / n-gram drafts up to batch 64. False: speculate whenever
+        the batch is within max_batch_size (the benchmarks that measure speculation itself).
     """
 
     method: str = "ngram"
@@ -51,7 +55,7 @@ class SpeculativeConfig:
     num_draft_layers: int | None = None
     draft_num_pages: int | None = None
     pipelined: bool = True
-    batch_policy: bool = False
+    batch_policy: bool = True
 
     def __post_init__(self):
         if self.method not in SPEC_METHODS:

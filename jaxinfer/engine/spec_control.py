@@ -21,10 +21,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .spec_policy import agreement
+from .spec_policy import agreement, tokens_per_cycle
 
 _GREEDY_EPS = 1e-5  # = runner.sampler.GREEDY_EPS (kept here: this module never imports the device side)
 _EMA = 0.3           # weight of the newest verification in a request's acceptance-rate average
+# The batch policy's acceptance evidence (SpecControl.active): verified drafts and accepted drafts, both decayed by
+# _WINDOW_DECAY every engine step and blended with a prior agreement of _PRIOR_AGREEMENT worth _PRIOR_DRAFTS
+# drafts. The decay is what lets a policy that turned speculation off for low acceptance (no drafts, so no new
+# evidence) try again: the estimate drifts back to the prior (half-way in ~34 steps) and the next verifications
+# decide afresh. With lifetime counts, one stretch of unpredictable text turned it off for good.
+_WINDOW_DECAY = 0.98
+_PRIOR_AGREEMENT = 0.7
+_PRIOR_DRAFTS = 16.0
 
 
 @dataclasses.dataclass
@@ -70,6 +78,8 @@ class SpecControl:
         self.min_acceptance = min_acceptance
         self.stats = SpecStats()
         self._req: dict[str, _ReqSpec] = {}
+        self._win_draft = 0.0     # decayed drafts verified (the policy's evidence; _WINDOW_DECAY)
+        self._win_accepted = 0.0  # decayed drafts accepted
 
     @staticmethod
     def eligible(params) -> bool:
@@ -85,22 +95,30 @@ class SpecControl:
         return params.top_k <= 0 and params.top_p >= 1.0 and params.min_p <= 0.0
 
     def active(self, num_running: int) -> bool:
-        """Speculate this step? Off above max_batch_size running requests."""
+        """Speculate this step? Off above max_batch_size running requests, and where the policy (if any) predicts
+        no speed-up for this batch size and the recent agreement (it also caps k: _policy_k)."""
         if num_running == 0:
             return False
         if num_running > self.max_batch_size:
             self.stats.num_skipped_batch += 1
             return False
         if self.policy is not None:
-            s = self.stats
-            # per-position agreement from the accepted/drafted rate so far (spec_policy.agreement; k_max taken as
-            # the k the drafts were made with), a neutral prior of 0.7 until 16 drafts were verified
-            acc = agreement(s.num_accepted / s.num_draft, self.k_max) if s.num_draft >= 16 else 0.7
-            self._policy_k = self.policy.choose(num_running, acc, self.k_max)
+            self._policy_k = self.policy.choose(num_running, self.window_agreement(), self.k_max)
+            self._win_draft *= _WINDOW_DECAY
+            self._win_accepted *= _WINDOW_DECAY
             if not self._policy_k:
                 self.stats.num_skipped_batch += 1
                 return False
         return True
+
+    def window_agreement(self) -> float:
+        """The per-position agreement the policy decides with: the recent accepted/drafted rate (decayed counts)
+        blended with the prior (_PRIOR_AGREEMENT, worth _PRIOR_DRAFTS drafts), converted by spec_policy.agreement
+        (k_max taken as the k the drafts were made with)."""
+        k = self.k_max
+        prior_rate = (tokens_per_cycle(_PRIOR_AGREEMENT, k) - 1.0) / k
+        rate = (self._win_accepted + prior_rate * _PRIOR_DRAFTS) / (self._win_draft + _PRIOR_DRAFTS)
+        return agreement(rate, k)
 
     def propose(self, running, params_of) -> int:
         """Put drafts on every decode-ready eligible request of `running` (Request objects whose tokens are all
@@ -156,6 +174,8 @@ class SpecControl:
         s.num_steps += 1
         s.num_draft += num_draft
         s.num_accepted += num_accepted
+        self._win_draft += num_draft
+        self._win_accepted += num_accepted
         s.num_emitted += num_accepted + 1
         rate = num_accepted / num_draft
         st.ema = (1 - _EMA) * st.ema + _EMA * rate

@@ -30,19 +30,24 @@ UNMEASURED = None
 
 # Keys: batch -> {per-position draft agreement a: speed-up} (a = the probability that each draft equals the target's
 # token, as benchmarks/spec_speed.py --accept; `agreement` converts an accepted/drafted rate into it).
-# UNPIPELINED path (each speculative step finished before the next), k = 4, H200, 8B target, 128 new tokens:
-# results/spec-speed-unpipelined-2026-12-02.json (main at b39eacd, fused draft steps), batch 1 / 8 / 32; batch 64
-# and 128 from results/spec-speed-*2026-12-01.json (free drafts, a = 0.7: 1.24x, 0.95x).
-# The PIPELINED path (engine/spec_pipeline.py, the default): free drafts at batch 1 and 8, a = 0.7 / 0.9, from
-# results/spec-speed-pipelined-2026-12-02.json (e571497; unpipelined 1.907 / 2.824 and 1.466 / 1.894); the other
-# rows are still the unpipelined figures (a lower bound for the pipelined path where that path runs).
+# The PIPELINED path (engine/spec_pipeline.py, the default), k = 4, H200, 8B target, prompt 128, 128 new tokens.
+# The grid is results/spec-speed-981b94b-2026-12-02.json (batch 1 / 8 / 32 x a = 0.5 / 0.7 / 0.9, both kinds, one
+# call). Later runs replace the cells they measured again after a change that moved them: the draft model's
+# a = 0.7 at batch 1 (1.202, results/spec-speed-stable1-d967165-2026-12-04.json: after its programs sampled
+# greedily, 2e4ce03, and with stable command-buffer addresses, the defaults since; 1.334 on another machine, 1.068
+# on a third) and at batch 8 / 32 (0.787 / 0.614, results/spec-speed-79bf89b-2026-12-04.json); its a = 0.5 / 0.9
+# cells predate the sampler fix, so they are low. Batch 64 / 128 (free drafts, a = 0.7) are UNPIPELINED runs of
+# 12-01 (results/spec-speed-threshold-2026-12-01.json); max_batch_size (64) stops speculation above 64 anyway.
+# "free" also stands for pipelined n-gram drafts (the prompt lookup runs on the device from the step in flight:
+# runner/ngram_device.py, the same cost as the benchmark's device oracle); "host" (n-gram drafts with
+# pipelined=False) has no measurement of its own and takes the cost model.
 SPEEDUP: dict[tuple[str, int], dict[int, dict[float, float | None]]] = {
     ("free", 4): {
-        1: {0.5: UNMEASURED, 0.7: 1.89, 0.9: 3.233},
-        8: {0.5: UNMEASURED, 0.7: 1.656, 0.9: 2.316},
-        32: {0.5: UNMEASURED, 0.7: 0.935, 0.9: 1.615},
-        64: {0.5: UNMEASURED, 0.7: 1.24, 0.9: UNMEASURED},
-        128: {0.5: UNMEASURED, 0.7: 0.95, 0.9: UNMEASURED},
+        1: {0.5: 1.758, 0.7: 2.612, 0.9: 3.975},
+        8: {0.5: 1.405, 0.7: 1.95, 0.9: 2.232},
+        32: {0.5: 1.037, 0.7: 1.261, 0.9: 1.53},
+        64: {0.5: UNMEASURED, 0.7: 1.237, 0.9: UNMEASURED},
+        128: {0.5: UNMEASURED, 0.7: 0.949, 0.9: UNMEASURED},
     },
     ("host", 4): {
         1: {0.5: UNMEASURED, 0.7: UNMEASURED, 0.9: UNMEASURED},
@@ -50,9 +55,9 @@ SPEEDUP: dict[tuple[str, int], dict[int, dict[float, float | None]]] = {
         32: {0.5: UNMEASURED, 0.7: UNMEASURED, 0.9: UNMEASURED},
     },
     ("model", 4): {
-        1: {0.5: UNMEASURED, 0.7: 0.811, 0.9: 1.138},
-        8: {0.5: UNMEASURED, 0.7: 0.66, 0.9: 0.822},
-        32: {0.5: UNMEASURED, 0.7: 0.451, 0.9: 0.689},
+        1: {0.5: 0.73, 0.7: 1.202, 0.9: 1.652},
+        8: {0.5: 0.652, 0.7: 0.787, 0.9: 0.991},
+        32: {0.5: 0.45, 0.7: 0.614, 0.9: 0.651},
     },
 }
 

@@ -35,8 +35,11 @@ def test_estimate_matches_closed_form():
 
 def test_choose_uses_measurements_and_turns_off():
     p = sp.SpecPolicy("model")
-    assert p.speedup(1, 0.7, 4) == (pytest.approx(0.811), True)
-    assert p.choose(32, 0.9, 4) == 0  # measured 0.69x there
+    assert p.speedup(1, 0.7, 4) == (pytest.approx(1.202), True)
+    assert p.choose(1, 0.7, 4) == 4   # the 1B-shaped draft pays at batch 1 ...
+    assert p.choose(1, 0.5, 4) == 0   # ... unless its drafts are rejected too often (0.73x)
+    assert p.choose(2, 0.9, 4) == 0   # above batch 1 it measured below 1x (batch 8: 0.65-0.99x)
+    assert p.choose(32, 0.9, 4) == 0  # measured 0.65x there
     free = sp.SpecPolicy("free")
     assert free.choose(1, 0.7, 4) >= 1
     assert free.choose(1, 0.0, 4) == 0  # nothing is ever accepted: off
@@ -58,7 +61,7 @@ def test_estimates_at_other_k_are_calibrated_by_a_measurement():
     free = sp.SpecPolicy("free")
     s3, is_measured = free.speedup(128, 0.7, 3)
     assert not is_measured
-    want = sp.estimate("free", 128, 0.7, 3) * 0.95 / sp.estimate("free", 128, 0.7, 4)
+    want = sp.estimate("free", 128, 0.7, 3) * 0.949 / sp.estimate("free", 128, 0.7, 4)
     assert s3 == pytest.approx(want)
     assert free.choose(128, 0.7, 4) == 0  # measured 0.95x at k=4; the calibrated others stay below 1.05
 
@@ -86,11 +89,49 @@ def test_spec_control_follows_the_policy():
     c = SpecControl(P(), 4, 64, policy=Policy())
     assert c.active(3) and c._policy_k == 2
     assert not c.active(5) and c.stats.num_skipped_batch == 1
-    assert calls == [(3, 0.7, 4), (5, 0.7, 4)]  # the prior until 16 drafts were verified
+    assert [b for b, _, _ in calls] == [3, 5] and all(k == 4 for _, _, k in calls)
+    assert calls[0][1] == pytest.approx(0.7, abs=1e-6) == calls[1][1]  # the prior: nothing verified yet
     for _ in range(8):
         c.record("a", 2, 1, 10)  # accepted/drafted 0.5
     c.active(1)
-    assert calls[-1][0] == 1 and calls[-1][1] == pytest.approx(sp.agreement(0.5, 4))
+    # 16 drafts at rate 0.5 beside the prior's 16 (its rate at agreement 0.7), the latter decayed by two steps
+    prior = (sp.tokens_per_cycle(0.7, 4) - 1) / 4
+    rate = (8 + 16 * prior) / (16 + 16)
+    assert calls[-1][0] == 1 and calls[-1][1] == pytest.approx(sp.agreement(rate, 4), abs=1e-6)
+
+
+def test_policy_off_for_low_acceptance_tries_again():
+    """A policy that switched speculation off because drafts were rejected gets no new evidence while off; the
+    decayed evidence drifts back to the prior, so speculation is tried again, and turns off again if the drafts are
+    still rejected (with lifetime counts it stayed off for good)."""
+    from jaxinfer.engine.spec_control import SpecControl
+
+    class P:
+        def propose(self, seqs):
+            return {}
+
+        def rollback(self, rid, n):
+            pass
+
+        def free(self, rid):
+            pass
+
+    c = SpecControl(P(), 4, 64, policy=sp.SpecPolicy("model"))  # batch 1: on at the prior (1.2x), off at a = 0.5
+    assert c.active(1)
+    for _ in range(20):
+        c.record("a", 4, 0, 10)  # every draft rejected
+    assert not c.active(1)
+    off = 1
+    while not c.active(1):
+        off += 1
+        assert off < 200, "speculation never resumed"
+    assert 10 < off < 200  # not at once: the evidence decays over tens of steps
+    for _ in range(20):
+        c.record("a", 4, 0, 10)
+    assert not c.active(1)  # still rejected: off again
+    for _ in range(40):
+        c.record("a", 4, 4, 10)  # drafts accepted now
+    assert c.active(1) and c._policy_k == 4
 
 
 def test_agreement_inverts_the_rate():

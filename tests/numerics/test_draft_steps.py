@@ -17,7 +17,7 @@ def proposers(tiny_llama_dir):
     draft = load_model(resolve_model(tiny_llama_dir), progress=False)
     cfg = EngineConfig.from_options(max_model_len=128, max_num_batched_tokens=32, max_num_seqs=8,
                                     speculative_config=SpeculativeConfig(method="draft", draft_model=tiny_llama_dir,
-                                                                         num_speculative_tokens=K))
+                                                                         num_speculative_tokens=K, batch_policy=False))
     fused = model_proposer(draft, cfg, 128, 64)
     plain = model_proposer(draft, cfg, 128, 64, fused_steps=False)
     assert fused.fused is not None and plain.fused is None

@@ -59,7 +59,7 @@ def test_small_buckets_only_without_speculation(monkeypatch, tiny_llama_dir):
     plain = LLM("tiny-llama", **kw)
     assert [b.num_tokens for b in plain.runner.ladder.buckets] == [1, 16, 32, 64]
     spec = LLM(tiny_llama_dir, speculative_config=dict(method="draft", draft_model=tiny_llama_dir,
-                                                       num_speculative_tokens=2), **kw)
+                                                       num_speculative_tokens=2, batch_policy=False), **kw)
     assert [b.num_tokens for b in spec.runner.ladder.buckets] == [16, 32, 64]
     draft_runner = spec.engine.spec.proposer.runner
     assert [b.num_tokens for b in draft_runner.ladder.buckets] == [16, 32, 64]
