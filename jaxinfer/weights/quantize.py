@@ -199,6 +199,7 @@ def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None, t
         return b
 
     layer_backend = tp_backend(backend or resolve_backend(spec, distributed=distributed))
+    log.info("quantization %s: quantized_matmul=%r runs as %r", spec.name, spec.backend, layer_backend)
 
     def swap(lin: Linear, name: str, spec: QuantSpec = spec, backend: str = layer_backend) -> QuantLinear:
         K, N = lin.w.shape
