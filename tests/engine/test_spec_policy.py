@@ -66,18 +66,21 @@ def test_estimates_at_other_k_are_calibrated_by_a_measurement():
     assert free.choose(128, 0.7, 4) == 0  # measured 0.95x at k=4; the calibrated others stay below 1.05
 
 
+class _NullProposer:
+    """A proposer with no drafts (SpecControl's decisions are what these tests look at)."""
+
+    def propose(self, seqs):
+        return {}
+
+    def rollback(self, rid, n):
+        pass
+
+    def free(self, rid):
+        pass
+
+
 def test_spec_control_follows_the_policy():
     from jaxinfer.engine.spec_control import SpecControl
-
-    class P:
-        def propose(self, seqs):
-            return {}
-
-        def rollback(self, rid, n):
-            pass
-
-        def free(self, rid):
-            pass
 
     calls = []
 
@@ -86,7 +89,7 @@ def test_spec_control_follows_the_policy():
             calls.append((batch, acceptance, k_max))
             return 0 if batch > 4 else 2
 
-    c = SpecControl(P(), 4, 64, policy=Policy())
+    c = SpecControl(_NullProposer(), 4, 64, policy=Policy())
     assert c.active(3) and c._policy_k == 2
     assert not c.active(5) and c.stats.num_skipped_batch == 1
     assert [b for b, _, _ in calls] == [3, 5] and all(k == 4 for _, _, k in calls)
@@ -106,17 +109,7 @@ def test_policy_off_for_low_acceptance_tries_again():
     still rejected (with lifetime counts it stayed off for good)."""
     from jaxinfer.engine.spec_control import SpecControl
 
-    class P:
-        def propose(self, seqs):
-            return {}
-
-        def rollback(self, rid, n):
-            pass
-
-        def free(self, rid):
-            pass
-
-    c = SpecControl(P(), 4, 64, policy=sp.SpecPolicy("model"))  # batch 1: on at the prior (1.2x), off at a = 0.5
+    c = SpecControl(_NullProposer(), 4, 64, policy=sp.SpecPolicy("model"))  # batch 1: on at the prior (1.2x), off at a = 0.5
     assert c.active(1)
     for _ in range(20):
         c.record("a", 4, 0, 10)  # every draft rejected
