@@ -7,6 +7,9 @@ update, cuGraphLaunch), a second thread can make it while the engine thread runs
 For each batch: the decode step program (greedy, the one the engine runs), called back to back for --seconds,
 (a) alone: call time median; (b) while a Python thread spins a counter: the counter's rate over its rate with the
 main thread asleep = the share of the call time the GIL is free.
+Answer on the H200 (results/call-gil-2026-12-05.json): mostly free (67-93%), but beside the spinning thread each
+call took 240-380 ms instead of 4-13: the call re-takes the GIL dozens of times, each time waiting out the switch
+interval, so a dispatch thread beside the engine thread's Python would serialise on the GIL (not built).
 
   python benchmarks/probes/call_gil.py [--model llama3-8b] [--batch 1 64 256]
 """

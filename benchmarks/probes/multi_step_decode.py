@@ -1,11 +1,14 @@
-"""What would k decode steps per dispatch buy? (issue 20: batch-1 quantized decode is host-bound)
+"""What would k decode steps per dispatch buy? (issue 20: is batch-1 quantized decode host-bound?)
 
-On the H200 (12-05, results/quantized-decode-mosaic-int4-2026-12-05.json) the int4 'mosaic-int4' batch-1 step
-takes 3.62 ms of engine loop time, about the host time of one dispatch at batch 1 (12-04: 3.77 ms, of which the
-compiled call ~3 ms), while its weights stream in ~1.3 ms: one dispatch per token cannot go faster than the
-call. This probe runs the target model's own k greedy decode steps as ONE program (runner/draft_steps.py's
-FusedDraftSteps on the engine's runner: one pack, one transfer, one launch per k tokens) and reports the time per
-token beside the engine's one-step-per-dispatch decode of the same model in the same process.
+The question (12-05): the int4 'mosaic-int4' batch-1 step took 3.62 ms of engine loop time on the H200
+(results/quantized-decode-mosaic-int4-2026-12-05.json), about the host time of one dispatch at batch 1 (12-04: 3.77
+ms, of which the compiled call ~3 ms), while its weights stream in ~1.3 ms. This probe runs the target model's own k
+greedy decode steps as ONE program (runner/draft_steps.py's FusedDraftSteps on the engine's runner: one pack, one
+transfer, one launch per k tokens) and reports the time per token beside the engine's one-step-per-dispatch decode
+of the same model in the same process.
+The answer (H100, results/multi-step-decode-2026-12-05.json): no. k = 1 unoverlapped (7.46 ms for int8) against the
+engine's 4.23 ms says the engine's step is device-bound at batch 1, and the k = 8 program took 6-7 ms a token:
+unrolling steps into one program does not amortise the call (benchmarks/README.md, 2026-12-05).
 
   per method (bf16 | int8 | int4 | int4:<backend>), per batch b and k:
     engine      : LLM.engine decode, one step per dispatch (benchmarks/latency.py run_batch, median step)
@@ -25,7 +28,6 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 
 from benchmarks.common import measure_hbm_bandwidth, write_result  # noqa: E402
 

@@ -20,7 +20,8 @@ from jaxinfer.config.model import ConfigError
 #                fp8 models keep a float head. True: the head in the model's own method (untied models only, an
 #                error otherwise). False: a float head. Embeddings always stay in the model dtype.
 #   quantized_matmul: "auto" (on GPU: int8 'xla-nk', int4 group 128 'mosaic-int4' on one Hopper GPU and
-#                'triton-int4' elsewhere, XLA's native fp8 dot for fp8; the jnp reference on CPU), "reference", "xla", "pallas" (interpret mode on CPU: slow, for tests), "w8a8" (int8 only:
+#                'triton-int4' elsewhere, XLA's native fp8 dot for fp8; the jnp reference on CPU), "reference",
+#                "xla", "pallas" (interpret mode on CPU: slow, for tests), "w8a8" (int8 only:
 #                activations quantized per token to int8, XLA's int8 dot; changes numerics), "xla-nk" (int8 only:
 #                [out, in] weights, weight-only, formulation per weight size and M from the table: on a GPU the
 #                Pallas-Triton small-M kernel at M <= 16, XLA's convert + dot above), "xla-int4" (int4 only:

@@ -192,6 +192,7 @@ def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None, t
     are placed by a parallel plan (default: tp > 1; data parallelism too), which 'auto' resolves for
     (quant_linear.resolve_backend)."""
     distributed = tp > 1 if distributed is None else distributed
+
     def tp_backend(b: str) -> str:
         if tp > 1 and (b.startswith("pallas") or b == "auto"):  # 'auto': its table may pick Pallas
             log.info("tensor_parallel_size=%d: quantized layers use the XLA matmul, not the Pallas kernel", tp)

@@ -109,7 +109,8 @@ def test_policy_off_for_low_acceptance_tries_again():
     still rejected (with lifetime counts it stayed off for good)."""
     from jaxinfer.engine.spec_control import SpecControl
 
-    c = SpecControl(_NullProposer(), 4, 64, policy=sp.SpecPolicy("model"))  # batch 1: on at the prior (1.2x), off at a = 0.5
+    # batch 1: on at the prior (1.2x), off at a = 0.5
+    c = SpecControl(_NullProposer(), 4, 64, policy=sp.SpecPolicy("model"))
     assert c.active(1)
     for _ in range(20):
         c.record("a", 4, 0, 10)  # every draft rejected
