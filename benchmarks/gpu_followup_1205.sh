@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The GPU runs the 2026-12-05 session left open, in two device calls of < 10 min each (H200):
+#   PART=a  the GPU tests of the new int4 default (tests/kernels/test_mosaic_int4_gpu.py, incl. the engine test
+#           written on 12-05 and not yet run), then int8's batch-1 / 16 decode alone in a fresh process and again
+#           after an int4 LLM in the same process (12-05 call 1 read 5.12 ms a step for int8 when it ran fourth in
+#           its process, against 3.2-3.6 ms on 12-04 and 4.23 ms on an H100 in a fresh one: is it real?)
+#   PART=b  spec_speed.py for the 1B-shaped draft at batch 1 / 2 / 4 / 8 (engine/spec_policy.py uses the batch-8
+#           row for batches 2-8: the cells between are unmeasured), then latency.py at batch 1 / 64 / 256 with the
+#           plain-XLA peer (issue 17's table after the 12-05 changes)
+#   JAXINFER_COMMIT=<sha> PART=a bash benchmarks/gpu_followup_1205.sh      # logs + JSONs into $OUT
+set -u
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+OUT_DIR=${OUT:-/tmp/gpu-followup-out}; mkdir -p "$OUT_DIR"
+PY=${PYTHON:-python3}
+if [ "${PART:-a}" = a ]; then
+  timeout 200 $PY benchmarks/gpu_tests.py tests/kernels/test_mosaic_int4_gpu.py -q > "$OUT_DIR/tests.log" 2>&1
+  echo "tests rc=$?" >> "$OUT_DIR/run.log"
+  timeout 170 $PY benchmarks/quantized_decode.py --methods int8 --decode-batches 1 16 --throughput-methods \
+    --no-kv-capacity --budget-s 150 --tag int8-fresh > "$OUT_DIR/int8-fresh.log" 2>&1
+  echo "int8 fresh rc=$?" >> "$OUT_DIR/run.log"
+  timeout 220 $PY benchmarks/quantized_decode.py --methods int4 int8 --decode-batches 1 16 --throughput-methods \
+    --no-kv-capacity --budget-s 200 --tag int8-after-int4 > "$OUT_DIR/int8-after.log" 2>&1
+  echo "int8 after int4 rc=$?" >> "$OUT_DIR/run.log"
+  cp benchmarks/results/gpu-tests-2*.json benchmarks/results/quantized-decode-int8-*.json "$OUT_DIR"/ 2>/dev/null
+else
+  timeout 330 $PY benchmarks/spec_speed.py --drafts none llama3.2-1b --batch 1 2 4 8 --accept 0.7 \
+    --tag policy-cells > "$OUT_DIR/spec.log" 2>&1
+  echo "spec rc=$?" >> "$OUT_DIR/run.log"
+  timeout 240 $PY benchmarks/latency.py --batch 1 64 256 --tag followup > "$OUT_DIR/latency.log" 2>&1
+  echo "latency rc=$?" >> "$OUT_DIR/run.log"
+  cp benchmarks/results/spec-speed-policy-cells-*.json benchmarks/results/latency-followup-*.json "$OUT_DIR"/ 2>/dev/null
+fi
+grep -hE "passed|failed|decode|speed-up|tok/s|rc=" "$OUT_DIR"/*.log | tail -30
