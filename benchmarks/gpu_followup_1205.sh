@@ -7,6 +7,9 @@
 #   PART=b  spec_speed.py for the 1B-shaped draft at batch 1 / 2 / 4 / 8 (engine/spec_policy.py uses the batch-8
 #           row for batches 2-8: the cells between are unmeasured), then latency.py at batch 1 / 64 / 256 with the
 #           plain-XLA peer (issue 17's table after the 12-05 changes)
+#   PART=c  the Mosaic int4 kernel at M = 32 / 64 / 128 (it takes up to 128 tokens since 12-05; the engine runs it
+#           at M <= 16 only) beside XLA's dequantize + dot on the same layout (the engine's path there) and the bf16
+#           dot: if it wins, models/quant_paths.PATHS[('int4', 'mosaic-int4')] can run it up to that M
 #   JAXINFER_COMMIT=<sha> PART=a bash benchmarks/gpu_followup_1205.sh      # logs + JSONs into $OUT
 set -u
 cd "$(dirname "$0")/.."
@@ -23,6 +26,11 @@ if [ "${PART:-a}" = a ]; then
     --no-kv-capacity --budget-s 200 --tag int8-after-int4 > "$OUT_DIR/int8-after.log" 2>&1
   echo "int8 after int4 rc=$?" >> "$OUT_DIR/run.log"
   cp benchmarks/results/gpu-tests-2*.json benchmarks/results/quantized-decode-int8-*.json "$OUT_DIR"/ 2>/dev/null
+elif [ "${PART}" = c ]; then
+  timeout 400 $PY benchmarks/kernels/quantized_matmul.py --variants bf16 int4_mosaic int4_mosaic_t512 \
+    int4_mosaic_xla --m 32 64 128 --check-m 64 --reps 3 --budget-s 370 --gpus 1 > "$OUT_DIR/kernel.log" 2>&1
+  echo "kernel rc=$?" >> "$OUT_DIR/run.log"
+  cp benchmarks/results/kernel-quantized-matmul-2*.json "$OUT_DIR"/ 2>/dev/null
 else
   timeout 330 $PY benchmarks/spec_speed.py --drafts none llama3.2-1b --batch 1 2 4 8 --accept 0.7 \
     --tag policy-cells > "$OUT_DIR/spec.log" 2>&1

@@ -155,6 +155,9 @@ def variants(interpret: bool):
         "int4_mosaic_t2048": mosaic(2048),
         "int4_mosaic_st2": mosaic(stages=2),
         "int4_mosaic_st8": mosaic(stages=8),
+        # the engine's 'mosaic-int4' path above the kernel's M (XLA's dequantize + dot on the same leaves)
+        "int4_mosaic_xla": ("int4_mosaic_nk", lambda x, w: qf.int4_native_nk_dequant_xla(
+            x, w["q"], w["scale"], w.get("offset"), group_size=g), "int4mn", ("int4mn", "int4-dequant-nk")),
         "int4_pallas_nk": ("int4_packed_nk", lambda x, w: qnk.int4_matmul_nk(
             x, w["q"], w["scale"], w["offset"], group_size=g), "int4pnk", ("int4pnk", "pallas-int4-nk")),
     }

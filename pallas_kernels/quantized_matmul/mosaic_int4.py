@@ -1,6 +1,6 @@
 """int4 weight-only matmul at decode sizes on Hopper tensor cores (Pallas Mosaic GPU): y = x @ dequantize(q).T.
 
-Shapes: x [M, K] bf16 (M <= 16 tokens), q int4 [N, K] (signed, K contiguous: the 'native-nk' layout of
+Shapes: x [M, K] bf16 (M <= MAX_M = 128 tokens; the engine uses it for M <= 16), q int4 [N, K] (signed, K contiguous: the 'native-nk' layout of
 reference.py, XLA packing two values a byte), scale [K/g, N], offset [K/g, N] or None (symmetric), g = 128;
 W[n, k] = q[n, k] * scale[k // g, n] (+ offset[k // g, n]); y [M, N], f32 accumulation.
 
@@ -10,7 +10,7 @@ operation count they spend ~5-8 integer / FMA instructions a weight. Here the te
 unpacking is Mosaic GPU's int4 -> bf16 register conversion (CUTLASS's prmt + lop3 + one bf16x2 subtract: about
 1.5 instructions a weight), so the CUDA cores only convert:
 
-  the problem, transposed:  y^T [N, Mp] = W [N, K] @ x^T [K, Mp]   (wgmma m64 nMp k16; Mp = 8 or 16 token rows,
+  the problem, transposed:  y^T [N, Mp] = W [N, K] @ x^T [K, Mp]   (wgmma m64 nMp k16; Mp = 8 .. 128 token rows,
                                                                     x zero-padded; the weight is the register LHS)
   grid = (N / 64, split):   CTA (n, s) = one warpgroup streaming weight rows [64 n, 64 n + 64) over K groups
                             [s G_s, (s + 1) G_s) through a TMA pipeline (int4 tile [64, g] = 4 KB a stage);
@@ -39,8 +39,12 @@ from jax import lax
 
 GROUP = 128          # the group size the kernel takes (tile_k = one group a pipeline step)
 TILE_N = 64          # weight rows a CTA (one warpgroup: wgmma's M)
-MAX_M = 16           # token rows (wgmma's N: 8 or 16)
-XS_WIDTH = 32        # xs rows padded to 128 bytes (the pipeline copies whole multiples of the warpgroup size)
+MAX_M = 128          # token rows the kernel takes (wgmma's N: 8, 16, 32, 64 or 128; a [64, Mp] f32 accumulator
+                     # and the group's partial product of the same size stay in registers up to 128)
+DECODE_MAX_M = 16    # what the engine runs it for (models/quant_paths.PATHS): the only sizes measured so far.
+                     # 17..128 lowers for CUDA (tests/kernels/test_mosaic_int4.py) and is GPU-tested
+                     # (test_mosaic_int4_gpu.py), but is not measured against XLA's dequantize + dot
+XS_MIN_WIDTH = 32    # xs rows padded to >= 128 bytes (the pipeline copies whole multiples of the warpgroup size)
 TARGET_CTAS = 1024   # split K until the grid has about this many CTAs (~8 resident per SM on 132 SMs)
 # ... but half that for long K (>= LONG_K_GROUPS groups): each CTA then streams twice as many groups. The 8B down
 # projection (K = 14336, N = 4096) took 21.1 us at M = 1 with 512 CTAs (split 8) against 31.5 with 1024 (split 16),
@@ -58,7 +62,16 @@ class Config:
 
 
 def padded_m(M: int) -> int:
-    return 8 if M <= 8 else 16
+    """Token rows of the padded x^T tile (wgmma's N): 8, 16, 32, 64 or 128."""
+    mp = 8
+    while mp < M:
+        mp *= 2
+    return mp
+
+
+def xs_width(mp: int) -> int:
+    """Columns of the per-group sums xs: >= Mp and >= 128 bytes."""
+    return max(XS_MIN_WIDTH, mp)
 
 
 def default_config(M: int, K: int, N: int, group_size: int = GROUP, target_ctas: int | None = None,
@@ -81,7 +94,7 @@ def default_config(M: int, K: int, N: int, group_size: int = GROUP, target_ctas:
 
 
 def supports(M: int, K: int, N: int, group_size: int | None) -> bool:
-    """Whole tiles only: M <= 16, g = 128, N a multiple of 64, K a multiple of g (every 8B projection)."""
+    """Whole tiles only: M <= MAX_M, g = 128, N a multiple of 64, K a multiple of g (every 8B projection)."""
     return (0 < M <= MAX_M and group_size == GROUP and N % TILE_N == 0 and K % GROUP == 0 and K >= GROUP)
 
 
@@ -103,13 +116,13 @@ def usable() -> bool:
 
 
 def kernel_inputs(x2, scale, group_size: int = GROUP):
-    """x [M, K] -> (x^T's rows padded: x_p bf16 [Mp, K], xs f32 [K/g, XS_WIDTH] = per-group sums of x_p's rows,
+    """x [M, K] -> (x^T's rows padded: x_p bf16 [Mp, K], xs f32 [K/g, xs_width(Mp)] = per-group sums of x_p's rows,
     zero past Mp: a 128-byte row, since the kernel's copies move multiples of 128 bytes)."""
     M, K = x2.shape
     mp = padded_m(M)
     x_p = jnp.pad(x2.astype(jnp.bfloat16), ((0, mp - M), (0, 0)))
     xs = jnp.sum(x_p.astype(jnp.float32).reshape(mp, K // group_size, group_size), axis=2).T
-    return x_p, jnp.pad(xs, ((0, 0), (0, XS_WIDTH - mp)))
+    return x_p, jnp.pad(xs, ((0, 0), (0, xs_width(mp) - mp)))
 
 
 def _call(x_p, q, scale, offset, xs, *, cfg: Config):
@@ -168,7 +181,7 @@ def _call(x_p, q, scale, offset, xs, *, cfg: Config):
         if has_offset:
             in_specs.append(plgpu.BlockSpec((1, TILE_N), lambda j: (j, 0)))
             operands.append(o_g.at[gsl, rows])
-        in_specs.append(plgpu.BlockSpec((1, XS_WIDTH), lambda j: (j, 0)))
+        in_specs.append(plgpu.BlockSpec((1, xs_width(mp)), lambda j: (j, 0)))
         operands.append(xs_g.at[gsl, :])
         acc0 = plgpu.layout_cast(jnp.zeros((TILE_N, mp), jnp.float32), plgpu.Layout.WGMMA)
         acc = plgpu.emit_pipeline(step, grid=(gps,), in_specs=in_specs, max_concurrent_steps=cfg.stages,

@@ -53,12 +53,14 @@ def test_config_arithmetic():
     assert MI.default_config(1, 4096, 4096) == MI.Config(split=16, stages=2)   # 32 groups: unchanged
     assert MI.default_config(1, 256, 64).split == 1                   # 2 groups: no split leaves 2 a split
     assert MI.supports(1, 4096, 6144, 128) and MI.supports(16, 14336, 4096, 128)
-    assert not MI.supports(17, 4096, 6144, 128) and not MI.supports(1, 4096, 6144, 64)
+    assert MI.supports(128, 4096, 6144, 128) and not MI.supports(129, 4096, 6144, 128)
+    assert not MI.supports(1, 4096, 6144, 64)
     assert not MI.supports(1, 4096, 6100, 128) and not MI.supports(1, 4000, 6144, 128)
-    assert MI.padded_m(1) == 8 and MI.padded_m(8) == 8 and MI.padded_m(9) == 16
+    assert [MI.padded_m(m) for m in (1, 8, 9, 16, 17, 40, 64, 65, 128)] == [8, 8, 16, 16, 32, 64, 64, 128, 128]
+    assert [MI.xs_width(mp) for mp in (8, 16, 32, 64, 128)] == [32, 32, 32, 64, 128]
 
 
-@pytest.mark.parametrize("M,offset", [(1, True), (16, False)])
+@pytest.mark.parametrize("M,offset", [(1, True), (16, False), (40, True), (128, False)])
 def test_kernel_lowers_for_cuda(M, offset):
     K, N = 512, 128
     cfg = MI.default_config(M, K, N)
@@ -70,7 +72,8 @@ def test_kernel_lowers_for_cuda(M, offset):
     assert "mosaic_gpu" in module
 
 
-@pytest.mark.parametrize("M,K,N,offset", [(1, 512, 192, True), (5, 1024, 64, False), (16, 384, 128, True)])
+@pytest.mark.parametrize("M,K,N,offset", [(1, 512, 192, True), (5, 1024, 64, False), (16, 384, 128, True),
+                                          (40, 512, 128, True), (128, 256, 64, False)])
 def test_wrapper_algebra_matches_reference(M, K, N, offset):
     x, q, scale, off, want = native_nk_case(M, K, N, seed=M + K + N, offset=offset)
     cfg = MI.default_config(M, K, N)
@@ -83,8 +86,8 @@ def test_wrapper_algebra_matches_reference(M, K, N, offset):
 
 def test_bad_shapes_are_refused():
     x, q, scale, off, _ = native_nk_case(1, 256, 64, seed=0)
-    with pytest.raises(ValueError, match="M <= 16"):
-        MI.int4_matmul_mosaic(jnp.zeros((17, 256), jnp.bfloat16), q, scale, off)
+    with pytest.raises(ValueError, match="M <= 128"):
+        MI.int4_matmul_mosaic(jnp.zeros((129, 256), jnp.bfloat16), q, scale, off)
     with pytest.raises(ValueError, match="q int4 \\[N, K\\]"):
         MI.int4_matmul_mosaic(x, q.astype(jnp.int8), scale, off)
     with pytest.raises(ValueError, match="offset must be"):

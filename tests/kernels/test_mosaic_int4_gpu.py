@@ -19,7 +19,7 @@ def test_usable_on_hopper():
     assert MI.usable(), "a Hopper GPU and Pallas Mosaic GPU are needed"
 
 
-@pytest.mark.parametrize("M", [1, 5, 8, 16])
+@pytest.mark.parametrize("M", [1, 5, 8, 16, 32, 77, 128])   # (M > 16: added 12-05, not yet run on a GPU)
 @pytest.mark.parametrize("K,N", [(4096, 6144), (14336, 4096), (512, 64)])
 @pytest.mark.parametrize("offset", [True, False])
 def test_matches_reference(M, K, N, offset):
