@@ -9,7 +9,9 @@
 #           plain-XLA peer (issue 17's table after the 12-05 changes)
 #   PART=c  the Mosaic int4 kernel at M = 32 / 64 / 128 (it takes up to 128 tokens since 12-05; the engine runs it
 #           at M <= 16 only) beside XLA's dequantize + dot on the same layout (the engine's path there) and the bf16
-#           dot: if it wins, models/quant_paths.PATHS[('int4', 'mosaic-int4')] can run it up to that M
+#           dot: if it wins, models/quant_paths.PATHS[('int4', 'mosaic-int4')] can run it up to that M; first the
+#           int8 Mosaic kernel of 12-05 (mosaic_int8.py: GPU tests, then per op at M = 1 / 16 / 64 beside the engine's
+#           int8 small-M kernel 'pallas-nk', XLA's convert-nk and bf16): the other design for int8's 1.6x
 #   JAXINFER_COMMIT=<sha> PART=a bash benchmarks/gpu_followup_1205.sh      # logs + JSONs into $OUT
 set -u
 cd "$(dirname "$0")/.."
@@ -27,8 +29,13 @@ if [ "${PART:-a}" = a ]; then
   echo "int8 after int4 rc=$?" >> "$OUT_DIR/run.log"
   cp benchmarks/results/gpu-tests-2*.json benchmarks/results/quantized-decode-int8-*.json "$OUT_DIR"/ 2>/dev/null
 elif [ "${PART}" = c ]; then
-  timeout 400 $PY benchmarks/kernels/quantized_matmul.py --variants bf16 int4_mosaic int4_mosaic_t512 \
-    int4_mosaic_xla --m 32 64 128 --check-m 64 --reps 3 --budget-s 370 --gpus 1 > "$OUT_DIR/kernel.log" 2>&1
+  timeout 60 $PY benchmarks/gpu_tests.py tests/kernels/test_mosaic_int8_gpu.py -x -q > "$OUT_DIR/tests8.log" 2>&1
+  echo "int8 kernel tests rc=$?" >> "$OUT_DIR/run.log"
+  timeout 240 $PY benchmarks/kernels/quantized_matmul.py --variants bf16 int8_pallas_nk int8_mosaic_nk \
+    int8_convert_nk --m 1 16 64 --check-m 1 64 --reps 3 --budget-s 220 --gpus 1 > "$OUT_DIR/kernel8.log" 2>&1
+  echo "int8 kernel rc=$?" >> "$OUT_DIR/run.log"
+  timeout 240 $PY benchmarks/kernels/quantized_matmul.py --variants bf16 int4_mosaic int4_mosaic_t512 \
+    int4_mosaic_xla --m 32 64 128 --check-m 64 --reps 3 --budget-s 220 --gpus 1 > "$OUT_DIR/kernel.log" 2>&1
   echo "kernel rc=$?" >> "$OUT_DIR/run.log"
   cp benchmarks/results/kernel-quantized-matmul-2*.json "$OUT_DIR"/ 2>/dev/null
 else

@@ -107,6 +107,7 @@ def variants(interpret: bool):
 
     from pallas_kernels.quantized_matmul import kernel_nk as qnk
     from pallas_kernels.quantized_matmul import mosaic_int4 as qmi
+    from pallas_kernels.quantized_matmul import mosaic_int8 as qm8
 
     g = GROUP
 
@@ -133,6 +134,10 @@ def variants(interpret: bool):
                          ("int8nk", "w8a8-nk")),
         "int8_mixed_nk": ("int8_nk", lambda x, w: qf.int8_mixed_xla(x, w["q"], w["scale"], layout="nk"), "int8",
                           ("int8nk", "mixed-nk")),
+        # the engine's int8 small-M kernel (M <= 16, Pallas-Triton) and the Mosaic GPU form of 2026-12-05
+        "int8_pallas_nk": ("int8_nk", lambda x, w: qnk.int8_matmul_nk(x, w["q"], w["scale"]), "int8",
+                           ("int8nk", "pallas-nk")),
+        "int8_mosaic_nk": ("int8_nk", lambda x, w: qm8.int8_matmul_mosaic(x, w["q"], w["scale"]), "int8", None),
         "int8_convert_nk": ("int8_nk", lambda x, w: qf.int8_convert_xla(x, w["q"], w["scale"], layout="nk"),
                             "int8", ("int8nk", "convert-nk")),
         "int4_pallas": ("int4_packed", lambda x, w: qk.int4_matmul(x, w["q"], w["scale"], w["offset"],
