@@ -1,8 +1,8 @@
 """int4 weight-only matmul at decode sizes on Hopper tensor cores (Pallas Mosaic GPU): y = x @ dequantize(q).T.
 
-Shapes: x [M, K] bf16 (M <= MAX_M = 128 tokens; the engine uses it for M <= 16), q int4 [N, K] (signed, K contiguous: the 'native-nk' layout of
-reference.py, XLA packing two values a byte), scale [K/g, N], offset [K/g, N] or None (symmetric), g = 128;
-W[n, k] = q[n, k] * scale[k // g, n] (+ offset[k // g, n]); y [M, N], f32 accumulation.
+Shapes: x [M, K] bf16 (M <= MAX_M = 128 tokens; the engine uses it for M <= 16), q int4 [N, K] (signed, K
+contiguous: the 'native-nk' layout of reference.py, XLA packing two values a byte), scale [K/g, N], offset [K/g, N]
+or None (symmetric), g = 128; W[n, k] = q[n, k] * scale[k // g, n] (+ offset[k // g, n]); y [M, N], f32 accumulation.
 
 Why a third design (issue 20): the first two int4 kernels (Pallas-Triton [K/2, N], then Triton / Pallas-Triton
 [N, K/2] with CUDA-core unpacking) streamed 0.4-1.8 TB/s of packed bytes at M = 1 against a 2.8 TB/s target: by
@@ -82,15 +82,21 @@ def default_config(M: int, K: int, N: int, group_size: int = GROUP, target_ctas:
     groups = K // group_size
     if target_ctas is None:
         target_ctas = LONG_K_TARGET_CTAS if groups >= LONG_K_GROUPS else TARGET_CTAS
-    tiles = N // TILE_N
+    split = k_split(groups, N // TILE_N, target_ctas)
+    return Config(split=split, stages=max(1, min(max_stages, groups // split)))
+
+
+def k_split(steps: int, tiles: int, target_ctas: int) -> int:
+    """The smallest divisor of `steps` (pipeline steps along K) leaving >= 2 steps a split whose grid of
+    tiles x split CTAs reaches target_ctas, else the largest such divisor (1 if none)."""
     split = 1
-    for cand in range(1, groups + 1):
-        if groups % cand or groups // cand < 2:
+    for cand in range(1, steps + 1):
+        if steps % cand or steps // cand < 2:
             continue
         split = cand
         if tiles * cand >= target_ctas:
             break
-    return Config(split=split, stages=max(1, min(max_stages, groups // split)))
+    return split
 
 
 def supports(M: int, K: int, N: int, group_size: int | None) -> bool:
@@ -132,7 +138,6 @@ def _call(x_p, q, scale, offset, xs, *, cfg: Config):
     N = q.shape[0]
     groups = K // GROUP
     gps = groups // cfg.split                      # groups per split
-    tiles = N // TILE_N
     has_offset = offset is not None
     w_swizzle = plgpu.find_swizzle(GROUP * 4)      # 64 bytes a row of the int4 tile
     x_swizzle = plgpu.find_swizzle(GROUP * 16)     # 256 bytes a row of the bf16 x tile -> 128
@@ -186,15 +191,27 @@ def _call(x_p, q, scale, offset, xs, *, cfg: Config):
         acc0 = plgpu.layout_cast(jnp.zeros((TILE_N, mp), jnp.float32), plgpu.Layout.WGMMA)
         acc = plgpu.emit_pipeline(step, grid=(gps,), in_specs=in_specs, max_concurrent_steps=cfg.stages,
                                   init_carry=acc0)(*operands)
-        out_smem[...] = acc
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(out_smem, out_g.at[sp, rows])
-        plgpu.wait_smem_to_gmem(0)
+        store_part(out_smem, out_g.at[sp, rows], acc)
 
-    f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((cfg.split, N, mp), jnp.float32),
-                     grid=(tiles, cfg.split), grid_names=("n", "s"),
-                     scratch_types=[plgpu.SMEM((TILE_N, mp), jnp.float32)])
-    return f(q, x_p, scale, *((offset,) if has_offset else ()), xs)
+    return split_kernel(body, N, mp, cfg)(q, x_p, scale, *((offset,) if has_offset else ()), xs)
+
+
+def store_part(out_smem, out_ref, value):
+    """A CTA's [64, Mp] f32 partial product to its slot of part[split, N, Mp], through shared memory."""
+    _, plgpu = _modules()
+    out_smem[...] = value
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(out_smem, out_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def split_kernel(body, N: int, mp: int, cfg):
+    """The Mosaic GPU kernel over the (N / 64, split) grid writing part f32 [split, N, Mp] (this module's and
+    mosaic_int8.py's contract); body(*operands, out, out_smem)."""
+    _, plgpu = _modules()
+    return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((cfg.split, N, mp), jnp.float32),
+                        grid=(N // TILE_N, cfg.split), grid_names=("n", "s"),
+                        scratch_types=[plgpu.SMEM((TILE_N, mp), jnp.float32)])
 
 
 def _finish(part, M: int, out_dtype):

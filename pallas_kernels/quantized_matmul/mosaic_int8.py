@@ -24,13 +24,14 @@ algebra against the float32 reference through a jnp stand-in of the kernel); its
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels.quantized_matmul.mosaic_int4 import TILE_N, padded_m, usable  # noqa: F401 (re-exported)
+# the int4 kernel's tile, padding, split rule and part[split, N, Mp] output (usable: re-exported)
+from pallas_kernels.quantized_matmul.mosaic_int4 import (TILE_N, _modules, k_split, padded_m,  # noqa: F401
+                                                         split_kernel, store_part, usable)
 
 TILE_K = 128         # K elements a pipeline step (128 bytes of int8 a row: one 128-byte swizzle)
 MAX_M = 128          # token rows (wgmma's N: 8 .. 128; the [64, Mp] f32 accumulator stays in registers)
@@ -47,14 +48,7 @@ def default_config(M: int, K: int, N: int, target_ctas: int = TARGET_CTAS, max_s
     """The smallest split of K (a divisor of the step count, >= 2 steps a split) giving >= target_ctas CTAs (else the
     largest such split), and a pipeline of up to max_stages steps."""
     steps = K // TILE_K
-    tiles = N // TILE_N
-    split = 1
-    for cand in range(1, steps + 1):
-        if steps % cand or steps // cand < 2:
-            continue
-        split = cand
-        if tiles * cand >= target_ctas:
-            break
+    split = k_split(steps, N // TILE_N, target_ctas)
     return Config(split=split, stages=max(1, min(max_stages, steps // split)))
 
 
@@ -63,23 +57,12 @@ def supports(M: int, K: int, N: int) -> bool:
     return 0 < M <= MAX_M and N % TILE_N == 0 and K % TILE_K == 0 and K >= TILE_K
 
 
-@functools.lru_cache(maxsize=None)
-def _modules():
-    try:
-        from jax.experimental import pallas as pl
-        from jax.experimental.pallas import mosaic_gpu as plgpu
-    except ImportError:  # pragma: no cover - a JAX without Pallas Mosaic GPU
-        return None
-    return pl, plgpu
-
-
 def _call(x_p, q, *, cfg: Config):
     """The Mosaic GPU kernel: x_p bf16 [Mp, K], q int8 [N, K] -> part f32 [split, N, Mp] (unscaled)."""
     pl, plgpu = _modules()
     mp, K = x_p.shape
     N = q.shape[0]
     sps = K // TILE_K // cfg.split                 # pipeline steps per split
-    tiles = N // TILE_N
     w_swizzle = plgpu.find_swizzle(TILE_K * 8)     # 128 bytes a row of the int8 tile
     x_swizzle = plgpu.find_swizzle(TILE_K * 16)    # 256 bytes a row of the bf16 x tile -> 128
     w_transforms = (plgpu.TilingTransform((8, w_swizzle)), plgpu.SwizzleTransform(w_swizzle))
@@ -102,15 +85,9 @@ def _call(x_p, q, *, cfg: Config):
                                 max_concurrent_steps=cfg.stages)(q_g.at[rows, ksl], x_g.at[:, ksl])
             return acc_ref[...]
 
-        out_smem[...] = pl.run_scoped(run, plgpu.ACC((TILE_N, mp), jnp.float32))
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(out_smem, out_g.at[sp, rows])
-        plgpu.wait_smem_to_gmem(0)
+        store_part(out_smem, out_g.at[sp, rows], pl.run_scoped(run, plgpu.ACC((TILE_N, mp), jnp.float32)))
 
-    f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((cfg.split, N, mp), jnp.float32),
-                     grid=(tiles, cfg.split), grid_names=("n", "s"),
-                     scratch_types=[plgpu.SMEM((TILE_N, mp), jnp.float32)])
-    return f(q, x_p)
+    return split_kernel(body, N, mp, cfg)(q, x_p)
 
 
 def forward(x2, q, scale, *, cfg: Config, out_dtype, call=None):
