@@ -78,6 +78,9 @@ def _call(x_p, q, *, cfg: Config):
             def step(_, q_s, x_s):
                 w = plgpu.load(q_s, (), layout=plgpu.Layout.WGMMA).astype(jnp.bfloat16)   # [64, TILE_K]
                 plgpu.wgmma(acc_ref, w, plgpu.transpose_ref(x_s, (1, 0)))                 # x_s [Mp, TILE_K]
+                # the MMA reads x_s from shared memory asynchronously: done before the pipeline refills the slot
+                # (the weight went to registers above). A tiny MMA; the TMA loads of later steps stay in flight.
+                plgpu.wgmma_wait(0)
 
             in_specs = [plgpu.BlockSpec((TILE_N, TILE_K), lambda j: (0, j), transforms=w_transforms),
                         plgpu.BlockSpec((mp, TILE_K), lambda j: (0, j), transforms=x_transforms)]
