@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU runs the 2026-12-05 session left open, in two device calls of < 10 min each (H200):
+# The GPU runs the 2026-12-05 session left open, in four device calls of < 10 min each (H200):
 #   PART=a  the GPU tests of the new int4 default (tests/kernels/test_mosaic_int4_gpu.py, incl. the engine test
 #           written on 12-05 and not yet run), then int8's batch-1 / 16 decode alone in a fresh process and again
 #           after an int4 LLM in the same process (12-05 call 1 read 5.12 ms a step for int8 when it ran fourth in
@@ -7,11 +7,12 @@
 #   PART=b  spec_speed.py for the 1B-shaped draft at batch 1 / 2 / 4 / 8 (engine/spec_policy.py uses the batch-8
 #           row for batches 2-8: the cells between are unmeasured), then latency.py at batch 1 / 64 / 256 with the
 #           plain-XLA peer (issue 17's table after the 12-05 changes)
-#   PART=c  the Mosaic int4 kernel at M = 32 / 64 / 128 (it takes up to 128 tokens since 12-05; the engine runs it
+#   PART=c  the int8 Mosaic kernel of 12-05 (mosaic_int8.py: GPU tests, then per op at M = 1 / 16 / 64 beside the
+#           engine's int8 small-M kernel 'pallas-nk', XLA's convert-nk and bf16, then int8 vs int8:mosaic-int8 decode
+#           in the engine): the other design for int8's 1.6x; if it wins, GPU_DEFAULT['int8'] can name it
+#   PART=d  the Mosaic int4 kernel at M = 32 / 64 / 128 (it takes up to 128 tokens since 12-05; the engine runs it
 #           at M <= 16 only) beside XLA's dequantize + dot on the same layout (the engine's path there) and the bf16
-#           dot: if it wins, models/quant_paths.PATHS[('int4', 'mosaic-int4')] can run it up to that M; first the
-#           int8 Mosaic kernel of 12-05 (mosaic_int8.py: GPU tests, then per op at M = 1 / 16 / 64 beside the engine's
-#           int8 small-M kernel 'pallas-nk', XLA's convert-nk and bf16): the other design for int8's 1.6x
+#           dot: if it wins, models/quant_paths.PATHS[('int4', 'mosaic-int4')] can run it up to that M
 #   JAXINFER_COMMIT=<sha> PART=a bash benchmarks/gpu_followup_1205.sh      # logs + JSONs into $OUT
 set -u
 cd "$(dirname "$0")/.."
@@ -31,11 +32,17 @@ if [ "${PART:-a}" = a ]; then
 elif [ "${PART}" = c ]; then
   timeout 60 $PY benchmarks/gpu_tests.py tests/kernels/test_mosaic_int8_gpu.py -x -q > "$OUT_DIR/tests8.log" 2>&1
   echo "int8 kernel tests rc=$?" >> "$OUT_DIR/run.log"
-  timeout 240 $PY benchmarks/kernels/quantized_matmul.py --variants bf16 int8_pallas_nk int8_mosaic_nk \
-    int8_convert_nk --m 1 16 64 --check-m 1 64 --reps 3 --budget-s 220 --gpus 1 > "$OUT_DIR/kernel8.log" 2>&1
+  timeout 230 $PY benchmarks/kernels/quantized_matmul.py --variants bf16 int8_pallas_nk int8_mosaic_nk \
+    int8_convert_nk --m 1 16 64 --check-m 1 64 --reps 3 --budget-s 210 --gpus 1 > "$OUT_DIR/kernel8.log" 2>&1
   echo "int8 kernel rc=$?" >> "$OUT_DIR/run.log"
-  timeout 240 $PY benchmarks/kernels/quantized_matmul.py --variants bf16 int4_mosaic int4_mosaic_t512 \
-    int4_mosaic_xla --m 32 64 128 --check-m 64 --reps 3 --budget-s 220 --gpus 1 > "$OUT_DIR/kernel.log" 2>&1
+  timeout 250 $PY benchmarks/quantized_decode.py --methods int8 int8:mosaic-int8 --decode-batches 1 16 \
+    --throughput-methods --no-kv-capacity --budget-s 230 --tag mosaic-int8 > "$OUT_DIR/decode8.log" 2>&1
+  echo "int8 engine A/B rc=$?" >> "$OUT_DIR/run.log"
+  cp benchmarks/results/kernel-quantized-matmul-2*.json benchmarks/results/quantized-decode-mosaic-int8-*.json \
+    "$OUT_DIR"/ 2>/dev/null
+elif [ "${PART}" = d ]; then
+  timeout 400 $PY benchmarks/kernels/quantized_matmul.py --variants bf16 int4_mosaic int4_mosaic_t512 \
+    int4_mosaic_xla --m 32 64 128 --check-m 64 --reps 3 --budget-s 370 --gpus 1 > "$OUT_DIR/kernel.log" 2>&1
   echo "kernel rc=$?" >> "$OUT_DIR/run.log"
   cp benchmarks/results/kernel-quantized-matmul-2*.json "$OUT_DIR"/ 2>/dev/null
 else

@@ -142,6 +142,20 @@ def test_mosaic_int4_backend_in_engine_matches_reference(g128_llama_dir, quantiz
     assert _greedy(mos, prompts, n=4) == _greedy(ref, prompts, n=4)
 
 
+def test_mosaic_int8_backend_in_engine_matches_reference(g128_llama_dir):
+    """quantized_matmul='mosaic-int8' (opt-in): int8 [out, in] weights through the loader and the engine (on the CPU
+    every bucket takes the kernel's XLA fallback on that layout); the same weights as the [in, out] reference path,
+    so prompt log-probs agree to float32 rounding and greedy tokens are identical."""
+    ref = jaxinfer.LLM(g128_llama_dir, quantization="int8", quantized_matmul="reference", **OPTS)
+    mos = jaxinfer.LLM(g128_llama_dir, quantization="int8", quantized_matmul="mosaic-int8", **OPTS)
+    down = mos.model.module().layers[0].mlp.down
+    assert down.backend == "mosaic-int8" and down.q[...].shape == (128, 256)   # [out, in]
+    prompt = _prompt()
+    np.testing.assert_allclose(_prompt_logprobs(mos, prompt), _prompt_logprobs(ref, prompt), atol=1e-3, rtol=0)
+    prompts = [_prompt(seed=s, n=10) for s in range(2)]
+    assert _greedy(mos, prompts, n=4) == _greedy(ref, prompts, n=4)
+
+
 def test_w8a8_backend_in_engine_is_close(tiny_llama_dir, float_llm):
     """quantized_matmul='w8a8' (int8 only): activations quantized per token too, so it is NOT the weight-only int8
     model: its prompt log-probs are bounded against the float model (the int8 row's bound of

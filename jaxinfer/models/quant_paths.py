@@ -19,6 +19,8 @@ Model backends (the `quantized_matmul` option after quant.resolve_backend) and t
                              [N, K/2] weights (K contiguous; same nibble order); the small-M kernel at M <= 16, XLA
                              dequantize + dot above (PATHS[('int4', 'triton-int4')])
                                                                                         int4 packed-nk
+  'mosaic-int8'              int8 only, opt-in (not measured yet): 'xla-nk''s int8 [N, K] weights and table, with the
+                             Mosaic GPU int8 kernel (mosaic_int8.py) at M <= 16 on a Hopper GPU  int8 [N, K]
   'mosaic-int4'              int4 group 128 only (the default on one Hopper GPU): signed int4 [N, K] weights (K
                              contiguous); the Mosaic GPU tensor-core kernel at M <= 16 on a Hopper GPU, XLA
                              dequantize + dot above (PATHS[('int4', 'mosaic-int4')])  int4 native-nk
@@ -37,6 +39,7 @@ from __future__ import annotations
 from pallas_kernels.quantized_matmul import kernel as qmm_kernel
 from pallas_kernels.quantized_matmul import kernel_nk as qmm_kernel_nk
 from pallas_kernels.quantized_matmul import mosaic_int4 as qmm_mosaic
+from pallas_kernels.quantized_matmul import mosaic_int8 as qmm_mosaic8
 from pallas_kernels.quantized_matmul import reference as qmm_ref
 from pallas_kernels.quantized_matmul import triton_small_m as qmm_triton
 from pallas_kernels.quantized_matmul import xla as qmm_xla
@@ -78,6 +81,10 @@ PATHS = {
     # o 11-13 vs 15.5 / 21.6), XLA's dequantize + dot above.
     # The kernel takes up to 128 tokens (mosaic_int4.MAX_M) but is measured only up to DECODE_MAX_M = 16.
     ("int4", "mosaic-int4"): ((qmm_mosaic.DECODE_MAX_M, "mosaic-int4-nk"), (ANY_M, "int4-dequant-nk")),
+    # int8 [N, K] ('mosaic-int8', opt-in, 2026-12-05): 'xla-nk' with the Mosaic GPU int8 kernel (mosaic_int8.py) in
+    # place of the Pallas-Triton one at M <= 16. Not measured yet: the engine A/B is int8 vs int8:mosaic-int8 in
+    # benchmarks/quantized_decode.py (benchmarks/gpu_followup_1205.sh PART=c).
+    ("int8", "mosaic-int8"): ((16, "mosaic-nk"), (ANY_M, "convert-nk")),
 }
 # Weights of at least this many elements take the 'large' table: 32M int8 weights are 32 MB, so past it a weight
 # no longer sits in the 50 MB L2 beside the activations (the 8B shapes: qkv 25M and o 17M below, down 59M,
@@ -101,7 +108,7 @@ GPU_INT4_DEFAULT_GROUPS = (128,)
 # Paths each weight layout can run (a table row naming another layout's path is an error, check_tables).
 LAYOUT_PATHS = {
     ("int8", "kn"): ("reference", "pallas", "pallas-interpret", "xla", "xla-mixed", "w8a8"),
-    ("int8", "nk"): ("reference-nk", "convert-nk", "mixed-nk", "w8a8-nk", "triton-nk", "pallas-nk"),
+    ("int8", "nk"): ("reference-nk", "convert-nk", "mixed-nk", "w8a8-nk", "triton-nk", "pallas-nk", "mosaic-nk"),
     ("int4", "packed"): ("reference", "pallas", "pallas-interpret", "xla"),
     ("int4", "native"): ("reference-native", "int4-dequant", "int4-grouped", "int4-grouped-mixed"),
     ("int4", "packed-nk"): ("reference-packed-nk", "xla-packed-nk", "triton-int4-nk", "pallas-int4-nk"),
@@ -109,7 +116,7 @@ LAYOUT_PATHS = {
 }
 # A small-M kernel path where its kernel cannot run (`kernel_runs`) becomes this one.
 KERNEL_FALLBACK = {"triton-nk": "convert-nk", "triton-int4-nk": "xla-packed-nk", "pallas-nk": "convert-nk",
-                   "pallas-int4-nk": "xla-packed-nk", "mosaic-int4-nk": "int4-dequant-nk"}
+                   "pallas-int4-nk": "xla-packed-nk", "mosaic-int4-nk": "int4-dequant-nk", "mosaic-nk": "convert-nk"}
 
 
 def kernel_runs(path: str, M: int, K: int | None, N: int | None, group_size: int | None = None) -> bool:
@@ -122,6 +129,8 @@ def kernel_runs(path: str, M: int, K: int | None, N: int | None, group_size: int
         return False
     if path == "mosaic-int4-nk":
         return qmm_mosaic.usable() and qmm_mosaic.supports(M, K, N, group_size)
+    if path == "mosaic-nk":
+        return qmm_mosaic8.usable() and qmm_mosaic8.supports(M, K, N)
     if path == "pallas-int4-nk":
         return qmm_kernel_nk.int4_supports(M, K, N, group_size, qmm_kernel_nk.int4_config_for(M, K, N, group_size))
     return qmm_kernel_nk.supports(K, N, qmm_kernel_nk.config_for(M, K, N))
@@ -133,7 +142,7 @@ def weight_layout_of(method: str, backend: str) -> str:
     if method == "int4":
         return {"xla-int4": "native", "triton-int4": "packed-nk", "mosaic-int4": "native-nk"}.get(backend, "packed")
     if method == "int8":
-        return "nk" if backend == "xla-nk" else "kn"
+        return "nk" if backend in ("xla-nk", "mosaic-int8") else "kn"
     return "nk"
 
 
@@ -147,6 +156,8 @@ def path_for(method: str, backend: str, M: int, K: int | None = None, N: int | N
         return "reference" if backend == "reference" else "xla"
     if backend in ("xla-int4", "triton-int4", "mosaic-int4"):
         path = _lookup(PATHS[("int4", backend)], M)
+    elif backend == "mosaic-int8":
+        path = _lookup(PATHS[("int8", "mosaic-int8")], M)
     elif backend == "xla-nk":
         large = K is not None and N is not None and K * N >= LARGE_WEIGHT
         path = _lookup(PATHS[("int8", "xla-nk", "large") if large else ("int8", "xla-nk")], M)
@@ -201,6 +212,8 @@ def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, 
             return qmm_triton.int8_matmul_nk(x, q, scale, out_dtype=out_dtype)
         if path == "pallas-nk":
             return qmm_kernel_nk.int8_matmul_nk(x, q, scale, out_dtype=out_dtype)
+        if path == "mosaic-nk":
+            return qmm_mosaic8.int8_matmul_mosaic(x, q, scale, out_dtype=out_dtype)
         if path in ("convert-nk", "mixed-nk", "w8a8-nk"):
             fn = {"convert-nk": qmm_fused.int8_convert_xla, "mixed-nk": qmm_fused.int8_mixed_xla,
                   "w8a8-nk": qmm_fused.int8_w8a8_xla}[path]

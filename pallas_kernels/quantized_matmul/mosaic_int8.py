@@ -19,7 +19,8 @@ applied once, outside the kernel (with the split sum, by XLA):
 Status (2026-12-05): traces and lowers for CUDA (tests/kernels/test_mosaic_int8.py on the CPU, with the wrapper's
 algebra against the float32 reference through a jnp stand-in of the kernel); its numbers on the GPU
 (tests/kernels/test_mosaic_int8_gpu.py) and its speed (benchmarks/kernels/quantized_matmul.py variant
-'int8_mosaic_nk', benchmarks/gpu_followup_1205.sh PART=c) are not measured yet, so no engine path uses it.
+'int8_mosaic_nk', benchmarks/gpu_followup_1205.sh PART=c) are not measured yet, so only the opt-in backend
+quantized_matmul='mosaic-int8' runs it (models/quant_paths.py).
 """
 from __future__ import annotations
 

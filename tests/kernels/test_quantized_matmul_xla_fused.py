@@ -324,3 +324,21 @@ def test_gpu_defaults_resolve_to_measured_backends():
         i4g = parse_quantization(f"int4-g{g}")
         assert resolve_backend(i4g, "gpu", hopper=True) == "auto" and weight_layout(i4g, "gpu") == "packed"
         assert quant_paths.path_for("int4", "auto", 16, 4096, 4096, g) == "pallas"
+
+
+def test_mosaic_int8_paths(monkeypatch):
+    """'mosaic-int8' (opt-in): 'xla-nk''s [N, K] int8 weights with the Mosaic int8 kernel at M <= 16 where it runs
+    (a Hopper GPU: simulated here), XLA's convert + dot above and wherever the kernel cannot run."""
+    from pallas_kernels.quantized_matmul import mosaic_int8, triton_small_m
+
+    assert quant_paths.path_for("int8", "mosaic-int8", 1, 4096, 4096) == "convert-nk"   # CPU
+    monkeypatch.setattr(triton_small_m, "kernels_enabled", lambda: True)
+    monkeypatch.setattr(mosaic_int8, "usable", lambda: True)
+    assert quant_paths.path_for("int8", "mosaic-int8", 1, 4096, 4096) == "mosaic-nk"
+    assert quant_paths.path_for("int8", "mosaic-int8", 16, 14336, 4096) == "mosaic-nk"
+    assert quant_paths.path_for("int8", "mosaic-int8", 32, 4096, 4096) == "convert-nk"
+    assert quant_paths.path_for("int8", "mosaic-int8", 1, 4096, 4100) == "convert-nk"      # N not whole tiles
+    assert quant_paths.path_for("int8", "mosaic-int8", 1, 4096, 4096, kernels=False) == "convert-nk"
+    assert quant_paths.weight_layout_of("int8", "mosaic-int8") == "nk"
+    with pytest.raises(QuantizationError, match="for int8 models only"):
+        parse_quantization("int4", backend="mosaic-int8")
