@@ -42,8 +42,8 @@ TILE_N = 64          # weight rows a CTA (one warpgroup: wgmma's M)
 MAX_M = 128          # token rows the kernel takes (wgmma's N: 8, 16, 32, 64 or 128; a [64, Mp] f32 accumulator
                      # and the group's partial product of the same size stay in registers up to 128)
 DECODE_MAX_M = 16    # what the engine runs it for (models/quant_paths.PATHS): the only sizes measured so far.
-                     # 17..128 lowers for CUDA (tests/kernels/test_mosaic_int4.py) and is GPU-tested
-                     # (test_mosaic_int4_gpu.py), but is not measured against XLA's dequantize + dot
+                     # 17..128 lowers for CUDA (tests/kernels/test_mosaic_int4.py) and has GPU tests
+                     # (test_mosaic_int4_gpu.py, not yet run); not measured against XLA's dequantize + dot
 XS_MIN_WIDTH = 32    # xs rows padded to >= 128 bytes (the pipeline copies whole multiples of the warpgroup size)
 TARGET_CTAS = 1024   # split K until the grid has about this many CTAs (~8 resident per SM on 132 SMs)
 # ... but half that for long K (>= LONG_K_GROUPS groups): each CTA then streams twice as many groups. The 8B down

@@ -11,7 +11,7 @@ int8 -> bf16 in registers, the tokens as the small N of the MMA. Per-channel sca
 no per-group epilogue, the products of a CTA's whole K range accumulate in one wgmma accumulator, and the scale is
 applied once, outside the kernel (with the split sum, by XLA):
 
-  the problem, transposed:  part[s] [N, Mp] = q [N, K_s] @ x^T [K_s, Mp]   (wgmma m64 nMp k32, Mp = 8 .. 128)
+  the problem, transposed:  part[s] [N, Mp] = q [N, K_s] @ x^T [K_s, Mp]   (wgmma m64 nMp k16, Mp = 8 .. 128)
   grid = (N / 64, split):   CTA (n, s) = one warpgroup streaming weight rows [64 n, 64 n + 64) over its K range in
                             TILE_K = 128 steps through a TMA pipeline (int8 tile [64, 128] = 8 KB a stage)
   y = (sum_s part[s])^T * scale                                               (XLA: deterministic split sum)
@@ -24,25 +24,16 @@ quantized_matmul='mosaic-int8' runs it (models/quant_paths.py).
 """
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-# the int4 kernel's tile, padding, split rule and part[split, N, Mp] output (usable: re-exported)
-from pallas_kernels.quantized_matmul.mosaic_int4 import (TILE_N, _modules, k_split, padded_m,  # noqa: F401
-                                                         split_kernel, store_part, usable)
+# the int4 kernel's tile, token limit, padding, config (split: K splits of whole TILE_K steps), split rule and
+# part[split, N, Mp] output (usable: re-exported)
+from pallas_kernels.quantized_matmul.mosaic_int4 import (MAX_M, TARGET_CTAS, TILE_N, Config, _modules,  # noqa: F401
+                                                         k_split, padded_m, split_kernel, store_part, usable)
 
 TILE_K = 128         # K elements a pipeline step (128 bytes of int8 a row: one 128-byte swizzle)
-MAX_M = 128          # token rows (wgmma's N: 8 .. 128; the [64, Mp] f32 accumulator stays in registers)
-TARGET_CTAS = 1024   # split K until the grid has about this many CTAs (as mosaic_int4's default)
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-    split: int       # K splits (each a whole number of TILE_K steps)
-    stages: int      # pipeline depth (max_concurrent_steps)
 
 
 def default_config(M: int, K: int, N: int, target_ctas: int = TARGET_CTAS, max_stages: int = 4) -> Config:
