@@ -19,10 +19,11 @@ Model backends (the `quantized_matmul` option after quant.resolve_backend) and t
                              [N, K/2] weights (K contiguous; same nibble order); the small-M kernel at M <= 16, XLA
                              dequantize + dot above (PATHS[('int4', 'triton-int4')])
                                                                                         int4 packed-nk
-  'mosaic-int8'              int8 only, opt-in (not measured yet): 'xla-nk''s int8 [N, K] weights and table, with the
-                             Mosaic GPU int8 kernel (mosaic_int8.py) at M <= 16 on a Hopper GPU  int8 [N, K]
+  'mosaic-int8'              int8 only, opt-in (measured slower than 'xla-nk'): 'xla-nk''s int8 [N, K] weights
+                             and table, the Mosaic GPU int8 kernel (mosaic_int8.py) at M <= 16 on Hopper
+                                                                                        int8 [N, K]
   'mosaic-int4'              int4 group 128 only (the default on one Hopper GPU): signed int4 [N, K] weights (K
-                             contiguous); the Mosaic GPU tensor-core kernel at M <= 16 on a Hopper GPU, XLA
+                             contiguous); the Mosaic GPU tensor-core kernel at M <= 128 on a Hopper GPU, XLA
                              dequantize + dot above (PATHS[('int4', 'mosaic-int4')])  int4 native-nk
   'auto'                     resolves to GPU_DEFAULT[method] on GPU (int8: 'xla-nk', int4-g128: 'triton-int4'; on
                              one Hopper GPU int4-g128: HOPPER_INT4_DEFAULT, 'mosaic-int4');
@@ -75,15 +76,21 @@ PATHS = {
     # for 'auto' (results/quantized-decode-jax-triton-76be10a-2026-12-03.json); the Pallas port ('pallas-int4-nk')
     # at 255.9 against 198.7 (results/quantized-decode-pallas-nk-e29a522-2026-12-03.log).
     ("int4", "triton-int4"): ((16, "pallas-int4-nk"), (ANY_M, "xla-packed-nk")),
-    # int4 on signed int4 [N, K] weights ('mosaic-int4'): the Mosaic GPU tensor-core kernel at M <= 16 (per op on
-    # the H200 at M = 1, results/kernel-quantized-matmul-mosaic-int4-22841b2-2026-12-04.json: gate_up 36.7 us vs
-    # 54.8 for 'pallas-int4-nk' and 76.1 for the bf16 dot, down 21-31 vs 35.9 / 39.9, qkv 14.5 vs 20.2 / 22.5,
-    # o 11-13 vs 15.5 / 21.6), XLA's dequantize + dot above.
-    # The kernel takes up to 128 tokens (mosaic_int4.MAX_M) but is measured only up to DECODE_MAX_M = 16.
-    ("int4", "mosaic-int4"): ((qmm_mosaic.DECODE_MAX_M, "mosaic-int4-nk"), (ANY_M, "int4-dequant-nk")),
-    # int8 [N, K] ('mosaic-int8', opt-in, 2026-12-05): 'xla-nk' with the Mosaic GPU int8 kernel (mosaic_int8.py) in
-    # place of the Pallas-Triton one at M <= 16. Not measured yet: the engine A/B is int8 vs int8:mosaic-int8 in
-    # benchmarks/quantized_decode.py (benchmarks/gpu_followup_1205.sh PART=c).
+    # int4 on signed int4 [N, K] weights ('mosaic-int4'): the Mosaic GPU tensor-core kernel up to its MAX_M = 128
+    # tokens, XLA's dequantize + dot above. M = 1 (H200, results/kernel-quantized-matmul-mosaic-int4-22841b2-
+    # 2026-12-04.json): gate_up 36.7 us vs 54.8 for 'pallas-int4-nk' and 76.1 for the bf16 dot, down 21-31 vs
+    # 35.9 / 39.9, qkv 14.5 vs 20.2 / 22.5, o 11-13 vs 15.5 / 21.6. M = 32 / 64 / 128 (H100, results/kernel-quantized-
+    # matmul-int4-large-m-29a3906-2026-12-05.json, us a call, kernel / XLA dequantize + dot / bf16 dot): gate_up
+    # 43.6 / 123.8 / 96.8, 61.7 / 143.9 / 89.9, 130.7 / 208.4 / 103.7; down 25.5 / 70.3 / 48.3, 32.0 / 80.4 / 55.6,
+    # 60.9 / 110.0 / 55.4; qkv 15.9 / 31.9 / 25.7, 27.8 / 36.4 / 27.5, 48.0 / 50.5 / 31.0; o 15.8 / 22.8 / 19.0,
+    # 19.1 / 26.1 / 20.2, 31.9 / 34.2 / 22.9; lm_head 155 / 1006 / 370, 216 / 1025 / 376, 412 / 1050 / 380. The
+    # kernel beats the XLA path on every shape at every M measured (1.05-6.5x); at M = 128 it is 0.65-0.92x the bf16
+    # dot, which the int4 model does not have.
+    ("int4", "mosaic-int4"): ((qmm_mosaic.MAX_M, "mosaic-int4-nk"), (ANY_M, "int4-dequant-nk")),
+    # int8 [N, K] ('mosaic-int8', opt-in): 'xla-nk' with the Mosaic GPU int8 kernel (mosaic_int8.py) in place of the
+    # Pallas-Triton one at M <= 16. Measured and not adopted (H100, 29a3906, results/quantized-decode-mosaic-int8-
+    # 2026-12-05.json): batch 1 225.8 tok/s against 250.7 for 'xla-nk', batch 16 3,093 against 3,817; per op at
+    # M = 1 / 16 it ties or trails 'pallas-nk' (gate_up 57.7 vs 57.5 us, down 31.4 vs 30.1, lm_head 216 vs 204).
     ("int8", "mosaic-int8"): ((16, "mosaic-nk"), (ANY_M, "convert-nk")),
 }
 # Weights of at least this many elements take the 'large' table: 32M int8 weights are 32 MB, so past it a weight

@@ -1,6 +1,6 @@
 """int4 weight-only matmul at decode sizes on Hopper tensor cores (Pallas Mosaic GPU): y = x @ dequantize(q).T.
 
-Shapes: x [M, K] bf16 (M <= MAX_M = 128 tokens; the engine uses it for M <= 16), q int4 [N, K] (signed, K
+Shapes: x [M, K] bf16 (M <= MAX_M = 128 tokens, the engine's buckets up to 128), q int4 [N, K] (signed, K
 contiguous: the 'native-nk' layout of reference.py, XLA packing two values a byte), scale [K/g, N], offset [K/g, N]
 or None (symmetric), g = 128; W[n, k] = q[n, k] * scale[k // g, n] (+ offset[k // g, n]); y [M, N], f32 accumulation.
 
@@ -41,9 +41,6 @@ GROUP = 128          # the group size the kernel takes (tile_k = one group a pip
 TILE_N = 64          # weight rows a CTA (one warpgroup: wgmma's M)
 MAX_M = 128          # token rows the kernel takes (wgmma's N: 8, 16, 32, 64 or 128; a [64, Mp] f32 accumulator
                      # and the group's partial product of the same size stay in registers up to 128)
-DECODE_MAX_M = 16    # what the engine runs it for (models/quant_paths.PATHS): the only sizes measured so far.
-                     # 17..128 lowers for CUDA (tests/kernels/test_mosaic_int4.py) and has GPU tests
-                     # (test_mosaic_int4_gpu.py, not yet run); not measured against XLA's dequantize + dot
 XS_MIN_WIDTH = 32    # xs rows padded to >= 128 bytes (the pipeline copies whole multiples of the warpgroup size)
 TARGET_CTAS = 1024   # split K until the grid has about this many CTAs (~8 resident per SM on 132 SMs)
 # ... but half that for long K (>= LONG_K_GROUPS groups): each CTA then streams twice as many groups. The 8B down
