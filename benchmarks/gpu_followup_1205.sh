@@ -13,6 +13,8 @@
 #   PART=d  the Mosaic int4 kernel at M = 32 / 64 / 128 (it takes up to 128 tokens since 12-05; the engine runs it
 #           at M <= 16 only) beside XLA's dequantize + dot on the same layout (the engine's path there) and the bf16
 #           dot: if it wins, models/quant_paths.PATHS[('int4', 'mosaic-int4')] can run it up to that M
+#   PART=e  after PART=d moved every int4 bucket up to 128 tokens onto the Mosaic kernel: its GPU tests at M > 16 and
+#           the engine's int4 against bf16 at batch 1 / 16 / 64 and offline, in one process
 #   JAXINFER_COMMIT=<sha> PART=a bash benchmarks/gpu_followup_1205.sh      # logs + JSONs into $OUT
 set -u
 cd "$(dirname "$0")/.."
@@ -40,6 +42,14 @@ elif [ "${PART}" = c ]; then
   echo "int8 engine A/B rc=$?" >> "$OUT_DIR/run.log"
   cp benchmarks/results/kernel-quantized-matmul-2*.json benchmarks/results/quantized-decode-mosaic-int8-*.json \
     "$OUT_DIR"/ 2>/dev/null
+elif [ "${PART}" = e ]; then
+  timeout 130 $PY benchmarks/gpu_tests.py tests/kernels/test_mosaic_int4_gpu.py -q -k \
+    "32 or 77 or 128 or default" > "$OUT_DIR/tests4.log" 2>&1
+  echo "int4 kernel tests rc=$?" >> "$OUT_DIR/run.log"
+  timeout 400 $PY benchmarks/quantized_decode.py --methods int4 bf16 --decode-batches 1 16 64 --throughput-methods \
+    int4 bf16 --no-kv-capacity --budget-s 380 --tag int4-m128 > "$OUT_DIR/decode4.log" 2>&1
+  echo "int4 engine rc=$?" >> "$OUT_DIR/run.log"
+  cp benchmarks/results/gpu-tests-2*.json benchmarks/results/quantized-decode-int4-m128-*.json "$OUT_DIR"/ 2>/dev/null
 elif [ "${PART}" = d ]; then
   timeout 400 $PY benchmarks/kernels/quantized_matmul.py --variants bf16 int4_mosaic int4_mosaic_t512 \
     int4_mosaic_xla --m 32 64 128 --check-m 64 --reps 3 --budget-s 370 --gpus 1 > "$OUT_DIR/kernel.log" 2>&1
