@@ -57,8 +57,6 @@ from typing import Iterator
 import ml_dtypes
 import numpy as np
 
-from jaxinfer.weights.gguf_reader import (gguf_architecture, gguf_field, reverse_rope_permute, rope_permuted_heads,
-                                         to_hf_name)
 from jaxinfer.weights.quant_tensor import FP8_E4M3, QuantizedTensor
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)      # nibble i of a packed int32 holds output column 8c + AWQ_ORDER[i]
@@ -353,6 +351,8 @@ def gguf_linear_quantized(t, arch: str, n_head: int, n_kv: int) -> QuantizedTens
     """One gguf ReaderTensor of a linear weight ([out, in] blocks) -> QuantizedTensor [in, out] with llama.cpp's
     RoPE row permutation of attn_q / attn_k (gguf_reader.rope_permuted_heads) undone on its output columns, or None
     when its type is not representable."""
+    from jaxinfer.weights.gguf_reader import reverse_rope_permute, rope_permuted_heads  # (imports gguf: lazily)
+
     n_in, n_out = int(t.shape[0]), int(t.shape[1])  # GGUF ne: fastest dimension first
     qt = gguf_to_quantized(t.tensor_type.name, t.data, n_out, n_in)
     heads = rope_permuted_heads(t.name, arch, n_head, n_kv)
@@ -370,6 +370,7 @@ def iter_gguf_quantized(path, only=None) -> Iterator[tuple[str, QuantizedTensor]
     only: optional predicate on the HF name (read just those tensors)."""
     from gguf import GGUFReader
 
+    from jaxinfer.weights.gguf_reader import gguf_architecture, gguf_field, to_hf_name
 
     reader = GGUFReader(path)
     arch = gguf_architecture(reader)
