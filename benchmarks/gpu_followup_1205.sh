@@ -15,6 +15,8 @@
 #           dot: if it wins, models/quant_paths.PATHS[('int4', 'mosaic-int4')] can run it up to that M
 #   PART=e  after PART=d moved every int4 bucket up to 128 tokens onto the Mosaic kernel: its GPU tests at M > 16 and
 #           the engine's int4 against bf16 at batch 1 / 16 / 64 and offline, in one process
+#   PART=f  the int4 Mosaic kernel's K-split target at M = 32 / 64 / 128 (each split writes [N, Mp] f32 partials: at
+#           M = 128 as many bytes as the int4 weight for gate_up): targets 1024 (default) / 512 / 256 / 128
 #   JAXINFER_COMMIT=<sha> PART=a bash benchmarks/gpu_followup_1205.sh      # logs + JSONs into $OUT
 set -u
 cd "$(dirname "$0")/.."
@@ -50,6 +52,12 @@ elif [ "${PART}" = e ]; then
     int4 bf16 --no-kv-capacity --budget-s 380 --tag int4-m128 > "$OUT_DIR/decode4.log" 2>&1
   echo "int4 engine rc=$?" >> "$OUT_DIR/run.log"
   cp benchmarks/results/gpu-tests-2*.json benchmarks/results/quantized-decode-int4-m128-*.json "$OUT_DIR"/ 2>/dev/null
+elif [ "${PART}" = f ]; then
+  timeout 300 $PY benchmarks/kernels/quantized_matmul.py --variants bf16 int4_mosaic int4_mosaic_t512 \
+    int4_mosaic_t256 int4_mosaic_t128 --m 32 64 128 --check-m 128 --reps 3 --budget-s 280 --gpus 1 \
+    > "$OUT_DIR/kernel-split.log" 2>&1
+  echo "kernel rc=$?" >> "$OUT_DIR/run.log"
+  cp benchmarks/results/kernel-quantized-matmul-2*.json "$OUT_DIR"/ 2>/dev/null
 elif [ "${PART}" = d ]; then
   timeout 400 $PY benchmarks/kernels/quantized_matmul.py --variants bf16 int4_mosaic int4_mosaic_t512 \
     int4_mosaic_xla --m 32 64 128 --check-m 64 --reps 3 --budget-s 370 --gpus 1 > "$OUT_DIR/kernel.log" 2>&1

@@ -158,6 +158,8 @@ def variants(interpret: bool):
         "int4_mosaic": mosaic(),
         "int4_mosaic_t512": mosaic(512),
         "int4_mosaic_t2048": mosaic(2048),
+        "int4_mosaic_t256": mosaic(256),     # fewer K splits at M = 32..128 (each split writes [N, Mp] f32 partials)
+        "int4_mosaic_t128": mosaic(128),
         "int4_mosaic_st2": mosaic(stages=2),
         "int4_mosaic_st8": mosaic(stages=8),
         # the engine's 'mosaic-int4' path above the kernel's M (XLA's dequantize + dot on the same leaves)
