@@ -50,6 +50,13 @@ TARGET_CTAS = 1024   # split K until the grid has about this many CTAs (~8 resid
 # results/kernel-quantized-matmul-mosaic-int4-22841b2-2026-12-04.json, variants int4_mosaic / int4_mosaic_t512).
 LONG_K_GROUPS = 64
 LONG_K_TARGET_CTAS = 512
+# ... and 256 from Mp = 64 tokens on, whatever K: each K split writes a [64, Mp] f32 partial per CTA (XLA sums them
+# afterwards), at Mp = 128 as many bytes as the int4 weight it streamed for gate_up's 4 splits. Per layer (gate_up +
+# down + qkv + o, H100, 271eefc, results/kernel-quantized-matmul-int4-split-271eefc-2026-12-05.json, us a call):
+# M = 64: 144.2 with the targets above, 127.4 with 512, 117.1 with 256, 125.3 with 128 (the bf16 dot 192.3);
+# M = 128: 260.4 / 234.8 / 214.4 / 213.9 (bf16 201.5); M = 32: 99.5 / 98.8 / 103.5 / 124.4 (bf16 180.0).
+LARGE_M_PADDED = 64
+LARGE_M_TARGET_CTAS = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,11 +81,15 @@ def xs_width(mp: int) -> int:
 def default_config(M: int, K: int, N: int, group_size: int = GROUP, target_ctas: int | None = None,
                    max_stages: int = 4) -> Config:
     """The smallest split of K (a divisor of the group count, >= 2 groups a split) giving >= target_ctas CTAs
-    (else the largest such split), and a pipeline of up to max_stages groups. target_ctas None: TARGET_CTAS, or
-    LONG_K_TARGET_CTAS for K of LONG_K_GROUPS groups or more."""
+    (else the largest such split), and a pipeline of up to max_stages groups. target_ctas None: LARGE_M_TARGET_CTAS
+    from LARGE_M_PADDED padded tokens on, else TARGET_CTAS, or LONG_K_TARGET_CTAS for K of LONG_K_GROUPS groups or
+    more."""
     groups = K // group_size
     if target_ctas is None:
-        target_ctas = LONG_K_TARGET_CTAS if groups >= LONG_K_GROUPS else TARGET_CTAS
+        if padded_m(M) >= LARGE_M_PADDED:
+            target_ctas = LARGE_M_TARGET_CTAS
+        else:
+            target_ctas = LONG_K_TARGET_CTAS if groups >= LONG_K_GROUPS else TARGET_CTAS
     split = k_split(groups, N // TILE_N, target_ctas)
     return Config(split=split, stages=max(1, min(max_stages, groups // split)))
 

@@ -52,6 +52,10 @@ def test_config_arithmetic():
     assert MI.default_config(1, 14336, 4096, target_ctas=MI.TARGET_CTAS) == MI.Config(split=16, stages=4)
     assert MI.default_config(1, 4096, 4096) == MI.Config(split=16, stages=2)   # 32 groups: unchanged
     assert MI.default_config(1, 256, 64).split == 1                   # 2 groups: no split leaves 2 a split
+    # from 64 padded tokens on, fewer splits (each writes a [64, Mp] f32 partial): gate_up 4 -> 1, down 8 -> 4
+    assert MI.default_config(32, 4096, 28672) == MI.default_config(1, 4096, 28672)   # (33 pads to 64)
+    assert MI.default_config(64, 4096, 28672).split == 1 and MI.default_config(128, 14336, 4096).split == 4
+    assert MI.default_config(40, 4096, 6144) == MI.Config(split=4, stages=4)
     assert MI.supports(1, 4096, 6144, 128) and MI.supports(16, 14336, 4096, 128)
     assert MI.supports(128, 4096, 6144, 128) and not MI.supports(129, 4096, 6144, 128)
     assert not MI.supports(1, 4096, 6144, 64)
