@@ -75,6 +75,9 @@ class KVCacheManager:
         self._evictable: OrderedDict[int, None] = OrderedDict()  # ref-0 pages with a hash: LRU (front = oldest)
         self._ref = [0] * num_pages                            # owners per page; page 0 stays 0 forever
         self._pages: dict[str, list[int]] = {}                 # request_id -> page table (in token order)
+        # The same dict, read (never written) by Scheduler.schedule's per-request hot path: whether a request's
+        # pages already cover its next tokens, and the copy of its page table, without two method calls.
+        self.page_lists = self._pages
         self._page_hash: list[PageHash | None] = [None] * num_pages
         self._cached: dict[PageHash, int] = {}                 # hash -> page holding that prefix's KV
         self._num_hashed: dict[str, int] = {}                  # request_id -> leading pages already registered

@@ -188,19 +188,69 @@ class Scheduler:
         scheduled: list[ScheduledSeq] = []
         preempted: list[str] = []
 
-        # 1. running requests first, in start order.
+        # 1. running requests first, in start order. The common case (a decode or prefill chunk whose pages are
+        # already held, no drafts) is inlined: this loop runs for every running request every step (_chunk,
+        # _reached_length, _allocate_or_preempt and _make_seq are its general form, and must agree with it).
+        running = self.running
+        page_lists = self.kv.page_lists
+        page_size = self.kv.page_size
+        max_len = self.max_model_len
+        lpt = self.long_prefill_token_threshold
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            n = self._chunk(req, budget)
+        while i < len(running) and budget > 0:
+            req = running[i]
+            pending = req.num_pending_tokens
+            num_outputs = len(req.output_token_ids)
+            num_prompt = len(req.prompt_token_ids)
+            if pending:  # _reached_length: the token in flight is its last one -> nothing more to compute
+                outputs = num_outputs + pending
+                mt = req.max_tokens
+                if (mt is not None and outputs >= mt) or num_prompt + outputs >= max_len:
+                    i += 1
+                    continue
+            start = req.num_computed_tokens
+            num_tokens = num_prompt + num_outputs
+            n = num_tokens + pending - start
+            if n > budget:
+                n = budget
+            if lpt is not None and n > lpt:
+                n = lpt
             if n <= 0:  # nothing to compute (only if update() was not given its sampled token)
                 i += 1
                 continue
-            spec = self._drafts(req, n, budget) if req.spec_token_ids else ()
-            n += len(spec)
-            if not self._allocate_or_preempt(req, n, preempted):
-                break  # req was the last running request and preempted itself
-            scheduled.append(self._make_seq(req, n, spec))
+            if req.spec_token_ids:
+                spec = self._drafts(req, n, budget)
+                if spec:
+                    n += len(spec)
+                    if not self._allocate_or_preempt(req, n, preempted):
+                        break  # req was the last running request and preempted itself
+                    scheduled.append(self._make_seq(req, n, spec))
+                    budget -= n
+                    i += 1
+                    continue
+            rid = req.request_id
+            pages = page_lists.get(rid)
+            if pages is None or start + n > len(pages) * page_size:
+                if not self._allocate_or_preempt(req, n, preempted):
+                    break
+                pages = page_lists[rid]
+            # _make_seq without drafts
+            end = start + n
+            sample = end == num_tokens + pending
+            if end <= num_tokens:
+                token_ids = req.token_slice(start, end)
+                placeholders = 0
+            elif start >= num_tokens:  # a pipelined decode: its token(s) are still being sampled
+                placeholders = end - start
+                token_ids = [-1] * placeholders
+            else:
+                placeholders = end - num_tokens
+                token_ids = req.token_slice(start, num_tokens) + [-1] * placeholders
+            scheduled.append(ScheduledSeq(rid, token_ids, start, list(pages), sample, n > 1 or start == 0,
+                                          placeholders, num_outputs + pending, 0, req))
+            req.num_computed_tokens = end
+            if sample:
+                req.num_pending_tokens = pending + 1
             budget -= n
             i += 1
 
