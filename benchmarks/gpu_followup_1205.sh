@@ -17,6 +17,8 @@
 #           the engine's int4 against bf16 at batch 1 / 16 / 64 and offline, in one process
 #   PART=f  the int4 Mosaic kernel's K-split target at M = 32 / 64 / 128 (each split writes [N, Mp] f32 partials: at
 #           M = 128 as many bytes as the int4 weight for gate_up): targets 1024 (default) / 512 / 256 / 128
+#   PART=g  the engine-thread host time at batch 256 on the 8B after Scheduler.schedule's inlined common case, and
+#           int4 (K split for ~256 CTAs from 64 tokens on) against bf16 at batch 64 and offline
 #   JAXINFER_COMMIT=<sha> PART=a bash benchmarks/gpu_followup_1205.sh      # logs + JSONs into $OUT
 set -u
 cd "$(dirname "$0")/.."
@@ -58,6 +60,15 @@ elif [ "${PART}" = f ]; then
     > "$OUT_DIR/kernel-split.log" 2>&1
   echo "kernel rc=$?" >> "$OUT_DIR/run.log"
   cp benchmarks/results/kernel-quantized-matmul-2*.json "$OUT_DIR"/ 2>/dev/null
+elif [ "${PART}" = g ]; then
+  timeout 200 $PY benchmarks/probes/host_step_cost.py --model llama3-8b --no-tokenizer --batch 256 --steps 40 \
+    --tag 8b-inlined-schedule > "$OUT_DIR/host.log" 2>&1
+  echo "host rc=$?" >> "$OUT_DIR/run.log"
+  timeout 300 $PY benchmarks/quantized_decode.py --methods int4 bf16 --decode-batches 64 --throughput-methods \
+    int4 bf16 --no-kv-capacity --budget-s 280 --tag int4-split256 > "$OUT_DIR/decode4.log" 2>&1
+  echo "int4 engine rc=$?" >> "$OUT_DIR/run.log"
+  cp benchmarks/results/host-step-cost-*8b-inlined*.json benchmarks/results/quantized-decode-int4-split256-*.json \
+    "$OUT_DIR"/ 2>/dev/null
 elif [ "${PART}" = d ]; then
   timeout 400 $PY benchmarks/kernels/quantized_matmul.py --variants bf16 int4_mosaic int4_mosaic_t512 \
     int4_mosaic_xla --m 32 64 128 --check-m 64 --reps 3 --budget-s 370 --gpus 1 > "$OUT_DIR/kernel.log" 2>&1
