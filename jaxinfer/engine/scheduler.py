@@ -421,13 +421,23 @@ class Scheduler:
 
         finished: list[Request] = []
         self._update_finished = {}
+        eos, max_len = self.eos_token_ids, self.max_model_len
         for seq, req in live:
             if not seq.sample:
                 continue
             req.num_pending_tokens -= 1
+            outputs = req.output_token_ids
+            # a token can end the request only if it is a stop / eos id or reaches a length limit; only then is
+            # _check_stop (which says how) called: most tokens of most requests pass these cheap tests
+            limit = max_len - len(req.prompt_token_ids)
+            mt = req.max_tokens
+            if mt is not None and mt < limit:
+                limit = mt
             for tok in sampled[seq.request_id]:
                 tok = int(tok)
-                req.output_token_ids.append(tok)
+                outputs.append(tok)
+                if len(outputs) < limit and tok not in req.stop_token_ids and (req.ignore_eos or tok not in eos):
+                    continue
                 stop = self._check_stop(req, tok)
                 if stop is not None:
                     self._finish(req, *stop)
