@@ -84,8 +84,8 @@ PATHS = {
     # 43.6 / 123.8 / 96.8, 61.7 / 143.9 / 89.9, 130.7 / 208.4 / 103.7; down 25.5 / 70.3 / 48.3, 32.0 / 80.4 / 55.6,
     # 60.9 / 110.0 / 55.4; qkv 15.9 / 31.9 / 25.7, 27.8 / 36.4 / 27.5, 48.0 / 50.5 / 31.0; o 15.8 / 22.8 / 19.0,
     # 19.1 / 26.1 / 20.2, 31.9 / 34.2 / 22.9; lm_head 155 / 1006 / 370, 216 / 1025 / 376, 412 / 1050 / 380. The
-    # kernel beats the XLA path on every shape at every M measured (1.05-6.5x); at M = 128 it is 0.65-0.92x the bf16
-    # dot, which the int4 model does not have.
+    # kernel beats the XLA path on every shape at every M measured (1.05-6.5x); at M = 128 it was 0.65-0.92x the bf16
+    # dot (which the int4 model does not have), 0.86-1.07x with the large-M split (mosaic_int4.LARGE_M_TARGET_CTAS).
     ("int4", "mosaic-int4"): ((qmm_mosaic.MAX_M, "mosaic-int4-nk"), (ANY_M, "int4-dequant-nk")),
     # int8 [N, K] ('mosaic-int8', opt-in): 'xla-nk' with the Mosaic GPU int8 kernel (mosaic_int8.py) in place of the
     # Pallas-Triton one at M <= 16. Measured and not adopted (H100, 29a3906, results/quantized-decode-mosaic-int8-
