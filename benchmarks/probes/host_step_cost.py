@@ -23,7 +23,8 @@ engine/gc_freeze.startup_objects_frozen(), as LLM.generate does (no-op on commit
   offline      stream=False, no tokenizer (LLM.generate / throughput.py on dummy weights)
   stream       stream=True, no tokenizer (benchmarks/latency.py)
   offline+tok  stream=False with the SmolLM2 tokenizer (LLM.generate of a real model)
-  stream+tok   stream=True with the tokenizer (the server)
+  stream+tok   stream=True with the tokenizer, cumulative outputs (each step reports the whole text so far)
+  delta+tok    stream=True with the tokenizer, output_kind DELTA (what the OpenAI server asks: only what is new)
 Requests decode with greedy sampling and ignore_eos.
 
   PYTHONPATH=$PWD python benchmarks/probes/host_step_cost.py [--batch 1 64 256] [--steps 40] [--no-tokenizer]
@@ -134,10 +135,12 @@ def split(t: dict) -> dict:
                 wait_cpu=t["wait_cpu"])
 
 
-def run(llm, batch: int, steps: int, prompt_len: int, stream: bool, instrumented: bool, tag: str) -> dict:
+def run(llm, batch: int, steps: int, prompt_len: int, stream: bool, instrumented: bool, tag: str,
+        kind: str = "CUMULATIVE") -> dict:
     """Admit `batch` requests, step until all decode, then time `steps` pure decode steps."""
     eng = llm.engine
-    sp = SamplingParams(max_tokens=steps + 64, temperature=0.0, ignore_eos=True)  # + admission / chunked prefill
+    sp = SamplingParams(max_tokens=steps + 64, temperature=0.0, ignore_eos=True,  # + admission / chunked prefill
+                        output_kind=kind)
     for i in range(batch):
         eng.add_request(f"{tag}-{batch}-{i}", [(7 * i + j) % 500 + 3 for j in range(prompt_len)], sp, stream=stream)
     with startup_objects_frozen():  # as LLM.generate does
@@ -205,7 +208,7 @@ def main():
         from jaxinfer.weights.default_model import default_model_path
 
         tok_llm = LLM(config=config, tokenizer=default_model_path(), progress=False)
-        llms["offline+tok"] = llms["stream+tok"] = tok_llm
+        llms["offline+tok"] = llms["stream+tok"] = llms["delta+tok"] = tok_llm
     for llm in set(llms.values()):  # no background compile beside the timed steps
         llm.runner.finish_background_compiles()
     sec = Sections()  # one for all engines: the module-level pack is wrapped once
@@ -223,10 +226,11 @@ def main():
           "wall/step: wall time of an uninstrumented step; wait is wall time too)")
     print(hdr)
     for scen, llm in llms.items():
-        stream = scen.startswith("stream")
+        stream = scen.startswith(("stream", "delta"))
+        kind = "DELTA" if scen.startswith("delta") else "CUMULATIVE"
         for b in a.batch:
-            plain = run(llm, b, a.steps, a.prompt_len, stream, False, scen + "p")
-            r = run(llm, b, a.steps, a.prompt_len, stream, True, scen)
+            plain = run(llm, b, a.steps, a.prompt_len, stream, False, scen + "p", kind)
+            r = run(llm, b, a.steps, a.prompt_len, stream, True, scen, kind)
             us = {k: 1e6 * r[k] / a.steps for k in SECTIONS}
             # host = CPU time of the engine thread, less what it spent blocked on the device (the uninstrumented run's
             # blocked CPU is estimated by the instrumented run's)
