@@ -184,13 +184,46 @@ class Scheduler:
 
     # ---- one step ----------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
         preempted: list[str] = []
+        # 1. running requests first, in start order.
+        budget = self._schedule_running(self.max_num_batched_tokens, scheduled, preempted)
 
-        # 1. running requests first, in start order. The common case (a decode or prefill chunk whose pages are
-        # already held, no drafts) is inlined: this loop runs for every running request every step (_chunk,
-        # _reached_length, _allocate_or_preempt and _make_seq are its general form, and must agree with it).
+        # 2. admit waiting requests FIFO (not in a step that preempted: the pages are too tight).
+        if not preempted:
+            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+                req = self.waiting[0]
+                hit_pages = self._lookup(req)
+                hit = len(hit_pages) * self.kv.page_size
+                n = self._chunk(req, budget, start=hit)
+                assert n > 0, f"waiting {req!r} has nothing to compute"
+                if self.kv.allocate(req.request_id, hit + n, cached_pages=hit_pages) is None:
+                    break  # FIFO fairness: never skip the head
+                self.waiting.popleft()
+                req.num_computed_tokens = hit
+                if self.kv.enable_prefix_caching and req.use_prefix_cache:
+                    self._pc_queries += req.num_tokens
+                    self._pc_hits += hit
+                    self._pc_hit_requests += hit > 0
+                req.status = RequestStatus.RUNNING
+                self.running.append(req)
+                scheduled.append(self._make_seq(req, n))
+                budget -= n
+
+        for req in self.running:  # drafts belong to this step's token state: never reuse them later
+            if req.spec_token_ids:
+                req.spec_token_ids = []
+        finished_ids, self._finished_ids = self._finished_ids, []
+        return SchedulerOutput(scheduled=scheduled, preempted_ids=preempted,
+                               num_batched_tokens=self.max_num_batched_tokens - budget, finished_ids=finished_ids)
+
+    def _schedule_running(self, budget: int, scheduled: list[ScheduledSeq], preempted: list[str]) -> int:
+        """Step 1 of schedule(): a chunk for each running request in start order while budget lasts, appended to
+        `scheduled` (preempted ids to `preempted`). Returns the budget left.
+
+        The common case (a decode or prefill chunk whose pages are already held, no drafts) is inlined: this loop
+        runs for every running request every step. _chunk, _reached_length, _allocate_or_preempt and _make_seq
+        are its general form and must agree with it (tests/engine/test_scheduler_fast_path.py runs both)."""
         running = self.running
         page_lists = self.kv.page_lists
         page_size = self.kv.page_size
@@ -253,34 +286,7 @@ class Scheduler:
                 req.num_pending_tokens = pending + 1
             budget -= n
             i += 1
-
-        # 2. admit waiting requests FIFO (not in a step that preempted: the pages are too tight).
-        if not preempted:
-            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-                req = self.waiting[0]
-                hit_pages = self._lookup(req)
-                hit = len(hit_pages) * self.kv.page_size
-                n = self._chunk(req, budget, start=hit)
-                assert n > 0, f"waiting {req!r} has nothing to compute"
-                if self.kv.allocate(req.request_id, hit + n, cached_pages=hit_pages) is None:
-                    break  # FIFO fairness: never skip the head
-                self.waiting.popleft()
-                req.num_computed_tokens = hit
-                if self.kv.enable_prefix_caching and req.use_prefix_cache:
-                    self._pc_queries += req.num_tokens
-                    self._pc_hits += hit
-                    self._pc_hit_requests += hit > 0
-                req.status = RequestStatus.RUNNING
-                self.running.append(req)
-                scheduled.append(self._make_seq(req, n))
-                budget -= n
-
-        for req in self.running:  # drafts belong to this step's token state: never reuse them later
-            if req.spec_token_ids:
-                req.spec_token_ids = []
-        finished_ids, self._finished_ids = self._finished_ids, []
-        return SchedulerOutput(scheduled=scheduled, preempted_ids=preempted,
-                               num_batched_tokens=self.max_num_batched_tokens - budget, finished_ids=finished_ids)
+        return budget
 
     def _lookup(self, req: Request) -> list[int]:
         """Cached pages for the start of a waiting request (which holds no pages and has no token in flight).

@@ -10,16 +10,14 @@ import random
 import pytest
 
 from jaxinfer.engine.kv_cache import KVCacheManager
-from jaxinfer.engine.request import Request, RequestStatus
-from jaxinfer.engine.scheduler import Scheduler, SchedulerOutput
+from jaxinfer.engine.request import Request
+from jaxinfer.engine.scheduler import Scheduler
 
 
 class GeneralScheduler(Scheduler):
-    """schedule() as it was before the inlining (the reference): the general helpers for every running request."""
+    """The running loop as it was before the inlining (the reference): the general helpers for every request."""
 
-    def schedule(self) -> SchedulerOutput:
-        budget = self.max_num_batched_tokens
-        scheduled, preempted = [], []
+    def _schedule_running(self, budget, scheduled, preempted):
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -34,26 +32,7 @@ class GeneralScheduler(Scheduler):
             scheduled.append(self._make_seq(req, n, spec))
             budget -= n
             i += 1
-        if not preempted:
-            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-                req = self.waiting[0]
-                hit_pages = self._lookup(req)
-                hit = len(hit_pages) * self.kv.page_size
-                n = self._chunk(req, budget, start=hit)
-                if self.kv.allocate(req.request_id, hit + n, cached_pages=hit_pages) is None:
-                    break
-                self.waiting.popleft()
-                req.num_computed_tokens = hit
-                req.status = RequestStatus.RUNNING
-                self.running.append(req)
-                scheduled.append(self._make_seq(req, n))
-                budget -= n
-        for req in self.running:
-            if req.spec_token_ids:
-                req.spec_token_ids = []
-        finished_ids, self._finished_ids = self._finished_ids, []
-        return SchedulerOutput(scheduled=scheduled, preempted_ids=preempted,
-                               num_batched_tokens=self.max_num_batched_tokens - budget, finished_ids=finished_ids)
+        return budget
 
 
 def _seq_fields(q):
