@@ -65,7 +65,7 @@ class _Step:
     slot_rows: Any  # i64[InputBatch slots]: output row of each slot's sampling sequence (-1: none)
     speculative: bool = False  # some sequence verifies drafts: finish before scheduling the next step
     pipe: Any = None  # spec_pipeline.PipePlan made while this step was in flight (bumps to undo at its finish)
-    # plain step (no speculation, detokenizer, logprobs or prompt logprobs): finished by _finish_plain, with the
+    # plain step (no speculation, logprobs or prompt logprobs): finished by _finish_plain, with the
     # rows' slots and their generations at launch (a changed generation: the request left since)
     plain: bool = False
     rows: Any = None
@@ -283,7 +283,7 @@ class LLMEngine:
             flight = self.runner.dispatch(batch, prev, lp_targets or None)  # still failing: the caller's problem
         speculative = bool(batch.num_spec.any())
         rows = batch.rows
-        plain = (not speculative and self.spec is None and self.tokenizer is None and not lp_targets
+        plain = (not speculative and self.spec is None and not lp_targets
                  and not ib.prompt_logprobs[rows].any() and not ib.sampling["want_logprobs"][rows].any())
         if not plain:
             return _Step(sched, flight, slot_rows, speculative)
@@ -350,19 +350,50 @@ class LLMEngine:
         batch.penalty_slot[i] = slot if s.sample else -1
 
     def _finish_plain(self, done: _Step, out) -> list[RequestOutput]:
-        """_finish_step of a plain step (one sampled token per sampling row, nothing per token to build): the
-        rows' results as columns, the logprob sums in the InputBatch; Python per row only in Scheduler.update and
-        for the requests that report (_outputs)."""
+        """_finish_step of a plain step (one sampled token per sampling row, no logprobs or drafts): the rows'
+        results as columns, the logprob sums in the InputBatch; Python per row only in Scheduler.update, the
+        detokenizer (when there is a tokenizer) and for the requests that report (_outputs)."""
         ib = self.input_batch
         valid = done.sample & (ib.gen[done.rows] == done.gen)  # the request still holds the slot it ran in
         rids = list(itertools.compress(done.ids, valid.tolist()))
-        sampled = dict(zip(rids, map(list, zip(out.tokens[valid].tolist()))))
+        tokens = out.tokens[valid].tolist()
+        sampled = dict(zip(rids, map(list, zip(tokens))))
         finished = {r.request_id for r in self.scheduler.update(done.sched, sampled)}
         rows = done.rows[valid]
         ib.cum_logprob[rows] += out.logprobs[valid]  # (rows of a step are distinct slots)
+        if self.tokenizer is not None:
+            return self._outputs(self._detokenize_plain(rids, tokens, finished), finished)
         progress = ib.progress[rows]
         touched = set(itertools.compress(rids, progress.tolist())) if progress.any() else set()
         return self._outputs(touched | finished, finished)
+
+    def _detokenize_plain(self, rids: list[str], tokens: list[int], finished: set[str]) -> set[str]:
+        """A plain step's one new token per sequence (`rids`, still in their slots) through its detokenizer, as
+        _finish_step's per-token loop does for one kept token: stop strings end the request (added to `finished`,
+        in place), finished sequences flush their held-back text. Returns the sequences that progressed."""
+        seqs, scheduler = self._seqs, self.scheduler
+        for sid, tok in zip(rids, tokens):
+            st = seqs[sid]
+            if st.detok is None:
+                continue
+            req = st.request
+            # eos / a stop token id ended it: its text is not part of the output (vLLM semantics)
+            by_token = sid in finished and req.finish_reason == "stop"
+            delta, stop = st.detok.append((tok,), stop_terminated=by_token)
+            if delta and st.keep_deltas:
+                st.text_delta += delta
+            if stop is not None:
+                # the token completing the match is the request's last output (update() appended it; it may also
+                # have finished the request, then only the outcome changes)
+                scheduler.finish_by_stop_string(sid, stop, len(req.output_token_ids))
+                finished.add(sid)
+        for sid in finished:
+            st = seqs[sid]
+            if st.detok is not None:
+                delta = st.detok.flush()
+                if st.keep_deltas:
+                    st.text_delta += delta
+        return set(rids) | finished
 
     def _finish_step(self, done: _Step, next_step: _Step | None = None) -> list[RequestOutput]:
         """Apply a fetched step. next_step: the step dispatched after it (still in flight), whose chunks

@@ -43,11 +43,15 @@ def build_outputs(seqs: dict[str, SeqState], groups: dict[str, Group], ib: Input
     now = time.monotonic()
     all_seqs, all_groups = seqs, groups
     gids = set()
+    key = {}  # sort key of a group: its smallest sequence id in seq_ids
     for sid in seq_ids:
         st = all_seqs.get(sid)
         g = all_groups.get(st.group_id) if st is not None else None
         if g is None:
             continue
+        first = key.get(g.request_id)
+        if first is None or sid < first:
+            key[g.request_id] = sid
         if g.first_token_time is None:
             g.first_token_time = now
             if g.kind is _FINAL_ONLY:  # nothing more to do for it until it finishes
@@ -58,8 +62,6 @@ def build_outputs(seqs: dict[str, SeqState], groups: dict[str, Group], ib: Input
                         ib.progress[slot] = False
         if g.kind is not _FINAL_ONLY or sid in finished:
             gids.add(g.request_id)
-    # sort key: the group's smallest sequence id in seq_ids
-    key = {gid: min(sid for sid in all_groups[gid].seq_ids if sid in seq_ids) for gid in gids}
     outs = []
     for gid in sorted(gids, key=key.__getitem__):
         g = all_groups[gid]

@@ -92,3 +92,52 @@ def test_plain_step_logprob_sums_equal_the_per_token_path(engine):
         assert t.cumulative_logprob == pytest.approx(want, rel=1e-6)
         assert p.cumulative_logprob == pytest.approx(want, rel=1e-6)
         assert p.cumulative_logprob != 0.0
+
+
+def _run_text_requests(llm, force_general: bool):
+    """Requests with stop strings, eos, max_tokens, n = 2, every output kind, through llm's engine; with
+    force_general one more running request asks for logprobs, so no step is plain (LLMEngine._finish_step's
+    per-token path); without, the same request without logprobs (the batches hold the same rows). Returns every
+    reported output of the text requests, in order."""
+    from jaxinfer import SamplingParams
+    from jaxinfer.sampling_params import RequestOutputKind as K
+
+    eng = llm.engine
+    eng.add_request("zz-keep", [9, 8, 7], SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True,
+                                                          logprobs=0 if force_general else None))
+    specs = [
+        ("a", dict(stop=["e"], temperature=1.0, seed=1), K.DELTA, True),
+        ("b", dict(stop=["th", "in"], include_stop_str_in_output=True, temperature=1.0, seed=2), K.CUMULATIVE, True),
+        ("c", dict(n=2, stop=["o"], temperature=1.0, seed=3, min_tokens=3), K.DELTA, True),
+        ("d", dict(temperature=1.0, seed=4, stop_token_ids=list(range(100, 140))), K.DELTA, True),
+        ("e", dict(temperature=0.0, stop=["zzzz"]), K.CUMULATIVE, False),  # ends by max_tokens, held text flushed
+        ("f", dict(temperature=1.0, seed=6, stop=[" "], skip_special_tokens=False), K.FINAL_ONLY, True),
+    ]
+    for rid, kw, kind, stream in specs:
+        eng.add_request(rid, [3, 17, 5, 99, 42], SamplingParams(max_tokens=30, output_kind=kind, **kw), stream=stream)
+    got = []
+    while eng.has_unfinished():
+        for o in eng.step():
+            if o.request_id != "zz-keep":
+                got.append((o.request_id, o.finished, [(c.index, c.text, list(c.token_ids), c.finish_reason,
+                                                        c.stop_reason, round(c.cumulative_logprob, 4))
+                                                       for c in o.outputs]))
+    return got
+
+
+def test_plain_steps_with_a_tokenizer_equal_the_per_token_path():
+    """With a tokenizer, plain steps (no logprobs, no drafts) detokenize in LLMEngine._finish_plain: every output
+    (texts, deltas, token ids, stop strings and their reasons, flushes at the end, logprob sums) equals the general
+    per-token path's for the same requests."""
+    import jaxinfer
+    from jaxinfer.weights.default_model import default_model_path
+
+    llm = jaxinfer.LLM("tiny-llama", load_format="dummy", max_model_len=64, max_num_seqs=16, max_num_batched_tokens=64,
+                       tokenizer=default_model_path(), progress=False)
+    general = _run_text_requests(llm, force_general=True)
+    plain = _run_text_requests(llm, force_general=False)
+    assert plain == general
+    finals = {rid: outs for rid, fin, outs in general if fin}
+    reasons = {c[4] for outs in finals.values() for c in outs}
+    assert {"e", "o"} & reasons and ({"th", "in"} & reasons)  # stop strings did match (the test exercises them)
+    assert any(c[3] == "length" for c in finals["e"])
