@@ -74,6 +74,16 @@ class _Step:
     ids: tuple = ()  # the sequence ids of its rows
 
 
+def _detok_append(st: SeqState, tok: int, stop_terminated: bool) -> str | None:
+    """One kept output token through the sequence's detokenizer (its text delta kept for the next report, unless
+    the group reports only at the end); returns the stop string it completed, or None. stop_terminated: the token
+    is an eos / stop token id that ended the sequence, so its text is not part of the output (vLLM semantics)."""
+    delta, stop = st.detok.append((tok,), stop_terminated=stop_terminated)
+    if delta and st.keep_deltas:
+        st.text_delta += delta
+    return stop
+
+
 class LLMEngine:
     def __init__(self, runner: Runner, tokenizer, scheduler: SchedulerConfig, *, max_model_len: int,
                  eos_token_ids: set[int], vocab_size: int, seed: int = 0, spec=None):
@@ -378,22 +388,23 @@ class LLMEngine:
                 continue
             req = st.request
             # eos / a stop token id ended it: its text is not part of the output (vLLM semantics)
-            by_token = sid in finished and req.finish_reason == "stop"
-            delta, stop = st.detok.append((tok,), stop_terminated=by_token)
-            if delta and st.keep_deltas:
-                st.text_delta += delta
+            stop = _detok_append(st, tok, sid in finished and req.finish_reason == "stop")
             if stop is not None:
                 # the token completing the match is the request's last output (update() appended it; it may also
                 # have finished the request, then only the outcome changes)
                 scheduler.finish_by_stop_string(sid, stop, len(req.output_token_ids))
                 finished.add(sid)
+        self._flush_detokenizers(finished)
+        return set(rids) | finished
+
+    def _flush_detokenizers(self, finished: set[str]) -> None:
+        """Finished sequences release their detokenizer's held-back text into their next report."""
         for sid in finished:
-            st = seqs[sid]
+            st = self._seqs[sid]
             if st.detok is not None:
                 delta = st.detok.flush()
                 if st.keep_deltas:
                     st.text_delta += delta
-        return set(rids) | finished
 
     def _finish_step(self, done: _Step, next_step: _Step | None = None) -> list[RequestOutput]:
         """Apply a fetched step. next_step: the step dispatched after it (still in flight), whose chunks
@@ -451,10 +462,7 @@ class LLMEngine:
                     continue
                 last = j == len(new) - 1
                 # eos / a stop token id ended it: its text is not part of the output (vLLM semantics)
-                by_token = last and sid in finished and st.request.finish_reason == "stop"
-                delta, stop = st.detok.append([tok], stop_terminated=by_token)
-                if delta and st.keep_deltas:
-                    st.text_delta += delta
+                stop = _detok_append(st, tok, last and sid in finished and st.request.finish_reason == "stop")
                 if stop is not None:
                     # ends it (or re-labels it, if this update finished it too: the stop string came first) and
                     # drops the verified tokens after the match
@@ -463,12 +471,7 @@ class LLMEngine:
                     break
             if new:
                 touched.add(sid)
-        for sid in finished:
-            st = self._seqs[sid]
-            if st.detok is not None:
-                delta = st.detok.flush()
-                if st.keep_deltas:
-                    st.text_delta += delta
+        self._flush_detokenizers(finished)
         return self._outputs(touched | finished, finished)
 
     def _outputs(self, seq_ids: set[str], finished: set[str]) -> list[RequestOutput]:
