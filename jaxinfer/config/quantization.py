@@ -28,9 +28,9 @@ from jaxinfer.config.model import ConfigError
 #                XLA-native int4 weights, formulation per M from the table) or "triton-int4" (int4 only: [out, in/2]
 #                packed weights, the small-M int4 kernel at M <= 16 on one device, XLA dequantize + dot above / under TP)
 #                or "mosaic-int4" (int4 group 128 only: signed int4 [out, in] weights, the Mosaic GPU tensor-core
-#                kernel at M <= 16 on a Hopper GPU, XLA dequantize + dot above; one device only) or "mosaic-int8"
-#                (int8 only, opt-in and not yet measured: 'xla-nk''s [out, in] weights, the Mosaic GPU int8 kernel at
-#                M <= 16 on a Hopper GPU instead of the Pallas-Triton one, XLA's convert + dot above).
+#                kernel at M <= 128 on a Hopper GPU, XLA dequantize + dot above; one device only) or "mosaic-int8"
+#                (int8 only, opt-in, measured slower than 'xla-nk': its [out, in] weights, the Mosaic GPU int8 kernel
+#                at M <= 16 on a Hopper GPU instead of the Pallas-Triton one, XLA's convert + dot above).
 
 QUANT_METHODS = ("int8", "int4", "fp8")
 INT4_GROUP_SIZES = (32, 64, 128)

@@ -387,7 +387,6 @@ class LLMEngine:
             if st.detok is None:
                 continue
             req = st.request
-            # eos / a stop token id ended it: its text is not part of the output (vLLM semantics)
             stop = _detok_append(st, tok, sid in finished and req.finish_reason == "stop")
             if stop is not None:
                 # the token completing the match is the request's last output (update() appended it; it may also

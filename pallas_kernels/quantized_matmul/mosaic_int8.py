@@ -17,10 +17,12 @@ applied once, outside the kernel (with the split sum, by XLA):
   y = (sum_s part[s])^T * scale                                               (XLA: deterministic split sum)
 
 Status (2026-12-05): traces and lowers for CUDA (tests/kernels/test_mosaic_int8.py on the CPU, with the wrapper's
-algebra against the float32 reference through a jnp stand-in of the kernel); its numbers on the GPU
-(tests/kernels/test_mosaic_int8_gpu.py) and its speed (benchmarks/kernels/quantized_matmul.py variant
-'int8_mosaic_nk', benchmarks/gpu_followup_1205.sh PART=c) are not measured yet, so only the opt-in backend
-quantized_matmul='mosaic-int8' runs it (models/quant_paths.py).
+algebra against the float32 reference through a jnp stand-in of the kernel); on an H100 (29a3906,
+benchmarks/gpu_followup_1205.sh PART=c) its GPU tests pass (tests/kernels/test_mosaic_int8_gpu.py, 14 run), but it
+ties or trails the Pallas-Triton kernel per op (M = 1: gate_up 57.7 vs 57.5 us, lm_head 216 vs 204; slower on every
+shape at M = 16) and in the engine (batch 1 225.8 vs 250.7 tok/s, batch 16 3,093 vs 3,817;
+results/quantized-decode-mosaic-int8-2026-12-05.json). So only the opt-in backend quantized_matmul='mosaic-int8'
+runs it (models/quant_paths.py).
 """
 from __future__ import annotations
 
