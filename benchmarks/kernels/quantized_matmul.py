@@ -107,6 +107,7 @@ def variants(interpret: bool):
 
     from pallas_kernels.quantized_matmul import kernel_nk as qnk
     from pallas_kernels.quantized_matmul import mosaic_int4 as qmi
+    from pallas_kernels.quantized_matmul import mosaic_int4_wide as qmw
     from pallas_kernels.quantized_matmul import mosaic_int8 as qm8
 
     g = GROUP
@@ -117,6 +118,12 @@ def variants(interpret: bool):
             return qmi.int4_matmul_mosaic(x, w["q"], w["scale"], w.get("offset"), cfg=cfg)
         default = (target, stages) == (None, 4)
         return ("int4_mosaic_nk", op, "int4mn", ("int4mn", "mosaic-int4") if default else None)
+
+    def wide(**kw):  # the many-token kernel (mosaic_int4_wide.py); kw: default_config's knobs
+        def op(x, w):
+            cfg = qmw.default_config(x.shape[0], x.shape[1], w["q"].shape[0], **kw)
+            return qmw.int4_matmul_mosaic_wide(x, w["q"], w["scale"], w.get("offset"), cfg=cfg)
+        return ("int4_mosaic_nk", op, "int4mn", ("int4mn", "mosaic-int4-wide-nk") if not kw else None)
 
     return {
         "bf16": ("bf16", lambda x, w: jnp.dot(x, w["w"], preferred_element_type=jnp.float32).astype(x.dtype),
@@ -165,6 +172,12 @@ def variants(interpret: bool):
         # the engine's 'mosaic-int4' path above the kernel's M (XLA's dequantize + dot on the same leaves)
         "int4_mosaic_xla": ("int4_mosaic_nk", lambda x, w: qf.int4_native_nk_dequant_xla(
             x, w["q"], w["scale"], w.get("offset"), group_size=g), "int4mn", ("int4mn", "int4-dequant-nk")),
+        # the many-token Mosaic int4 kernel (2026-12-05 c) and its tile / row-block / split / stage variants
+        "int4_wide": wide(),
+        "int4_wide_tm256": wide(max_tile_m=256),
+        "int4_wide_rb1": wide(row_blocks=1),
+        "int4_wide_t1024": wide(target_ctas=1024),
+        "int4_wide_st2": wide(max_stages=2),
         "int4_pallas_nk": ("int4_packed_nk", lambda x, w: qnk.int4_matmul_nk(
             x, w["q"], w["scale"], w["offset"], group_size=g), "int4pnk", ("int4pnk", "pallas-int4-nk")),
     }

@@ -25,6 +25,8 @@ Model backends (the `quantized_matmul` option after quant.resolve_backend) and t
   'mosaic-int4'              int4 group 128 only (the default on one Hopper GPU): signed int4 [N, K] weights (K
                              contiguous); the Mosaic GPU tensor-core kernel at M <= 128 on a Hopper GPU, XLA
                              dequantize + dot above (PATHS[('int4', 'mosaic-int4')])  int4 native-nk
+  'mosaic-int4-wide'         opt-in, being measured: 'mosaic-int4' with the many-token Mosaic GPU kernel
+                             (mosaic_int4_wide.py) above 128 tokens                    int4 native-nk
   'auto'                     resolves to GPU_DEFAULT[method] on GPU (int8: 'xla-nk', int4-g128: 'triton-int4'; on
                              one Hopper GPU int4-g128: HOPPER_INT4_DEFAULT, 'mosaic-int4');
                              PATHS[(method, 'auto')] picks
@@ -40,6 +42,7 @@ from __future__ import annotations
 from pallas_kernels.quantized_matmul import kernel as qmm_kernel
 from pallas_kernels.quantized_matmul import kernel_nk as qmm_kernel_nk
 from pallas_kernels.quantized_matmul import mosaic_int4 as qmm_mosaic
+from pallas_kernels.quantized_matmul import mosaic_int4_wide as qmm_mosaic_wide
 from pallas_kernels.quantized_matmul import mosaic_int8 as qmm_mosaic8
 from pallas_kernels.quantized_matmul import reference as qmm_ref
 from pallas_kernels.quantized_matmul import triton_small_m as qmm_triton
@@ -87,6 +90,10 @@ PATHS = {
     # kernel beats the XLA path on every shape at every M measured (1.05-6.5x); at M = 128 it was 0.65-0.92x the bf16
     # dot (which the int4 model does not have), 0.86-1.07x with the large-M split (mosaic_int4.LARGE_M_TARGET_CTAS).
     ("int4", "mosaic-int4"): ((qmm_mosaic.MAX_M, "mosaic-int4-nk"), (ANY_M, "int4-dequant-nk")),
+    # ('mosaic-int4-wide', opt-in, 2026-12-05 c, not yet measured): above 128 tokens the many-token Mosaic kernel
+    # (mosaic_int4_wide.py: scales applied to the weight tile in registers, one accumulator) in place of XLA's
+    # dequantize + dot, which writes and re-reads the whole bf16 weight.
+    ("int4", "mosaic-int4-wide"): ((qmm_mosaic.MAX_M, "mosaic-int4-nk"), (ANY_M, "mosaic-int4-wide-nk")),
     # int8 [N, K] ('mosaic-int8', opt-in): 'xla-nk' with the Mosaic GPU int8 kernel (mosaic_int8.py) in place of the
     # Pallas-Triton one at M <= 16. Measured and not adopted (H100, 29a3906, results/quantized-decode-mosaic-int8-
     # 2026-12-05.json): batch 1 225.8 tok/s against 250.7 for 'xla-nk', batch 16 3,093 against 3,817; per op at
@@ -119,11 +126,12 @@ LAYOUT_PATHS = {
     ("int4", "packed"): ("reference", "pallas", "pallas-interpret", "xla"),
     ("int4", "native"): ("reference-native", "int4-dequant", "int4-grouped", "int4-grouped-mixed"),
     ("int4", "packed-nk"): ("reference-packed-nk", "xla-packed-nk", "triton-int4-nk", "pallas-int4-nk"),
-    ("int4", "native-nk"): ("reference-native-nk", "int4-dequant-nk", "mosaic-int4-nk"),
+    ("int4", "native-nk"): ("reference-native-nk", "int4-dequant-nk", "mosaic-int4-nk", "mosaic-int4-wide-nk"),
 }
 # A small-M kernel path where its kernel cannot run (`kernel_runs`) becomes this one.
 KERNEL_FALLBACK = {"triton-nk": "convert-nk", "triton-int4-nk": "xla-packed-nk", "pallas-nk": "convert-nk",
-                   "pallas-int4-nk": "xla-packed-nk", "mosaic-int4-nk": "int4-dequant-nk", "mosaic-nk": "convert-nk"}
+                   "pallas-int4-nk": "xla-packed-nk", "mosaic-int4-nk": "int4-dequant-nk", "mosaic-nk": "convert-nk",
+                   "mosaic-int4-wide-nk": "int4-dequant-nk"}
 
 
 def kernel_runs(path: str, M: int, K: int | None, N: int | None, group_size: int | None = None) -> bool:
@@ -136,6 +144,8 @@ def kernel_runs(path: str, M: int, K: int | None, N: int | None, group_size: int
         return False
     if path == "mosaic-int4-nk":
         return qmm_mosaic.usable() and qmm_mosaic.supports(M, K, N, group_size)
+    if path == "mosaic-int4-wide-nk":
+        return qmm_mosaic_wide.usable() and qmm_mosaic_wide.supports(M, K, N, group_size)
     if path == "mosaic-nk":
         return qmm_mosaic8.usable() and qmm_mosaic8.supports(M, K, N)
     if path == "pallas-int4-nk":
@@ -147,7 +157,8 @@ def weight_layout_of(method: str, backend: str) -> str:
     """The device layout a resolved model backend runs on: int4 'native' for 'xla-int4', else int4 'packed';
     int8 'nk' for 'xla-nk', else 'kn'; fp8 'nk' (e4m3 [N, K])."""
     if method == "int4":
-        return {"xla-int4": "native", "triton-int4": "packed-nk", "mosaic-int4": "native-nk"}.get(backend, "packed")
+        return {"xla-int4": "native", "triton-int4": "packed-nk", "mosaic-int4": "native-nk",
+                "mosaic-int4-wide": "native-nk"}.get(backend, "packed")
     if method == "int8":
         return "nk" if backend in ("xla-nk", "mosaic-int8") else "kn"
     return "nk"
@@ -161,7 +172,7 @@ def path_for(method: str, backend: str, M: int, K: int | None = None, N: int | N
     device) turns every KERNEL_FALLBACK path into its XLA fallback."""
     if method == "fp8":
         return "reference" if backend == "reference" else "xla"
-    if backend in ("xla-int4", "triton-int4", "mosaic-int4"):
+    if backend in ("xla-int4", "triton-int4", "mosaic-int4", "mosaic-int4-wide"):
         path = _lookup(PATHS[("int4", backend)], M)
     elif backend == "mosaic-int8":
         path = _lookup(PATHS[("int8", "mosaic-int8")], M)
@@ -255,6 +266,9 @@ def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, 
                                                         out_dtype=out_dtype)
         if path == "mosaic-int4-nk":
             return qmm_mosaic.int4_matmul_mosaic(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype)
+        if path == "mosaic-int4-wide-nk":
+            return qmm_mosaic_wide.int4_matmul_mosaic_wide(x, q, scale, offset, group_size=group_size,
+                                                           out_dtype=out_dtype)
     elif method == "int4" and weight_layout_of("int4", backend) == "packed-nk":
         if path == "reference-packed-nk":
             return qmm_ref.int4_matmul_reference(x, q.T, scale, offset, group_size=group_size, out_dtype=out_dtype)

@@ -1,0 +1,195 @@
+"""int4 weight-only matmul for many tokens (prefill chunks, batch >= 128 decode) on Hopper tensor cores (Pallas
+Mosaic GPU): y = x @ dequantize(q).T on the weights of mosaic_int4.py (q int4 [N, K], scale / offset [K/g, N],
+g = 128), for M from 1 to any size.
+
+Why a second int4 kernel (issue 20, "large M never slower than bf16"): mosaic_int4.py keeps a fresh [64, Mp] f32
+accumulator per group of 128 and adds it, scaled, into a running one. That epilogue (Mp / 2 FMAs a thread a group,
+after waiting for the group's MMA) and the two register accumulators cap it at 128 tokens, and at 128 it already
+trails the bf16 dot (per layer 214 vs 201.5 us, H100); above 128 the engine fell back to XLA's dequantize + dot,
+which writes and re-reads the whole bf16 weight (0.4-0.8x the bf16 dot per op). Here the scale (and offset) is
+applied to the weight tile in registers before the MMA (one bf16 multiply(-add) a weight, amortised over the
+tile's tokens), so one accumulator takes the CTA's whole K range and the MMAs need no per-group epilogue:
+
+  the problem, transposed:  y^T [N, M] = W [N, K] @ x^T [K, M]        (wgmma m64 nTM k16, the weight the register
+                                                                       LHS, TM = tile_m tokens: 8 .. 256)
+  grid = (N / (64 rb), M_pad / TM, split):
+                            CTA (n, m, s) = one warpgroup, rb row blocks of 64 weight rows sharing each staged x
+                            tile (rb = 2 halves the x tile's re-reads from L2: every CTA of a token tile reads it),
+                            over K groups [s G_s, (s + 1) G_s) through a TMA pipeline (int4 [64 rb, g], x [TM, g])
+  per group j, row block r: w = bf16(q_j,r) * scale[j, r] (+ offset[j, r])   (one rounding of the dequantized
+                            weight to bf16, as XLA's dequantize + dot does)
+                            acc_r += w @ x_j^T                                 ([64, TM] f32, in registers)
+  out:                      split == 1: y^T [N, M_pad] in the output dtype (no f32 partials, no XLA sum);
+                            else part f32 [split, N, M_pad], summed by XLA. Transposed back by XLA (fused into the
+                            consumer where it can).
+
+Numerics: against the float32 reference of the same quantized weights the only extra error is the bf16 rounding
+of each dequantized weight (relative 2^-9) and of the activations; tests bound it (tests/kernels/
+test_mosaic_int4_wide*.py). No interpret mode: the CPU tests check that it traces and lowers for CUDA and the
+wrapper's algebra through a jnp stand-in; the numbers are GPU tests.
+
+Status (2026-12-05 c): written and lowered on the CPU; not yet run on a GPU. The engine does not route to it
+until the per-op sweep (benchmarks/kernels/quantized_matmul.py --methods ... int4_wide) measures it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_kernels.quantized_matmul.mosaic_int4 import GROUP, TILE_N, _modules, k_split, padded_m, usable  # noqa: F401
+
+MAX_TILE_M = 128     # tokens a CTA by default: x [128, g] bf16 = 32 KB a stage leaves room for 4 stages at 2 row
+                     # blocks; 256 (wgmma's largest N, a [64, 256] f32 accumulator = 128 registers a thread) fits
+                     # only 2 stages (benchmarks sweep both)
+TARGET_CTAS = 264    # split K only while the (N / 64 rb) x (M / TM) grid has fewer CTAs than ~2 waves of 132 SMs
+SMEM_BYTES = 200 * 1024   # staged tiles + the output tile, under the 227 KB a CTA may hold
+
+
+@dataclasses.dataclass(frozen=True)
+class WideConfig:
+    tile_m: int      # tokens a CTA (wgmma's N): 8 .. 256, a power of two
+    row_blocks: int  # 64-row weight blocks a CTA (1 or 2), sharing each staged x tile
+    split: int       # K splits (each a whole number of groups)
+    stages: int      # pipeline depth
+
+
+def tile_m_for(M: int, max_tile_m: int = MAX_TILE_M) -> int:
+    return min(padded_m(M) if M <= 128 else 1 << (M - 1).bit_length(), max_tile_m)
+
+
+def stage_bytes(tile_m: int, row_blocks: int) -> int:
+    """Shared memory of one pipeline stage: x [TM, g] bf16 + q [64 rb, g] int4 + scale / offset rows."""
+    return tile_m * GROUP * 2 + TILE_N * row_blocks * GROUP // 2 + 2 * 2 * TILE_N * row_blocks
+
+
+def default_config(M: int, K: int, N: int, *, max_tile_m: int = MAX_TILE_M, row_blocks: int | None = None,
+                   target_ctas: int = TARGET_CTAS, max_stages: int = 4) -> WideConfig:
+    """TM = the padded token count up to max_tile_m; 2 row blocks where N allows it (else 1); K split until the grid
+    reaches target_ctas (>= 2 groups a split); as many stages (<= max_stages) as fit SMEM_BYTES beside the output
+    tile."""
+    tm = tile_m_for(M, max_tile_m)
+    rb = row_blocks or (2 if N % (2 * TILE_N) == 0 else 1)
+    tiles = (N // (TILE_N * rb)) * (-(-M // tm))
+    groups = K // GROUP
+    split = k_split(groups, tiles, target_ctas)
+    out_bytes = TILE_N * tm * (2 if split == 1 else 4)     # the output tile: bf16 y^T or an f32 partial
+    fit = max(1, (SMEM_BYTES - out_bytes) // stage_bytes(tm, rb))
+    return WideConfig(tile_m=tm, row_blocks=rb, split=split, stages=max(1, min(max_stages, fit, groups // split)))
+
+
+def supports(M: int, K: int, N: int, group_size: int | None) -> bool:
+    """Whole weight tiles only: g = 128, N a multiple of 64, K a multiple of g (every 8B projection); any M >= 1."""
+    return M > 0 and group_size == GROUP and N % TILE_N == 0 and K % GROUP == 0 and K >= GROUP
+
+
+def _call(x_p, q, scale, offset, *, cfg: WideConfig, out_dtype):
+    """The Mosaic GPU kernel: x_p bf16 [M_pad, K] (M_pad a multiple of TM) -> y^T [N, M_pad] in out_dtype (split 1)
+    or part f32 [split, N, M_pad]."""
+    pl, plgpu = _modules()
+    m_pad, K = x_p.shape
+    N = q.shape[0]
+    tm, rb = cfg.tile_m, cfg.row_blocks
+    tn = TILE_N * rb
+    gps = K // GROUP // cfg.split                  # groups per split
+    has_offset = offset is not None
+    part_dtype = out_dtype if cfg.split == 1 else jnp.float32
+    w_swizzle = plgpu.find_swizzle(GROUP * 4)      # 64 bytes a row of the int4 tile
+    x_swizzle = plgpu.find_swizzle(GROUP * 16)     # 256 bytes a row of the bf16 x tile -> 128
+    w_transforms = (plgpu.TilingTransform((8, w_swizzle * 8 // 4)), plgpu.SwizzleTransform(w_swizzle))
+    x_transforms = (plgpu.TilingTransform((8, x_swizzle * 8 // 16)), plgpu.SwizzleTransform(x_swizzle))
+    row_layout = plgpu.Layout.WGMMA.reduce(1)      # a [64] vector over a weight tile's rows
+
+    def body(*refs):
+        if has_offset:
+            q_g, x_g, s_g, o_g, out_g, out_smem = refs
+        else:
+            q_g, x_g, s_g, out_g, out_smem = refs
+            o_g = None
+        n = lax.axis_index("n")
+        m = lax.axis_index("m")
+        sp = lax.axis_index("s")
+        rows = pl.ds(n * tn, tn)
+        toks = pl.ds(m * tm, tm)
+        gsl = pl.ds(sp * gps, gps)
+        ksl = pl.ds(sp * (gps * GROUP), gps * GROUP)
+
+        def run(*accs):
+            def step(_, q_s, x_s, s_s, *rest):
+                o_s = rest[0] if has_offset else None
+                xt = plgpu.transpose_ref(x_s, (1, 0))                                    # x_s [TM, g]
+                for r in range(rb):
+                    blk = pl.ds(r * TILE_N, TILE_N)
+                    w = plgpu.load(q_s.at[blk], (), layout=plgpu.Layout.WGMMA).astype(jnp.bfloat16)   # [64, g]
+                    sc = plgpu.load(s_s.at[0, blk], (), layout=row_layout).astype(jnp.bfloat16)      # [64]
+                    w = w * lax.broadcast_in_dim(sc, (TILE_N, GROUP), [0])
+                    if has_offset:
+                        of = plgpu.load(o_s.at[0, blk], (), layout=row_layout).astype(jnp.bfloat16)
+                        w = w + lax.broadcast_in_dim(of, (TILE_N, GROUP), [0])
+                    plgpu.wgmma(accs[r], w, xt)
+                # the MMAs read x_s from shared memory asynchronously: done before the pipeline refills the slot
+                plgpu.wgmma_wait(0)
+
+            in_specs = [plgpu.BlockSpec((tn, GROUP), lambda j: (0, j), transforms=w_transforms),
+                        plgpu.BlockSpec((tm, GROUP), lambda j: (0, j), transforms=x_transforms),
+                        plgpu.BlockSpec((1, tn), lambda j: (j, 0))]
+            operands = [q_g.at[rows, ksl], x_g.at[toks, ksl], s_g.at[gsl, rows]]
+            if has_offset:
+                in_specs.append(plgpu.BlockSpec((1, tn), lambda j: (j, 0)))
+                operands.append(o_g.at[gsl, rows])
+            plgpu.emit_pipeline(step, grid=(gps,), in_specs=in_specs,
+                                max_concurrent_steps=cfg.stages)(*operands)
+            dst = out_g if cfg.split == 1 else out_g.at[sp]
+            for r in range(rb):
+                out_smem[...] = accs[r][...].astype(part_dtype)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(out_smem, dst.at[pl.ds(n * tn + r * TILE_N, TILE_N), toks])
+                plgpu.wait_smem_to_gmem(0)
+
+        pl.run_scoped(run, *[plgpu.ACC((TILE_N, tm), jnp.float32) for _ in range(rb)])
+
+    out_shape = (N, m_pad) if cfg.split == 1 else (cfg.split, N, m_pad)
+    kernel = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(out_shape, part_dtype),
+                          grid=(N // tn, m_pad // tm, cfg.split), grid_names=("n", "m", "s"),
+                          scratch_types=[plgpu.SMEM((TILE_N, tm), part_dtype)])
+    return kernel(q, x_p, scale, *((offset,) if has_offset else ()))
+
+
+def forward(x2, q, scale, offset, *, cfg: WideConfig, out_dtype, call=None):
+    """x [M, K] -> y [M, N] around the kernel (`call`, default the Mosaic GPU kernel; the CPU tests pass a jnp
+    stand-in of the same contract: (x_p, q, scale, offset, cfg=, out_dtype=) -> y^T [N, M_pad] (split 1) or
+    part f32 [split, N, M_pad])."""
+    M = x2.shape[0]
+    m_pad = -(-M // cfg.tile_m) * cfg.tile_m
+    x_p = jnp.pad(x2.astype(jnp.bfloat16), ((0, m_pad - M), (0, 0)))
+    out = (call or _call)(x_p, q, scale, offset, cfg=cfg, out_dtype=out_dtype)
+    if cfg.split > 1:
+        out = jnp.sum(out, axis=0)
+    return out[:, :M].T.astype(out_dtype)
+
+
+_int4_wide = jax.jit(forward, static_argnames=("cfg", "out_dtype", "call"))
+
+
+def int4_matmul_mosaic_wide(x, q, scale, offset=None, *, group_size: int = GROUP, out_dtype=None,
+                            cfg: WideConfig | None = None):
+    """x [..., K] @ dequantize(q int4 [N, K], scale, offset [K/g, N] or None).T -> [..., N] (module docstring).
+    ValueError where the kernel does not take the shape (callers check `supports` first)."""
+    N, K = q.shape
+    if x.shape[-1] != K or q.dtype != jnp.int4 or scale.shape != (K // group_size, N):
+        raise ValueError(f"int4_matmul_mosaic_wide wants x [..., {K}], q int4 [N, K], scale [K/g, N]; got x "
+                         f"{x.shape}, q {q.dtype} {q.shape}, scale {scale.shape}, group_size {group_size}")
+    if offset is not None and offset.shape != scale.shape:
+        raise ValueError(f"offset must be [K/g, N] like scale {scale.shape}, got {offset.shape}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, K)
+    M = x2.shape[0]
+    if not supports(M, K, N, group_size):
+        raise ValueError(f"the wide Mosaic int4 kernel takes g = {GROUP}, N % {TILE_N} == 0, K % g == 0, M >= 1; "
+                         f"got M={M}, K={K}, N={N}, g={group_size}")
+    cfg = cfg or default_config(M, K, N)
+    y = _int4_wide(x2, q, scale, offset, cfg=cfg, out_dtype=out_dtype or x.dtype)
+    return y.reshape(*lead, N)

@@ -1,0 +1,46 @@
+"""The many-token Mosaic GPU int4 kernel (pallas_kernels/quantized_matmul/mosaic_int4_wide.py) on a Hopper GPU:
+against the float32 reference of the same quantized weights with each dequantized weight rounded to bf16 as the
+kernel rounds it (tight: only summation order differs), and against the plain float32 reference (loose: that
+rounding); 8B projection shapes, M from 1 to 2048 (ragged, not multiples of the tile), with and without offsets,
+each config family. Run with `python benchmarks/gpu_tests.py tests/kernels/test_mosaic_int4_wide_gpu.py`."""
+import jax.numpy as jnp
+import pytest
+
+from pallas_kernels.quantized_matmul import mosaic_int4_wide as MW
+from tests.kernels.quant_cases import rel_err
+from tests.kernels.test_mosaic_int4 import native_nk_case
+from tests.kernels.test_mosaic_int4_wide import dequant_bf16
+
+pytestmark = pytest.mark.gpu
+
+TIGHT = 1e-4     # the bf16-rounded weights in float32 vs the kernel's f32 accumulation
+LOOSE = 5e-3     # vs the unrounded float32 reference: the bf16 rounding of each weight
+
+
+def check(M, K, N, offset, cfg=None, seed=0):
+    x, q, scale, off, want = native_nk_case(M, K, N, seed=seed, offset=offset)
+    got = MW.int4_matmul_mosaic_wide(x, q, scale, off, out_dtype=jnp.float32, cfg=cfg)
+    exact = x.astype(jnp.float32) @ dequant_bf16(q, scale, off).T
+    assert got.shape == (M, N)
+    assert rel_err(got, exact) < TIGHT
+    assert rel_err(got, want) < LOOSE
+
+
+@pytest.mark.parametrize("M", [1, 16, 129, 256, 300, 2048])
+@pytest.mark.parametrize("K,N", [(4096, 6144), (14336, 4096), (512, 64)])
+@pytest.mark.parametrize("offset", [True, False])
+def test_matches_reference(M, K, N, offset):
+    check(M, K, N, offset, seed=M * 7 + K + N)
+
+
+@pytest.mark.parametrize("kw", [dict(max_tile_m=256), dict(row_blocks=1), dict(target_ctas=1024),
+                                dict(max_stages=2)])
+def test_every_swept_config_matches(kw):
+    M, K, N = 333, 4096, 1024
+    check(M, K, N, True, cfg=MW.default_config(M, K, N, **kw), seed=11)
+
+
+def test_bf16_output():
+    x, q, scale, off, want = native_nk_case(260, 1024, 256, seed=5)
+    got = MW.int4_matmul_mosaic_wide(x, q, scale, off)
+    assert got.dtype == jnp.bfloat16 and rel_err(got.astype(jnp.float32), want) < 1e-2
