@@ -173,11 +173,13 @@ def variants(interpret: bool):
         "int4_mosaic_xla": ("int4_mosaic_nk", lambda x, w: qf.int4_native_nk_dequant_xla(
             x, w["q"], w["scale"], w.get("offset"), group_size=g), "int4mn", ("int4mn", "int4-dequant-nk")),
         # the many-token Mosaic int4 kernel (2026-12-05 c) and its tile / row-block / split / stage variants
-        "int4_wide": wide(),
-        "int4_wide_tm256": wide(max_tile_m=256),
+        "int4_wide": wide(),                       # 128-token tiles, 2 row blocks, stages for 2 CTAs an SM
         "int4_wide_rb1": wide(row_blocks=1),
-        "int4_wide_t1024": wide(target_ctas=1024),
-        "int4_wide_st2": wide(max_stages=2),
+        "int4_wide_tm64": wide(max_tile_m=64),
+        "int4_wide_tm64_ov": wide(max_tile_m=64, overlap=True),
+        "int4_wide_ov3": wide(row_blocks=1, overlap=True, max_stages=3, smem_bytes=200 << 10),
+        "int4_wide_ov3_rb2": wide(overlap=True, max_stages=3, smem_bytes=200 << 10),
+        "int4_wide_big": wide(smem_bytes=200 << 10),   # 4 stages, one CTA an SM (fb8401c's default)
         "int4_pallas_nk": ("int4_packed_nk", lambda x, w: qnk.int4_matmul_nk(
             x, w["q"], w["scale"], w["offset"], group_size=g), "int4pnk", ("int4pnk", "pallas-int4-nk")),
     }

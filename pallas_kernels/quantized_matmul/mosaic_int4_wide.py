@@ -46,7 +46,11 @@ MAX_TILE_M = 128     # tokens a CTA by default: x [128, g] bf16 = 32 KB a stage 
                      # blocks; 256 (wgmma's largest N, a [64, 256] f32 accumulator = 128 registers a thread) fits
                      # only 2 stages (benchmarks sweep both)
 TARGET_CTAS = 264    # split K only while the (N / 64 rb) x (M / TM) grid has fewer CTAs than ~2 waves of 132 SMs
-SMEM_BYTES = 200 * 1024   # staged tiles + the output tile, under the 227 KB a CTA may hold
+# Shared memory a CTA may fill with its staged tiles and output tile: <= 112 KB keeps two CTAs on an SM (227 KB),
+# so one CTA's dequantization runs while the other's MMAs do. H100, fb8401c, gate_up at M = 2048: 2 stages (112 KB)
+# 821 us, 4 stages (176 KB, one CTA an SM) 1,074 us, the bf16 dot 761, XLA's dequantize + dot 896
+# (results/kernel-quantized-matmul-int4-wide-fb8401c-2026-12-05.json).
+SMEM_BYTES = 112 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +59,8 @@ class WideConfig:
     row_blocks: int  # 64-row weight blocks a CTA (1 or 2), sharing each staged x tile
     split: int       # K splits (each a whole number of groups)
     stages: int      # pipeline depth
+    overlap: bool = False   # keep a step's MMAs in flight while the next step dequantizes (x slots released one
+                            # step late: needs stages >= 2; the weight registers of two steps are live)
 
 
 def tile_m_for(M: int, max_tile_m: int = MAX_TILE_M) -> int:
@@ -67,18 +73,21 @@ def stage_bytes(tile_m: int, row_blocks: int) -> int:
 
 
 def default_config(M: int, K: int, N: int, *, max_tile_m: int = MAX_TILE_M, row_blocks: int | None = None,
-                   target_ctas: int = TARGET_CTAS, max_stages: int = 4) -> WideConfig:
+                   target_ctas: int = TARGET_CTAS, max_stages: int = 4, smem_bytes: int = SMEM_BYTES,
+                   overlap: bool = False) -> WideConfig:
     """TM = the padded token count up to max_tile_m; 2 row blocks where N allows it (else 1); K split until the grid
-    reaches target_ctas (>= 2 groups a split); as many stages (<= max_stages) as fit SMEM_BYTES beside the output
-    tile."""
+    reaches target_ctas (>= 2 groups a split); as many stages (<= max_stages) as fit smem_bytes beside the output
+    tile, but >= 2; overlap where there are >= 2 stages."""
     tm = tile_m_for(M, max_tile_m)
     rb = row_blocks or (2 if N % (2 * TILE_N) == 0 else 1)
     tiles = (N // (TILE_N * rb)) * (-(-M // tm))
     groups = K // GROUP
     split = k_split(groups, tiles, target_ctas)
     out_bytes = TILE_N * tm * (2 if split == 1 else 4)     # the output tile: bf16 y^T or an f32 partial
-    fit = max(1, (SMEM_BYTES - out_bytes) // stage_bytes(tm, rb))
-    return WideConfig(tile_m=tm, row_blocks=rb, split=split, stages=max(1, min(max_stages, fit, groups // split)))
+    fit = max(1, (smem_bytes - out_bytes) // stage_bytes(tm, rb))
+    # at least 2 stages (one load in flight) where the split has 2 groups, even past smem_bytes (one CTA an SM)
+    stages = max(min(2, max_stages, groups // split), min(max_stages, fit, groups // split))
+    return WideConfig(tile_m=tm, row_blocks=rb, split=split, stages=stages, overlap=overlap and stages >= 2)
 
 
 def supports(M: int, K: int, N: int, group_size: int | None) -> bool:
@@ -131,10 +140,12 @@ def _call(x_p, q, scale, offset, *, cfg: WideConfig, out_dtype):
                         w = w + lax.broadcast_in_dim(of, (TILE_N, GROUP), [0])
                     plgpu.wgmma(accs[r], w, xt)
                 # the MMAs read x_s from shared memory asynchronously: done before the pipeline refills the slot
-                plgpu.wgmma_wait(0)
+                # (overlap: the previous step's, whose slot the pipeline releases one step late)
+                plgpu.wgmma_wait(rb if cfg.overlap else 0)
 
             in_specs = [plgpu.BlockSpec((tn, GROUP), lambda j: (0, j), transforms=w_transforms),
-                        plgpu.BlockSpec((tm, GROUP), lambda j: (0, j), transforms=x_transforms),
+                        plgpu.BlockSpec((tm, GROUP), lambda j: (0, j), transforms=x_transforms,
+                                        delay_release=1 if cfg.overlap else 0),
                         plgpu.BlockSpec((1, tn), lambda j: (j, 0))]
             operands = [q_g.at[rows, ksl], x_g.at[toks, ksl], s_g.at[gsl, rows]]
             if has_offset:
@@ -142,6 +153,7 @@ def _call(x_p, q, scale, offset, *, cfg: WideConfig, out_dtype):
                 operands.append(o_g.at[gsl, rows])
             plgpu.emit_pipeline(step, grid=(gps,), in_specs=in_specs,
                                 max_concurrent_steps=cfg.stages)(*operands)
+            plgpu.wgmma_wait(0)
             dst = out_g if cfg.split == 1 else out_g.at[sp]
             for r in range(rb):
                 out_smem[...] = accs[r][...].astype(part_dtype)

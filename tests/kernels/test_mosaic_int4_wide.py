@@ -17,13 +17,14 @@ from tests.kernels.test_mosaic_int4 import native_nk_case
 
 
 def dequant_bf16(q, scale, offset):
-    """The kernel's weight: bf16(q) * bf16(scale) rounded to bf16 (+ offset, rounded again), [N, K] float32."""
-    N, K = q.shape
-    s = jnp.repeat(scale.astype(jnp.bfloat16).T, MW.GROUP, axis=1)                   # [N, K]
-    w = (q.astype(jnp.bfloat16) * s).astype(jnp.bfloat16)
+    """The kernel's weight, [N, K] float32: q * scale (+ offset) rounded once to bf16 (q * scale is exact in f32;
+    the GPU may round the product before the offset's add or fuse them: the GPU tests bound only the symmetric
+    case tightly against this)."""
+    s = jnp.repeat(scale.astype(jnp.float32).T, MW.GROUP, axis=1)                    # [N, K]
+    w = q.astype(jnp.float32) * s
     if offset is not None:
-        w = (w + jnp.repeat(offset.astype(jnp.bfloat16).T, MW.GROUP, axis=1)).astype(jnp.bfloat16)
-    return w.astype(jnp.float32)
+        w = w + jnp.repeat(offset.astype(jnp.float32).T, MW.GROUP, axis=1)
+    return w.astype(jnp.bfloat16).astype(jnp.float32)
 
 
 def kernel_standin(x_p, q, scale, offset, *, cfg, out_dtype):
@@ -38,12 +39,17 @@ def kernel_standin(x_p, q, scale, offset, *, cfg, out_dtype):
 
 
 def test_config_arithmetic():
-    # many tokens: 128-token tiles, two row blocks, no split on the large 8B weights, 4 stages in shared memory
-    assert MW.default_config(2048, 4096, 28672) == MW.WideConfig(tile_m=128, row_blocks=2, split=1, stages=4)
+    # many tokens: 128-token tiles, two row blocks, no split on the large 8B weights, 2 stages (two CTAs an SM)
+    assert MW.default_config(2048, 4096, 28672) == MW.WideConfig(tile_m=128, row_blocks=2, split=1, stages=2)
+    assert MW.default_config(2048, 4096, 28672, smem_bytes=200 << 10).stages == 4
     # down at 256 tokens: 32 x 2 tiles; the smallest divisor of its 112 groups reaching 264 CTAs is 7 (448)
     assert MW.default_config(256, 14336, 4096).split == 7
-    # 256-token tiles fit only 2 stages beside the output tile; split partials are f32 (a bigger output tile)
+    # 256-token tiles: past the two-CTA budget already at one stage, but never fewer than 2 stages
     assert MW.default_config(512, 4096, 28672, max_tile_m=256) == MW.WideConfig(256, 2, 1, 2)
+    # overlap only with >= 2 stages
+    assert MW.default_config(256, 4096, 6144, max_tile_m=64, overlap=True) == MW.WideConfig(64, 2, 2, 3, True)
+    assert MW.default_config(1, 256, 64, overlap=True) == MW.WideConfig(8, 1, 1, 2, True)     # 2 groups: 2 stages
+    assert not MW.default_config(1, 256, 64, overlap=True, max_stages=1).overlap
     assert MW.default_config(5, 4096, 4096).tile_m == 8 and MW.default_config(100, 4096, 4096).tile_m == 128
     assert MW.default_config(300, 4096, 64).row_blocks == 1                  # N = 64: one row block
     for M, K, N in [(1, 512, 128), (129, 4096, 6144), (700, 14336, 4096), (2048, 4096, 128256)]:
@@ -51,7 +57,7 @@ def test_config_arithmetic():
         groups = K // MW.GROUP
         assert groups % c.split == 0 and 1 <= c.stages <= groups // c.split
         out = 64 * c.tile_m * (2 if c.split == 1 else 4)
-        assert c.stages * MW.stage_bytes(c.tile_m, c.row_blocks) + out <= MW.SMEM_BYTES or c.stages == 1
+        assert c.stages * MW.stage_bytes(c.tile_m, c.row_blocks) + out <= MW.SMEM_BYTES or c.stages == 2
     assert [MW.tile_m_for(m) for m in (1, 9, 128, 129, 256, 3000)] == [8, 16, 128, 128, 128, 128]
     assert [MW.tile_m_for(m, 256) for m in (129, 256, 3000)] == [256, 256, 256]
     assert MW.supports(3000, 4096, 6144, 128) and not MW.supports(300, 4096, 6144, 64)
@@ -60,7 +66,9 @@ def test_config_arithmetic():
 
 @pytest.mark.parametrize("M,K,N,offset,kw", [(1, 512, 128, True, {}), (129, 512, 256, False, {}),
                                              (300, 1024, 128, True, {}), (256, 512, 256, False, dict(max_tile_m=256)),
-                                             (64, 512, 192, False, {}), (200, 512, 128, True, dict(row_blocks=1))])
+                                             (64, 512, 192, False, {}), (200, 512, 128, True, dict(row_blocks=1)),
+                                             (256, 512, 256, True, dict(overlap=True, max_stages=3)),
+                                             (130, 512, 128, False, dict(row_blocks=1, overlap=True))])
 def test_kernel_lowers_for_cuda(M, K, N, offset, kw):
     cfg = MW.default_config(M, K, N, **kw)
     f = functools.partial(MW.forward, cfg=cfg, out_dtype=jnp.bfloat16)
