@@ -2,8 +2,9 @@
 # The many-token Mosaic int4 kernel of 2026-12-05 c (pallas_kernels/quantized_matmul/mosaic_int4_wide.py):
 #   PART=kernel  its GPU tests, then per op at M = 2048 / 256 / 512 on the four 8B layer shapes beside the bf16 dot,
 #                the engine's path there today (XLA's dequantize + dot) and its tile / stage / overlap variants
-#   PART=engine  the engine's offline throughput (384 x 512/128) with the opt-in backend 'mosaic-int4-wide'
-#                against 'mosaic-int4' (the int4 default) and bf16 in one process
+#   PART=engine  int4 (since fc17463+1 the kernel above 128 tokens) against bf16 in one process: batch 1 and 256
+#                decode, offline throughput (384 x 512/128); the 12-05 b figures (XLA above 128 tokens) were
+#                offline 0.79x, batch 64 1.16x
 #   (no PART: both; more than one device call's 10 minutes)
 #   JAXINFER_COMMIT=<sha> PART=kernel bash benchmarks/gpu_int4_wide.sh          # logs + JSONs into $OUT
 set -u
@@ -22,8 +23,8 @@ if [ "${PART:-all}" != engine ]; then
   echo "kernel rc=$?" >> "$OUT_DIR/run.log"
 fi
 [ "${PART:-all}" = kernel ] || \
-{ timeout 400 $PY benchmarks/quantized_decode.py --methods int4:mosaic-int4-wide int4 bf16 --decode-batches 1 \
-  --throughput-methods int4:mosaic-int4-wide int4 bf16 --no-kv-capacity --budget-s 330 --tag int4-wide \
+{ timeout 400 $PY benchmarks/quantized_decode.py --methods int4 bf16 --decode-batches 1 256 \
+  --throughput-methods int4 bf16 --no-kv-capacity --budget-s 330 --tag int4-wide \
   > "$OUT_DIR/decode.log" 2>&1; echo "engine rc=$?" >> "$OUT_DIR/run.log"; }
 cp benchmarks/results/gpu-tests-2*.json benchmarks/results/kernel-quantized-matmul-2*.json \
   benchmarks/results/quantized-decode-int4-wide-*.json "$OUT_DIR"/ 2>/dev/null

@@ -236,11 +236,10 @@ class KernelConfig:
                                          "xla-int4 (int4 only) | triton-int4 (int4 only, [out, in/2] weights: "
                                          "the small-M int4 kernel at M <= 16 on one device, XLA above) | "
                                          "mosaic-int4 (int4-g128 only, int4 [out, in] weights: the Mosaic GPU "
-                                         "tensor-core kernel at M <= 128 on Hopper, XLA above; one device) | "
+                                         "tensor-core kernels on Hopper: one at M <= 128, the many-token one above; "
+                                         "one device) | "
                                          "mosaic-int8 (int8 only, opt-in, measured slower than xla-nk: xla-nk "
-                                         "with the Mosaic GPU int8 kernel at M <= 16 on Hopper) | "
-                                         "mosaic-int4-wide (opt-in, being measured: mosaic-int4 with the "
-                                         "many-token Mosaic kernel above 128 tokens)",
+                                         "with the Mosaic GPU int8 kernel at M <= 16 on Hopper)",
                                  choices=MATMUL_BACKENDS)
     compilation_cache_dir: str | None = _opt(None, "JAX's persistent compilation cache (default: "
                                                    "$JAXINFER_CACHE/xla, ~/.cache/jaxinfer/xla)")

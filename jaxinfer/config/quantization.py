@@ -28,19 +28,16 @@ from jaxinfer.config.model import ConfigError
 #                XLA-native int4 weights, formulation per M from the table) or "triton-int4" (int4 only: [out, in/2]
 #                packed weights, the small-M int4 kernel at M <= 16 on one device, XLA dequantize + dot above / under TP)
 #                or "mosaic-int4" (int4 group 128 only: signed int4 [out, in] weights, the Mosaic GPU tensor-core
-#                kernel at M <= 128 on a Hopper GPU, XLA dequantize + dot above; one device only) or "mosaic-int8"
+#                kernels on a Hopper GPU, one at M <= 128 and the many-token one above; one device only) or "mosaic-int8"
 #                (int8 only, opt-in, measured slower than 'xla-nk': its [out, in] weights, the Mosaic GPU int8 kernel
-#                at M <= 16 on a Hopper GPU instead of the Pallas-Triton one, XLA's convert + dot above) or
-#                "mosaic-int4-wide" (opt-in, being measured: 'mosaic-int4' with the many-token Mosaic GPU kernel,
-#                mosaic_int4_wide.py, above 128 tokens instead of XLA's dequantize + dot).
+#                at M <= 16 on a Hopper GPU instead of the Pallas-Triton one, XLA's convert + dot above).
 
 QUANT_METHODS = ("int8", "int4", "fp8")
 INT4_GROUP_SIZES = (32, 64, 128)
 MATMUL_BACKENDS = ("auto", "reference", "xla", "pallas", "w8a8", "xla-nk", "xla-int4", "triton-int4", "mosaic-int4",
-                   "mosaic-int8", "mosaic-int4-wide")
+                   "mosaic-int8")
 _BACKEND_METHODS = {"w8a8": "int8", "xla-nk": "int8", "xla-int4": "int4", "triton-int4": "int4",
-                    "mosaic-int4": "int4", "mosaic-int8": "int8",
-                    "mosaic-int4-wide": "int4"}  # one method only
+                    "mosaic-int4": "int4", "mosaic-int8": "int8"}  # one method only
 _INT4_RE = re.compile(r"int4(?:-g(\d+))?(-asym|-sym)?")
 
 
@@ -76,9 +73,9 @@ class QuantSpec:
         if only is not None and self.method != only:
             raise QuantizationError(
                 f"quantized_matmul={self.backend!r} is for {only} models only, not {self.name}; use 'auto'")
-        if self.backend in ("mosaic-int4", "mosaic-int4-wide") and self.group_size != 128:
+        if self.backend == "mosaic-int4" and self.group_size != 128:
             raise QuantizationError(
-                f"quantized_matmul={self.backend!r} takes int4 group 128 weights only (its kernel dequantizes one "
+                f"quantized_matmul='mosaic-int4' takes int4 group 128 weights only (its kernel dequantizes one "
                 f"128-wide group a step), not {self.name}; use 'auto' for other group sizes")
         if self.method == "fp8" and self.backend == "pallas":
             raise QuantizationError(

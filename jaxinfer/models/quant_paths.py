@@ -23,10 +23,8 @@ Model backends (the `quantized_matmul` option after quant.resolve_backend) and t
                              and table, the Mosaic GPU int8 kernel (mosaic_int8.py) at M <= 16 on Hopper
                                                                                         int8 [N, K]
   'mosaic-int4'              int4 group 128 only (the default on one Hopper GPU): signed int4 [N, K] weights (K
-                             contiguous); the Mosaic GPU tensor-core kernel at M <= 128 on a Hopper GPU, XLA
-                             dequantize + dot above (PATHS[('int4', 'mosaic-int4')])  int4 native-nk
-  'mosaic-int4-wide'         opt-in, being measured: 'mosaic-int4' with the many-token Mosaic GPU kernel
-                             (mosaic_int4_wide.py) above 128 tokens                    int4 native-nk
+                             contiguous); Mosaic GPU tensor-core kernels on a Hopper GPU: mosaic_int4.py at M <=
+                             128, mosaic_int4_wide.py above (PATHS[('int4', 'mosaic-int4')])  int4 native-nk
   'auto'                     resolves to GPU_DEFAULT[method] on GPU (int8: 'xla-nk', int4-g128: 'triton-int4'; on
                              one Hopper GPU int4-g128: HOPPER_INT4_DEFAULT, 'mosaic-int4');
                              PATHS[(method, 'auto')] picks
@@ -89,11 +87,12 @@ PATHS = {
     # 19.1 / 26.1 / 20.2, 31.9 / 34.2 / 22.9; lm_head 155 / 1006 / 370, 216 / 1025 / 376, 412 / 1050 / 380. The
     # kernel beats the XLA path on every shape at every M measured (1.05-6.5x); at M = 128 it was 0.65-0.92x the bf16
     # dot (which the int4 model does not have), 0.86-1.07x with the large-M split (mosaic_int4.LARGE_M_TARGET_CTAS).
-    ("int4", "mosaic-int4"): ((qmm_mosaic.MAX_M, "mosaic-int4-nk"), (ANY_M, "int4-dequant-nk")),
-    # ('mosaic-int4-wide', opt-in, 2026-12-05 c, not yet measured): above 128 tokens the many-token Mosaic kernel
-    # (mosaic_int4_wide.py: scales applied to the weight tile in registers, one accumulator) in place of XLA's
-    # dequantize + dot, which writes and re-reads the whole bf16 weight.
-    ("int4", "mosaic-int4-wide"): ((qmm_mosaic.MAX_M, "mosaic-int4-nk"), (ANY_M, "mosaic-int4-wide-nk")),
+    # Above 128 tokens (2026-12-05 c) the many-token Mosaic kernel (mosaic_int4_wide.py: scales applied to the
+    # weight tile in registers, one accumulator) instead of XLA's dequantize + dot, which writes and re-reads the
+    # whole bf16 weight. Per layer (gate_up + down + qkv + o, H100, fc17463, results/kernel-quantized-matmul-int4-
+    # wide-fc17463-2026-12-05.json, us; kernel / XLA / bf16 dot): M = 256 273 / 558 / 284, M = 512 506 / 685 / 422,
+    # M = 2048 1,546 / 1,661 / 1,449: faster than XLA's form on every shape, still 0.83-0.94x the bf16 dot from 512.
+    ("int4", "mosaic-int4"): ((qmm_mosaic.MAX_M, "mosaic-int4-nk"), (ANY_M, "mosaic-int4-wide-nk")),
     # int8 [N, K] ('mosaic-int8', opt-in): 'xla-nk' with the Mosaic GPU int8 kernel (mosaic_int8.py) in place of the
     # Pallas-Triton one at M <= 16. Measured and not adopted (H100, 29a3906, results/quantized-decode-mosaic-int8-
     # 2026-12-05.json): batch 1 225.8 tok/s against 250.7 for 'xla-nk', batch 16 3,093 against 3,817; per op at
@@ -157,8 +156,7 @@ def weight_layout_of(method: str, backend: str) -> str:
     """The device layout a resolved model backend runs on: int4 'native' for 'xla-int4', else int4 'packed';
     int8 'nk' for 'xla-nk', else 'kn'; fp8 'nk' (e4m3 [N, K])."""
     if method == "int4":
-        return {"xla-int4": "native", "triton-int4": "packed-nk", "mosaic-int4": "native-nk",
-                "mosaic-int4-wide": "native-nk"}.get(backend, "packed")
+        return {"xla-int4": "native", "triton-int4": "packed-nk", "mosaic-int4": "native-nk"}.get(backend, "packed")
     if method == "int8":
         return "nk" if backend in ("xla-nk", "mosaic-int8") else "kn"
     return "nk"
@@ -172,7 +170,7 @@ def path_for(method: str, backend: str, M: int, K: int | None = None, N: int | N
     device) turns every KERNEL_FALLBACK path into its XLA fallback."""
     if method == "fp8":
         return "reference" if backend == "reference" else "xla"
-    if backend in ("xla-int4", "triton-int4", "mosaic-int4", "mosaic-int4-wide"):
+    if backend in ("xla-int4", "triton-int4", "mosaic-int4"):
         path = _lookup(PATHS[("int4", backend)], M)
     elif backend == "mosaic-int8":
         path = _lookup(PATHS[("int8", "mosaic-int8")], M)

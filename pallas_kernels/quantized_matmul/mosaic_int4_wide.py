@@ -14,7 +14,8 @@ tile's tokens), so one accumulator takes the CTA's whole K range and the MMAs ne
                                                                        LHS, TM = tile_m tokens: 8 .. 256)
   grid = (N / (64 rb), M_pad / TM, split):
                             CTA (n, m, s) = one warpgroup, rb row blocks of 64 weight rows sharing each staged x
-                            tile (rb = 2 halves the x tile's re-reads from L2: every CTA of a token tile reads it),
+                            tile (rb = 2 halves the x tile's re-reads from L2: every CTA of a token tile reads it;
+                            rb = 1 where 2 would leave too few CTAs),
                             over K groups [s G_s, (s + 1) G_s) through a TMA pipeline (int4 [64 rb, g], x [TM, g])
   per group j, row block r: w = bf16(q_j,r) * scale[j, r] (+ offset[j, r])   (one rounding of the dequantized
                             weight to bf16, as XLA's dequantize + dot does)
@@ -28,8 +29,13 @@ of each dequantized weight (relative 2^-9) and of the activations; tests bound i
 test_mosaic_int4_wide*.py). No interpret mode: the CPU tests check that it traces and lowers for CUDA and the
 wrapper's algebra through a jnp stand-in; the numbers are GPU tests.
 
-Status (2026-12-05 c): written and lowered on the CPU; not yet run on a GPU. The engine does not route to it
-until the per-op sweep (benchmarks/kernels/quantized_matmul.py --methods ... int4_wide) measures it.
+Measured (H100, jax 0.11.2, fc17463, results/kernel-quantized-matmul-int4-wide-fc17463-2026-12-05.json, the 8B
+layer's four projections summed, us; this kernel / XLA's dequantize + dot / the bf16 dot): M = 256 273 / 558 / 284,
+M = 512 506 / 685 / 422, M = 2048 1,546 / 1,661 / 1,449. So the engine runs it above 128 tokens (models/
+quant_paths.py), but from ~512 tokens it is still 0.83-0.94x the bf16 dot: one warpgroup a CTA waits for its MMAs
+each group, where the bf16 GEMM runs warp-specialised producer / consumer warpgroups. The overlap variants (MMAs in
+flight across groups, 3 stages: one CTA an SM) won 3 of 12 cells at one row block and lost every M = 2048 cell;
+64-token tiles lost everywhere.
 """
 from __future__ import annotations
 
@@ -75,12 +81,21 @@ def stage_bytes(tile_m: int, row_blocks: int) -> int:
 def default_config(M: int, K: int, N: int, *, max_tile_m: int = MAX_TILE_M, row_blocks: int | None = None,
                    target_ctas: int = TARGET_CTAS, max_stages: int = 4, smem_bytes: int = SMEM_BYTES,
                    overlap: bool = False) -> WideConfig:
-    """TM = the padded token count up to max_tile_m; 2 row blocks where N allows it (else 1); K split until the grid
-    reaches target_ctas (>= 2 groups a split); as many stages (<= max_stages) as fit smem_bytes beside the output
-    tile, but >= 2; overlap where there are >= 2 stages."""
+    """TM = the padded token count up to max_tile_m; 2 row blocks where the grid then still has >= target_ctas CTAs
+    without a K split (else 1: more CTAs beat fewer x re-reads); K split until the grid reaches target_ctas (>= 2
+    groups a split); as many stages (<= max_stages) as fit smem_bytes beside the output tile, but >= 2; overlap
+    where there are >= 2 stages.
+
+    The row-block rule picked the faster of 1 and 2 on all 12 measured (shape, M) cells (H100, fc17463: the 8B
+    gate_up / down / qkv / o at M = 256 / 512 / 2048), e.g. M = 256: gate_up 131.1 us with 2 (148.1 with 1), down
+    72.8 with 1 (99.5 with 2); M = 2048: 2 on every shape (gate_up 845 vs 1,147)."""
     tm = tile_m_for(M, max_tile_m)
-    rb = row_blocks or (2 if N % (2 * TILE_N) == 0 else 1)
-    tiles = (N // (TILE_N * rb)) * (-(-M // tm))
+    m_tiles = -(-M // tm)
+    if row_blocks is None:
+        wide_grid = N % (2 * TILE_N) == 0 and (N // (2 * TILE_N)) * m_tiles >= target_ctas
+        row_blocks = 2 if wide_grid else 1
+    rb = row_blocks
+    tiles = (N // (TILE_N * rb)) * m_tiles
     groups = K // GROUP
     split = k_split(groups, tiles, target_ctas)
     out_bytes = TILE_N * tm * (2 if split == 1 else 4)     # the output tile: bf16 y^T or an f32 partial

@@ -42,12 +42,15 @@ def test_config_arithmetic():
     # many tokens: 128-token tiles, two row blocks, no split on the large 8B weights, 2 stages (two CTAs an SM)
     assert MW.default_config(2048, 4096, 28672) == MW.WideConfig(tile_m=128, row_blocks=2, split=1, stages=2)
     assert MW.default_config(2048, 4096, 28672, smem_bytes=200 << 10).stages == 4
-    # down at 256 tokens: 32 x 2 tiles; the smallest divisor of its 112 groups reaching 264 CTAs is 7 (448)
-    assert MW.default_config(256, 14336, 4096).split == 7
+    # down at 256 tokens: 2 row blocks would leave 32 x 2 CTAs, so 1 (64 x 2) and the smallest divisor of its 112
+    # groups reaching 264 CTAs, 4 (512); gate_up keeps 2 row blocks (224 x 2 = 448 CTAs unsplit)
+    assert MW.default_config(256, 14336, 4096) == MW.WideConfig(128, 1, 4, 2)
+    assert MW.default_config(256, 4096, 28672) == MW.WideConfig(128, 2, 1, 2)
+    assert MW.default_config(2048, 4096, 4096).row_blocks == 2 and MW.default_config(512, 4096, 4096).row_blocks == 1
     # 256-token tiles: past the two-CTA budget already at one stage, but never fewer than 2 stages
     assert MW.default_config(512, 4096, 28672, max_tile_m=256) == MW.WideConfig(256, 2, 1, 2)
     # overlap only with >= 2 stages
-    assert MW.default_config(256, 4096, 6144, max_tile_m=64, overlap=True) == MW.WideConfig(64, 2, 2, 3, True)
+    assert MW.default_config(256, 4096, 6144, max_tile_m=64, overlap=True) == MW.WideConfig(64, 1, 1, 4, True)
     assert MW.default_config(1, 256, 64, overlap=True) == MW.WideConfig(8, 1, 1, 2, True)     # 2 groups: 2 stages
     assert not MW.default_config(1, 256, 64, overlap=True, max_stages=1).overlap
     assert MW.default_config(5, 4096, 4096).tile_m == 8 and MW.default_config(100, 4096, 4096).tile_m == 128
@@ -102,9 +105,9 @@ def test_bad_shapes_are_refused():
         MW.int4_matmul_mosaic_wide(x, q, scale, off[:, :32])
 
 
-def test_engine_backend_routes_many_tokens_to_it_only_where_it_runs():
-    # on the CPU the kernel cannot run: the path falls back to XLA's dequantize + dot
-    assert quant_paths.path_for("int4", "mosaic-int4-wide", 256, 4096, 4096, 128) == "int4-dequant-nk"
-    assert quant_paths.weight_layout_of("int4", "mosaic-int4-wide") == "native-nk"
-    assert quant_paths._lookup(quant_paths.PATHS[("int4", "mosaic-int4-wide")], 256) == "mosaic-int4-wide-nk"
-    assert quant_paths._lookup(quant_paths.PATHS[("int4", "mosaic-int4-wide")], 16) == "mosaic-int4-nk"
+def test_the_int4_default_routes_many_tokens_to_it_only_where_it_runs():
+    rows = quant_paths.PATHS[("int4", "mosaic-int4")]
+    assert quant_paths._lookup(rows, 129) == "mosaic-int4-wide-nk" and quant_paths._lookup(rows, 4096) == rows[-1][1]
+    assert quant_paths._lookup(rows, 128) == "mosaic-int4-nk"
+    # on the CPU the kernel cannot run: the path falls back to XLA's dequantize + dot on the same weights
+    assert quant_paths.path_for("int4", "mosaic-int4", 256, 4096, 4096, 128) == "int4-dequant-nk"
