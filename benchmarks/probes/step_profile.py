@@ -5,6 +5,7 @@ per-kernel table of the device time from a jax.profiler trace of the same steps 
 Step shapes (Llama-3-8B dummy weights, bf16; every token of a prefill chunk is new, context = cached tokens):
   decode-b1       1 sequence, 1 token, context 512            (batch-1 latency: the plain-XLA gap)
   decode-b64      64 sequences x 1 token, context 704          (the <= 7.2 ms device-only target)
+  decode-b256     256 sequences x 1 token, context 512         (offline decode; int4's many-token kernel)
   prefill-256     1 sequence, 256 tokens after 256 cached      (TTFT's unit; issue: 9.88 ms, ~53% matmul rate)
   prefill-2048    8 sequences x 256 tokens after 256 cached    (a large chunked-prefill step: >= 60% target)
 For each: the mean of --iters back-to-back calls (device time: the host call returns at once since the dispatch
@@ -41,7 +42,7 @@ from jaxinfer.runner.batch import pack  # noqa: E402
 
 # name -> (sequences, new tokens per sequence, cached context per sequence)
 SHAPES = {"decode-b1": (1, 1, 512), "decode-b64": (64, 1, 704), "prefill-256": (1, 256, 256),
-          "prefill-2048": (8, 256, 256)}
+          "prefill-2048": (8, 256, 256), "decode-b256": (256, 1, 512)}
 
 
 def device_op_times(trace_dir: str, steps: int) -> tuple[dict[str, float], list[str]]:
