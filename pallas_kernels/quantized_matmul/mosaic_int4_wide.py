@@ -20,9 +20,10 @@ tile's tokens), so one accumulator takes the CTA's whole K range and the MMAs ne
   per group j, row block r: w = bf16(q_j,r) * scale[j, r] (+ offset[j, r])   (one rounding of the dequantized
                             weight to bf16, as XLA's dequantize + dot does)
                             acc_r += w @ x_j^T                                 ([64, TM] f32, in registers)
-  out:                      split == 1: y^T [N, M_pad] in the output dtype (no f32 partials, no XLA sum);
-                            else part f32 [split, N, M_pad], summed by XLA. Transposed back by XLA (fused into the
-                            consumer where it can).
+  out:                      each [64, TM] accumulator transposed in registers and stored as y [TM, 64] (
+                            transpose_out, the default; else y^T for XLA to transpose); split == 1: y [M_pad, N]
+                            in the output dtype (no f32 partials, no XLA sum); else part f32 [split, M_pad, N],
+                            summed by XLA.
 
 Numerics: against the float32 reference of the same quantized weights the only extra error is the bf16 rounding
 of each dequantized weight (relative 2^-9) and of the activations; tests bound it (tests/kernels/
@@ -65,6 +66,10 @@ class WideConfig:
     row_blocks: int  # 64-row weight blocks a CTA (1 or 2), sharing each staged x tile
     split: int       # K splits (each a whole number of groups)
     stages: int      # pipeline depth
+    transpose_out: bool = True   # write y [M, N] (the tile transposed in registers, one shuffle + permute a register,
+                                 # and stored through a transposed view of shared memory), not y^T [N, M] for XLA
+                                 # to transpose: in the 8B batch-256 decode step those transposes took 1.7 ms of
+                                 # 17.6 (H100, 4de35df, results/step-profile-decode-b256-int4-4de35df-2026-12-05.log)
     overlap: bool = False   # keep a step's MMAs in flight while the next step dequantizes (x slots released one
                             # step late: needs stages >= 2; the weight registers of two steps are live)
 
@@ -111,8 +116,8 @@ def supports(M: int, K: int, N: int, group_size: int | None) -> bool:
 
 
 def _call(x_p, q, scale, offset, *, cfg: WideConfig, out_dtype):
-    """The Mosaic GPU kernel: x_p bf16 [M_pad, K] (M_pad a multiple of TM) -> y^T [N, M_pad] in out_dtype (split 1)
-    or part f32 [split, N, M_pad]."""
+    """The Mosaic GPU kernel: x_p bf16 [M_pad, K] (M_pad a multiple of TM) -> y [M_pad, N] in out_dtype (split 1)
+    or part f32 [split, M_pad, N] (transpose_out; else y^T [N, M_pad] / part [split, N, M_pad])."""
     pl, plgpu = _modules()
     m_pad, K = x_p.shape
     N = q.shape[0]
@@ -171,31 +176,39 @@ def _call(x_p, q, scale, offset, *, cfg: WideConfig, out_dtype):
             plgpu.wgmma_wait(0)
             dst = out_g if cfg.split == 1 else out_g.at[sp]
             for r in range(rb):
-                out_smem[...] = accs[r][...].astype(part_dtype)
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(out_smem, dst.at[pl.ds(n * tn + r * TILE_N, TILE_N), toks])
+                if cfg.transpose_out:   # the [64, TM] tile transposed in registers: smem holds y [TM, 64]
+                    val = plgpu.layout_cast(accs[r][...].astype(part_dtype), plgpu.Layout.WGMMA_TRANSPOSED)
+                    # (in WGMMA_TRANSPOSED each lane holds column pairs, the vector run a transposed store needs)
+                    plgpu.transpose_ref(out_smem, (1, 0))[...] = val
+                    plgpu.commit_smem()
+                    plgpu.copy_smem_to_gmem(out_smem, dst.at[toks, pl.ds(n * tn + r * TILE_N, TILE_N)])
+                else:
+                    out_smem[...] = accs[r][...].astype(part_dtype)
+                    plgpu.commit_smem()
+                    plgpu.copy_smem_to_gmem(out_smem, dst.at[pl.ds(n * tn + r * TILE_N, TILE_N), toks])
                 plgpu.wait_smem_to_gmem(0)
 
         pl.run_scoped(run, *[plgpu.ACC((TILE_N, tm), jnp.float32) for _ in range(rb)])
 
-    out_shape = (N, m_pad) if cfg.split == 1 else (cfg.split, N, m_pad)
+    out_shape = (m_pad, N) if cfg.transpose_out else (N, m_pad)
+    out_shape = out_shape if cfg.split == 1 else (cfg.split, *out_shape)
+    tile = (tm, TILE_N) if cfg.transpose_out else (TILE_N, tm)
     kernel = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(out_shape, part_dtype),
                           grid=(N // tn, m_pad // tm, cfg.split), grid_names=("n", "m", "s"),
-                          scratch_types=[plgpu.SMEM((TILE_N, tm), part_dtype)])
+                          scratch_types=[plgpu.SMEM(tile, part_dtype)])
     return kernel(q, x_p, scale, *((offset,) if has_offset else ()))
 
 
 def forward(x2, q, scale, offset, *, cfg: WideConfig, out_dtype, call=None):
     """x [M, K] -> y [M, N] around the kernel (`call`, default the Mosaic GPU kernel; the CPU tests pass a jnp
-    stand-in of the same contract: (x_p, q, scale, offset, cfg=, out_dtype=) -> y^T [N, M_pad] (split 1) or
-    part f32 [split, N, M_pad])."""
+    stand-in of the same contract: (x_p, q, scale, offset, cfg=, out_dtype=) -> _call's output)."""
     M = x2.shape[0]
     m_pad = -(-M // cfg.tile_m) * cfg.tile_m
     x_p = jnp.pad(x2.astype(jnp.bfloat16), ((0, m_pad - M), (0, 0)))
     out = (call or _call)(x_p, q, scale, offset, cfg=cfg, out_dtype=out_dtype)
     if cfg.split > 1:
         out = jnp.sum(out, axis=0)
-    return out[:, :M].T.astype(out_dtype)
+    return (out[:M] if cfg.transpose_out else out[:, :M].T).astype(out_dtype)
 
 
 _int4_wide = jax.jit(forward, static_argnames=("cfg", "out_dtype", "call"))

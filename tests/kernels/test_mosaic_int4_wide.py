@@ -2,6 +2,7 @@
 (Mosaic GPU's layout and copy checks run at lowering) for each config family, and the wrapper's algebra around the
 kernel (token padding to whole tiles, the split sum, the transpose) with a jnp stand-in of the kernel's contract
 against the float32 reference. The kernel's numbers: tests/kernels/test_mosaic_int4_wide_gpu.py."""
+import dataclasses
 import functools
 
 import jax
@@ -28,13 +29,15 @@ def dequant_bf16(q, scale, offset):
 
 
 def kernel_standin(x_p, q, scale, offset, *, cfg, out_dtype):
-    """The kernel's contract in jnp: y^T [N, M_pad] (split 1, out_dtype) or part f32 [split, N, M_pad], part[s] =
-    the split's K range of dequant_bf16(q) @ x_p^T."""
+    """The kernel's contract in jnp: y [M_pad, N] (split 1, out_dtype) or part f32 [split, M_pad, N], part[s] =
+    the split's K range of x_p @ dequant_bf16(q)^T (transposed where cfg.transpose_out is off)."""
     w = dequant_bf16(q, scale, offset)
     N, K = w.shape
     ks = K // cfg.split
     part = jnp.stack([w[:, s * ks:(s + 1) * ks] @ x_p[:, s * ks:(s + 1) * ks].astype(jnp.float32).T
                       for s in range(cfg.split)])
+    if cfg.transpose_out:
+        part = jnp.swapaxes(part, 1, 2)
     return part[0].astype(out_dtype) if cfg.split == 1 else part
 
 
@@ -50,8 +53,8 @@ def test_config_arithmetic():
     # 256-token tiles: past the two-CTA budget already at one stage, but never fewer than 2 stages
     assert MW.default_config(512, 4096, 28672, max_tile_m=256) == MW.WideConfig(256, 2, 1, 2)
     # overlap only with >= 2 stages
-    assert MW.default_config(256, 4096, 6144, max_tile_m=64, overlap=True) == MW.WideConfig(64, 1, 1, 4, True)
-    assert MW.default_config(1, 256, 64, overlap=True) == MW.WideConfig(8, 1, 1, 2, True)     # 2 groups: 2 stages
+    assert MW.default_config(256, 4096, 6144, max_tile_m=64, overlap=True) == MW.WideConfig(64, 1, 1, 4, overlap=True)
+    assert MW.default_config(1, 256, 64, overlap=True) == MW.WideConfig(8, 1, 1, 2, overlap=True)     # 2 groups: 2 stages
     assert not MW.default_config(1, 256, 64, overlap=True, max_stages=1).overlap
     assert MW.default_config(5, 4096, 4096).tile_m == 8 and MW.default_config(100, 4096, 4096).tile_m == 128
     assert MW.default_config(300, 4096, 64).row_blocks == 1                  # N = 64: one row block
@@ -72,8 +75,9 @@ def test_config_arithmetic():
                                              (64, 512, 192, False, {}), (200, 512, 128, True, dict(row_blocks=1)),
                                              (256, 512, 256, True, dict(overlap=True, max_stages=3)),
                                              (130, 512, 128, False, dict(row_blocks=1, overlap=True))])
-def test_kernel_lowers_for_cuda(M, K, N, offset, kw):
-    cfg = MW.default_config(M, K, N, **kw)
+@pytest.mark.parametrize("transpose_out", [True, False])
+def test_kernel_lowers_for_cuda(M, K, N, offset, kw, transpose_out):
+    cfg = dataclasses.replace(MW.default_config(M, K, N, **kw), transpose_out=transpose_out)
     f = functools.partial(MW.forward, cfg=cfg, out_dtype=jnp.bfloat16)
     sd = jax.ShapeDtypeStruct
     args = (sd((M, K), jnp.bfloat16), sd((N, K), jnp.int4), sd((K // 128, N), jnp.bfloat16),
@@ -82,11 +86,12 @@ def test_kernel_lowers_for_cuda(M, K, N, offset, kw):
     assert "mosaic_gpu" in module
 
 
+@pytest.mark.parametrize("transpose_out", [True, False])
 @pytest.mark.parametrize("M,K,N,offset,split", [(1, 512, 192, True, 1), (130, 1024, 128, False, 2),
                                                 (300, 384, 64, True, 3), (256, 512, 256, False, 1)])
-def test_wrapper_algebra_matches_reference(M, K, N, offset, split):
+def test_wrapper_algebra_matches_reference(M, K, N, offset, split, transpose_out):
     x, q, scale, off, want = native_nk_case(M, K, N, seed=M + K + N, offset=offset)
-    cfg = MW.WideConfig(tile_m=MW.tile_m_for(M), row_blocks=1, split=split, stages=1)
+    cfg = MW.WideConfig(tile_m=MW.tile_m_for(M), row_blocks=1, split=split, stages=1, transpose_out=transpose_out)
     got = MW.forward(x, q, scale, off, cfg=cfg, out_dtype=jnp.float32, call=kernel_standin)
     # only the bf16 rounding of each dequantized weight separates it from the float32 reference
     assert got.shape == (M, N) and rel_err(got, want) < 5e-3
