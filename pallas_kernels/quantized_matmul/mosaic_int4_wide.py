@@ -20,10 +20,10 @@ tile's tokens), so one accumulator takes the CTA's whole K range and the MMAs ne
   per group j, row block r: w = bf16(q_j,r) * scale[j, r] (+ offset[j, r])   (one rounding of the dequantized
                             weight to bf16, as XLA's dequantize + dot does)
                             acc_r += w @ x_j^T                                 ([64, TM] f32, in registers)
-  out:                      each [64, TM] accumulator transposed in registers and stored as y [TM, 64] (
-                            transpose_out, the default; else y^T for XLA to transpose); split == 1: y [M_pad, N]
-                            in the output dtype (no f32 partials, no XLA sum); else part f32 [split, M_pad, N],
-                            summed by XLA.
+  out:                      split == 1: y^T [N, M_pad] in the output dtype (no f32 partials, no XLA sum); else
+                            part f32 [split, N, M_pad], summed by XLA; XLA transposes. transpose_out (opt-in, not
+                            yet GPU-tested): each [64, TM] accumulator transposed in registers and stored as y
+                            [TM, 64], so the kernel writes y [M_pad, N] / part [split, M_pad, N] itself.
 
 Numerics: against the float32 reference of the same quantized weights the only extra error is the bf16 rounding
 of each dequantized weight (relative 2^-9) and of the activations; tests bound it (tests/kernels/
@@ -66,10 +66,12 @@ class WideConfig:
     row_blocks: int  # 64-row weight blocks a CTA (1 or 2), sharing each staged x tile
     split: int       # K splits (each a whole number of groups)
     stages: int      # pipeline depth
-    transpose_out: bool = True   # write y [M, N] (the tile transposed in registers, one shuffle + permute a register,
-                                 # and stored through a transposed view of shared memory), not y^T [N, M] for XLA
-                                 # to transpose: in the 8B batch-256 decode step those transposes took 1.7 ms of
-                                 # 17.6 (H100, 4de35df, results/step-profile-decode-b256-int4-4de35df-2026-12-05.log)
+    transpose_out: bool = False  # write y [M, N] (the tile relaid to WGMMA_TRANSPOSED in registers, one shuffle +
+                                 # permute a register, stored through a transposed view of shared memory) instead of
+                                 # y^T [N, M] for XLA to transpose: those transposes took 1.7 ms of int4's 17.6 ms
+                                 # batch-256 decode step (H100, 4de35df, results/step-profile-decode-b256-int4-
+                                 # 4de35df-2026-12-05.log). Lowers on the CPU; off until its GPU tests have run
+                                 # (benchmarks/gpu_int4_wide_final.sh: no device time was left on 2026-12-05).
     overlap: bool = False   # keep a step's MMAs in flight while the next step dequantizes (x slots released one
                             # step late: needs stages >= 2; the weight registers of two steps are live)
 

@@ -3,6 +3,8 @@ against the float32 reference of the same quantized weights with each dequantize
 kernel rounds it (tight: only summation order differs), and against the plain float32 reference (loose: that
 rounding); 8B projection shapes, M from 1 to 2048 (ragged, not multiples of the tile), with and without offsets,
 each config family. Run with `python benchmarks/gpu_tests.py tests/kernels/test_mosaic_int4_wide_gpu.py`."""
+import dataclasses
+
 import jax.numpy as jnp
 import pytest
 from jax import lax
@@ -36,10 +38,20 @@ def test_matches_reference(M, K, N, offset):
 
 
 @pytest.mark.parametrize("kw", [dict(max_tile_m=256), dict(row_blocks=1), dict(target_ctas=1024),
-                                dict(max_stages=2)])
+                                dict(max_stages=2), dict(overlap=True)])
 def test_every_swept_config_matches(kw):
     M, K, N = 333, 4096, 1024
     check(M, K, N, True, cfg=MW.default_config(M, K, N, **kw), seed=11)
+
+
+@pytest.mark.parametrize("M,K,N,offset", [(300, 4096, 6144, False), (2048, 14336, 4096, True), (16, 512, 128, False),
+                                          (256, 4096, 4096, True)])
+@pytest.mark.parametrize("row_blocks", [1, 2])
+def test_transposed_output_matches(M, K, N, offset, row_blocks):
+    """transpose_out: the kernel writes y [M, N] itself (a register relayout and a transposed shared-memory store);
+    split (f32 partials) and unsplit (bf16 / f32 y) configs. Written 2026-12-05 c, not yet run on a GPU."""
+    cfg = dataclasses.replace(MW.default_config(M, K, N, row_blocks=row_blocks), transpose_out=True)
+    check(M, K, N, offset, cfg=cfg, seed=M + K + row_blocks)
 
 
 def test_bf16_output():
