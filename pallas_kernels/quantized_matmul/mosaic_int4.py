@@ -238,19 +238,24 @@ def forward(x2, q, scale, offset, *, cfg: Config, out_dtype, call=None):
 _int4_mosaic = jax.jit(forward, static_argnames=("cfg", "out_dtype", "call"))
 
 
+def check_args(name: str, x, q, scale, offset, group_size: int):
+    """The int4 [N, K] weight contract of this module's and mosaic_int4_wide.py's wrappers (ValueError naming the
+    mismatch); -> (x as [M, K], x's leading shape, (M, K, N))."""
+    N, K = q.shape
+    if x.shape[-1] != K or q.dtype != jnp.int4 or scale.shape != (K // group_size, N):
+        raise ValueError(f"{name} wants x [..., {K}], q int4 [N, K], scale [K/g, N]; got x {x.shape}, "
+                         f"q {q.dtype} {q.shape}, scale {scale.shape}, group_size {group_size}")
+    if offset is not None and offset.shape != scale.shape:
+        raise ValueError(f"offset must be [K/g, N] like scale {scale.shape}, got {offset.shape}")
+    x2 = x.reshape(-1, K)
+    return x2, x.shape[:-1], (x2.shape[0], K, N)
+
+
 def int4_matmul_mosaic(x, q, scale, offset=None, *, group_size: int = GROUP, out_dtype=None,
                        cfg: Config | None = None):
     """x [..., K] @ dequantize(q int4 [N, K], scale, offset [K/g, N] or None).T -> [..., N] (module docstring).
     ValueError where the kernel does not take the shape (callers check `supports` first)."""
-    N, K = q.shape
-    if x.shape[-1] != K or q.dtype != jnp.int4 or scale.shape != (K // group_size, N):
-        raise ValueError(f"int4_matmul_mosaic wants x [..., {K}], q int4 [N, K], scale [K/g, N]; got x {x.shape}, "
-                         f"q {q.dtype} {q.shape}, scale {scale.shape}, group_size {group_size}")
-    if offset is not None and offset.shape != scale.shape:
-        raise ValueError(f"offset must be [K/g, N] like scale {scale.shape}, got {offset.shape}")
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, K)
-    M = x2.shape[0]
+    x2, lead, (M, K, N) = check_args("int4_matmul_mosaic", x, q, scale, offset, group_size)
     if not supports(M, K, N, group_size):
         raise ValueError(f"the Mosaic int4 kernel takes M <= {MAX_M}, g = {GROUP}, N % {TILE_N} == 0, K % g == 0; "
                          f"got M={M}, K={K}, N={N}, g={group_size}")

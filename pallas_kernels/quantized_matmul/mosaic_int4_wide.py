@@ -47,7 +47,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels.quantized_matmul.mosaic_int4 import GROUP, TILE_N, _modules, k_split, padded_m, usable  # noqa: F401
+from pallas_kernels.quantized_matmul.mosaic_int4 import (GROUP, TILE_N, _modules, check_args, k_split,  # noqa: F401
+                                                         padded_m, usable)
 
 MAX_TILE_M = 128     # tokens a CTA by default: x [128, g] bf16 = 32 KB a stage leaves room for 4 stages at 2 row
                      # blocks; 256 (wgmma's largest N, a [64, 256] f32 accumulator = 128 registers a thread) fits
@@ -220,15 +221,7 @@ def int4_matmul_mosaic_wide(x, q, scale, offset=None, *, group_size: int = GROUP
                             cfg: WideConfig | None = None):
     """x [..., K] @ dequantize(q int4 [N, K], scale, offset [K/g, N] or None).T -> [..., N] (module docstring).
     ValueError where the kernel does not take the shape (callers check `supports` first)."""
-    N, K = q.shape
-    if x.shape[-1] != K or q.dtype != jnp.int4 or scale.shape != (K // group_size, N):
-        raise ValueError(f"int4_matmul_mosaic_wide wants x [..., {K}], q int4 [N, K], scale [K/g, N]; got x "
-                         f"{x.shape}, q {q.dtype} {q.shape}, scale {scale.shape}, group_size {group_size}")
-    if offset is not None and offset.shape != scale.shape:
-        raise ValueError(f"offset must be [K/g, N] like scale {scale.shape}, got {offset.shape}")
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, K)
-    M = x2.shape[0]
+    x2, lead, (M, K, N) = check_args("int4_matmul_mosaic_wide", x, q, scale, offset, group_size)
     if not supports(M, K, N, group_size):
         raise ValueError(f"the wide Mosaic int4 kernel takes g = {GROUP}, N % {TILE_N} == 0, K % g == 0, M >= 1; "
                          f"got M={M}, K={K}, N={N}, g={group_size}")
