@@ -12,7 +12,7 @@ OUT_DIR=${OUT:-/tmp/gpu-int4-wide-final}; mkdir -p "$OUT_DIR"
 PY=${PYTHON:-python3}
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT_DIR/gpu.txt" 2>&1
 timeout 90 $PY benchmarks/gpu_tests.py tests/kernels/test_mosaic_int4_wide_gpu.py -q -k \
-  "transposed or swept or bf16" > "$OUT_DIR/tests.log" 2>&1
+  "transposed or swept or bf16 or long_prefills" > "$OUT_DIR/tests.log" 2>&1
 echo "tests rc=$?" >> "$OUT_DIR/run.log"; cp benchmarks/results/gpu-tests-2*.json "$OUT_DIR"/ 2>/dev/null
 timeout 90 $PY benchmarks/kernels/quantized_matmul.py --variants bf16 int4_wide int4_wide_t --shapes gate_up down \
   qkv o --m 256 2048 --check-m 256 --reps 3 --budget-s 80 --gpus 1 > "$OUT_DIR/kernel.log" 2>&1

@@ -58,3 +58,27 @@ def test_bf16_output():
     x, q, scale, off, want = native_nk_case(260, 1024, 256, seed=5)
     got = MW.int4_matmul_mosaic_wide(x, q, scale, off)
     assert got.dtype == jnp.bfloat16 and rel_err(got.astype(jnp.float32), want) < 1e-2
+
+
+def test_the_int4_default_runs_it_for_long_prefills_and_matches_reference(g128_llama_dir):
+    """quantization='int4' on one Hopper GPU: a 300-token prompt's prefill step (above 128 tokens) runs this
+    kernel (models/quant_paths.PATHS[('int4', 'mosaic-int4')]); its prompt log-probs and greedy tokens match the jnp
+    reference on the same int4 weights (the kernel rounds activations and dequantized weights to bf16: log-probs
+    within 0.05). Written 2026-12-05 c, not yet run on a GPU."""
+    import jaxinfer
+    from jaxinfer import SamplingParams
+    from jaxinfer.models import quant_paths
+
+    assert quant_paths.path_for("int4", "mosaic-int4", 300, 128, 256, 128) == "mosaic-int4-wide-nk"
+    kw = dict(dtype="float32", max_model_len=512, num_pages=64, max_num_batched_tokens=512, warmup=False,
+              progress=False)
+    wide = jaxinfer.LLM(g128_llama_dir, quantization="int4", **kw)
+    ref = jaxinfer.LLM(g128_llama_dir, quantization="int4", quantized_matmul="reference", **kw)
+    sp = SamplingParams(max_tokens=8, temperature=0.0, prompt_logprobs=0, ignore_eos=True)
+    prompt = [(37 * i + 11) % 500 + 3 for i in range(300)]
+    got, want = (x.generate([prompt], sp, use_tqdm=False)[0] for x in (wide, ref))
+    assert got.outputs[0].token_ids == want.outputs[0].token_ids
+    for a, b in zip(got.prompt_logprobs[1:], want.prompt_logprobs[1:]):
+        (ta, la), = a.items()
+        (tb, lb), = b.items()
+        assert ta == tb and abs(la.logprob - lb.logprob) < 0.05
