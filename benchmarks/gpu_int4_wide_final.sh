@@ -2,8 +2,8 @@
 # One device call (< 6 min) for the many-token int4 kernel's opt-in transpose_out (it writes y [M, N] itself,
 # 2026-12-05 c; not yet run on a GPU): its GPU tests on that path and the engine test of a long prefill on the int4
 # default, then per op at M = 256 / 2048 with and without the in-kernel transpose beside the bf16 dot. If both
-# pass and win, make transpose_out the default (mosaic_int4_wide.WideConfig) and run the engine part: int4 against bf16 (batch 1 / 256 decode, offline
-# 384 x 512/128; 78cc294 on an H100: 0.83x at batch 256 and offline).
+# pass and win, make transpose_out the default (mosaic_int4_wide.WideConfig) and run PART=engine: int4 against
+# bf16 (batch 1 / 256 decode, offline 384 x 512/128; 78cc294 on an H100: 0.83x at batch 256 and offline).
 #   JAXINFER_COMMIT=<sha> bash benchmarks/gpu_int4_wide_final.sh        # logs + JSONs into $OUT
 set -u
 cd "$(dirname "$0")/.."
