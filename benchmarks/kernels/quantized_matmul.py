@@ -148,6 +148,8 @@ def variants(interpret: bool):
         "int8_pallas_nk": ("int8_nk", lambda x, w: qnk.int8_matmul_nk(x, w["q"], w["scale"]), "int8",
                            ("int8nk", "pallas-nk")),
         "int8_mosaic_nk": ("int8_nk", lambda x, w: qm8.int8_matmul_mosaic(x, w["q"], w["scale"]), "int8", None),
+        # the many-token Mosaic kernel's int8 form (mosaic_int4_wide.int8_matmul_mosaic_wide, 2026-12-05 c)
+        "int8_wide_nk": ("int8_nk", lambda x, w: qmw.int8_matmul_mosaic_wide(x, w["q"], w["scale"]), "int8", None),
         "int8_convert_nk": ("int8_nk", lambda x, w: qf.int8_convert_xla(x, w["q"], w["scale"], layout="nk"),
                             "int8", ("int8nk", "convert-nk")),
         "int4_pallas": ("int4_packed", lambda x, w: qk.int4_matmul(x, w["q"], w["scale"], w["offset"],

@@ -1,6 +1,8 @@
 """int4 weight-only matmul for many tokens (prefill chunks, batch >= 128 decode) on Hopper tensor cores (Pallas
 Mosaic GPU): y = x @ dequantize(q).T on the weights of mosaic_int4.py (q int4 [N, K], scale / offset [K/g, N],
-g = 128), for M from 1 to any size.
+g = 128), for M from 1 to any size. The same kernel takes int8 [N, K] weights with per-channel scales
+(int8_matmul_mosaic_wide: int8 -> bf16 is exact, the f32 scale multiplies the accumulator at the end, as XLA's
+convert + dot does; not yet run on a GPU, no engine path).
 
 Why a second int4 kernel (issue 20, "large M never slower than bf16"): mosaic_int4.py keeps a fresh [64, Mp] f32
 accumulator per group of 128 and adds it, scaled, into a running one. That epilogue (Mp / 2 FMAs a thread a group,
@@ -81,14 +83,14 @@ def tile_m_for(M: int, max_tile_m: int = MAX_TILE_M) -> int:
     return min(padded_m(M) if M <= 128 else 1 << (M - 1).bit_length(), max_tile_m)
 
 
-def stage_bytes(tile_m: int, row_blocks: int) -> int:
-    """Shared memory of one pipeline stage: x [TM, g] bf16 + q [64 rb, g] int4 + scale / offset rows."""
-    return tile_m * GROUP * 2 + TILE_N * row_blocks * GROUP // 2 + 2 * 2 * TILE_N * row_blocks
+def stage_bytes(tile_m: int, row_blocks: int, weight_bits: int = 4) -> int:
+    """Shared memory of one pipeline stage: x [TM, g] bf16 + q [64 rb, g] int4 (int8) + scale / offset rows."""
+    return tile_m * GROUP * 2 + TILE_N * row_blocks * GROUP * weight_bits // 8 + 2 * 4 * TILE_N * row_blocks
 
 
 def default_config(M: int, K: int, N: int, *, max_tile_m: int = MAX_TILE_M, row_blocks: int | None = None,
                    target_ctas: int = TARGET_CTAS, max_stages: int = 4, smem_bytes: int = SMEM_BYTES,
-                   overlap: bool = False) -> WideConfig:
+                   overlap: bool = False, weight_bits: int = 4) -> WideConfig:
     """TM = the padded token count up to max_tile_m; 2 row blocks where the grid then still has >= target_ctas CTAs
     without a K split (else 1: more CTAs beat fewer x re-reads); K split until the grid reaches target_ctas (>= 2
     groups a split); as many stages (<= max_stages) as fit smem_bytes beside the output tile, but >= 2; overlap
@@ -107,7 +109,7 @@ def default_config(M: int, K: int, N: int, *, max_tile_m: int = MAX_TILE_M, row_
     groups = K // GROUP
     split = k_split(groups, tiles, target_ctas)
     out_bytes = TILE_N * tm * (2 if split == 1 else 4)     # the output tile: bf16 y^T or an f32 partial
-    fit = max(1, (smem_bytes - out_bytes) // stage_bytes(tm, rb))
+    fit = max(1, (smem_bytes - out_bytes) // stage_bytes(tm, rb, weight_bits))
     # at least 2 stages (one load in flight) where the split has 2 groups, even past smem_bytes (one CTA an SM)
     stages = max(min(2, max_stages, groups // split), min(max_stages, fit, groups // split))
     return WideConfig(tile_m=tm, row_blocks=rb, split=split, stages=stages, overlap=overlap and stages >= 2)
@@ -126,12 +128,14 @@ def _call(x_p, q, scale, offset, *, cfg: WideConfig, out_dtype):
     N = q.shape[0]
     tm, rb = cfg.tile_m, cfg.row_blocks
     tn = TILE_N * rb
-    gps = K // GROUP // cfg.split                  # groups per split
+    gps = K // GROUP // cfg.split                  # groups (K steps of 128) per split
     has_offset = offset is not None
+    per_channel = q.dtype == jnp.int8              # int8: scale [1, N], the same for every K step
+    wbits = 8 if per_channel else 4
     part_dtype = out_dtype if cfg.split == 1 else jnp.float32
-    w_swizzle = plgpu.find_swizzle(GROUP * 4)      # 64 bytes a row of the int4 tile
+    w_swizzle = plgpu.find_swizzle(GROUP * wbits)  # 64 (int4) / 128 (int8) bytes a row of the weight tile
     x_swizzle = plgpu.find_swizzle(GROUP * 16)     # 256 bytes a row of the bf16 x tile -> 128
-    w_transforms = (plgpu.TilingTransform((8, w_swizzle * 8 // 4)), plgpu.SwizzleTransform(w_swizzle))
+    w_transforms = (plgpu.TilingTransform((8, w_swizzle * 8 // wbits)), plgpu.SwizzleTransform(w_swizzle))
     x_transforms = (plgpu.TilingTransform((8, x_swizzle * 8 // 16)), plgpu.SwizzleTransform(x_swizzle))
     row_layout = plgpu.Layout.WGMMA.reduce(1)      # a [64] vector over a weight tile's rows
 
@@ -152,41 +156,51 @@ def _call(x_p, q, scale, offset, *, cfg: WideConfig, out_dtype):
         def run(*accs):
             def step(_, q_s, x_s, s_s, *rest):
                 o_s = rest[0] if has_offset else None
-                xt = plgpu.transpose_ref(x_s, (1, 0))                                    # x_s [TM, g]
+                xt = plgpu.transpose_ref(x_s, (1, 0))                                    # x_s [TM, 128]
+                scales = []
                 for r in range(rb):
                     blk = pl.ds(r * TILE_N, TILE_N)
-                    w = plgpu.load(q_s.at[blk], (), layout=plgpu.Layout.WGMMA).astype(jnp.bfloat16)   # [64, g]
-                    sc = plgpu.load(s_s.at[0, blk], (), layout=row_layout).astype(jnp.bfloat16)      # [64]
-                    w = w * lax.broadcast_in_dim(sc, (TILE_N, GROUP), [0])
-                    if has_offset:
-                        of = plgpu.load(o_s.at[0, blk], (), layout=row_layout).astype(jnp.bfloat16)
-                        w = w + lax.broadcast_in_dim(of, (TILE_N, GROUP), [0])
+                    w = plgpu.load(q_s.at[blk], (), layout=plgpu.Layout.WGMMA).astype(jnp.bfloat16)   # [64, 128]
+                    sc = plgpu.load(s_s.at[0, blk], (), layout=row_layout)                             # [64]
+                    if per_channel:   # int8: exact in bf16; the f32 scale multiplies the accumulator at the end
+                        scales.append(sc.astype(jnp.float32))
+                    else:             # int4: the group's scale (+ offset) on the tile, one bf16 rounding a weight
+                        w = w * lax.broadcast_in_dim(sc.astype(jnp.bfloat16), (TILE_N, GROUP), [0])
+                        if has_offset:
+                            of = plgpu.load(o_s.at[0, blk], (), layout=row_layout).astype(jnp.bfloat16)
+                            w = w + lax.broadcast_in_dim(of, (TILE_N, GROUP), [0])
                     plgpu.wgmma(accs[r], w, xt)
                 # the MMAs read x_s from shared memory asynchronously: done before the pipeline refills the slot
                 # (overlap: the previous step's, whose slot the pipeline releases one step late)
                 plgpu.wgmma_wait(rb if cfg.overlap else 0)
+                return tuple(scales) if per_channel else None
 
             in_specs = [plgpu.BlockSpec((tn, GROUP), lambda j: (0, j), transforms=w_transforms),
                         plgpu.BlockSpec((tm, GROUP), lambda j: (0, j), transforms=x_transforms,
                                         delay_release=1 if cfg.overlap else 0),
-                        plgpu.BlockSpec((1, tn), lambda j: (j, 0))]
-            operands = [q_g.at[rows, ksl], x_g.at[toks, ksl], s_g.at[gsl, rows]]
+                        plgpu.BlockSpec((1, tn), (lambda j: (0, 0)) if per_channel else (lambda j: (j, 0)))]
+            operands = [q_g.at[rows, ksl], x_g.at[toks, ksl], s_g.at[:, rows] if per_channel else s_g.at[gsl, rows]]
             if has_offset:
                 in_specs.append(plgpu.BlockSpec((1, tn), lambda j: (j, 0)))
                 operands.append(o_g.at[gsl, rows])
-            plgpu.emit_pipeline(step, grid=(gps,), in_specs=in_specs,
-                                max_concurrent_steps=cfg.stages)(*operands)
+            carry0 = (tuple(plgpu.layout_cast(jnp.zeros((TILE_N,), jnp.float32), row_layout) for _ in range(rb))
+                      if per_channel else None)
+            scales = plgpu.emit_pipeline(step, grid=(gps,), in_specs=in_specs, max_concurrent_steps=cfg.stages,
+                                         init_carry=carry0)(*operands)
             plgpu.wgmma_wait(0)
             dst = out_g if cfg.split == 1 else out_g.at[sp]
             for r in range(rb):
+                acc = accs[r][...]
+                if per_channel:
+                    acc = acc * lax.broadcast_in_dim(scales[r], (TILE_N, tm), [0])
                 if cfg.transpose_out:   # the [64, TM] tile transposed in registers: smem holds y [TM, 64]
-                    val = plgpu.layout_cast(accs[r][...].astype(part_dtype), plgpu.Layout.WGMMA_TRANSPOSED)
+                    val = plgpu.layout_cast(acc.astype(part_dtype), plgpu.Layout.WGMMA_TRANSPOSED)
                     # (in WGMMA_TRANSPOSED each lane holds column pairs, the vector run a transposed store needs)
                     plgpu.transpose_ref(out_smem, (1, 0))[...] = val
                     plgpu.commit_smem()
                     plgpu.copy_smem_to_gmem(out_smem, dst.at[toks, pl.ds(n * tn + r * TILE_N, TILE_N)])
                 else:
-                    out_smem[...] = accs[r][...].astype(part_dtype)
+                    out_smem[...] = acc.astype(part_dtype)
                     plgpu.commit_smem()
                     plgpu.copy_smem_to_gmem(out_smem, dst.at[pl.ds(n * tn + r * TILE_N, TILE_N), toks])
                 plgpu.wait_smem_to_gmem(0)
@@ -228,3 +242,26 @@ def int4_matmul_mosaic_wide(x, q, scale, offset=None, *, group_size: int = GROUP
     cfg = cfg or default_config(M, K, N)
     y = _int4_wide(x2, q, scale, offset, cfg=cfg, out_dtype=out_dtype or x.dtype)
     return y.reshape(*lead, N)
+
+
+def int8_supports(M: int, K: int, N: int) -> bool:
+    """int8 [N, K] weights: N a multiple of 64, K a multiple of 128 (every 8B projection); any M >= 1."""
+    return M > 0 and N % TILE_N == 0 and K % GROUP == 0 and K >= GROUP
+
+
+def int8_matmul_mosaic_wide(x, q, scale, *, out_dtype=None, cfg: WideConfig | None = None):
+    """x [..., K] @ (q int8 [N, K] * scale [N]).T -> [..., N]: the same kernel with per-channel scales (int8 -> bf16
+    exact, the f32 scale on the f32 accumulator; the 'nk' int8 layout of 'xla-nk'). Not yet run on a GPU
+    (2026-12-05 c); no engine path takes it. ValueError where the kernel does not take the shape."""
+    N, K = q.shape
+    if x.shape[-1] != K or q.dtype != jnp.int8 or scale.shape != (N,):
+        raise ValueError(f"int8_matmul_mosaic_wide wants x [..., {K}], q int8 [N, K], scale [N]; got x {x.shape}, "
+                         f"q {q.dtype} {q.shape}, scale {scale.shape}")
+    x2 = x.reshape(-1, K)
+    M = x2.shape[0]
+    if not int8_supports(M, K, N):
+        raise ValueError(f"the wide Mosaic int8 kernel takes N % {TILE_N} == 0, K % {GROUP} == 0, M >= 1; got "
+                         f"M={M}, K={K}, N={N}")
+    cfg = cfg or default_config(M, K, N, weight_bits=8)
+    y = _int4_wide(x2, q, scale.reshape(1, N), None, cfg=cfg, out_dtype=out_dtype or x.dtype)
+    return y.reshape(*x.shape[:-1], N)

@@ -116,3 +116,41 @@ def test_the_int4_default_routes_many_tokens_to_it_only_where_it_runs():
     assert quant_paths._lookup(rows, 128) == "mosaic-int4-nk"
     # on the CPU the kernel cannot run: the path falls back to XLA's dequantize + dot on the same weights
     assert quant_paths.path_for("int4", "mosaic-int4", 256, 4096, 4096, 128) == "int4-dequant-nk"
+
+
+@pytest.mark.parametrize("M,K,N", [(1, 512, 64), (300, 1024, 128), (256, 512, 256)])
+def test_int8_form_lowers_for_cuda(M, K, N):
+    sd = jax.ShapeDtypeStruct
+    cfg = MW.default_config(M, K, N, weight_bits=8)
+    f = functools.partial(MW.int8_matmul_mosaic_wide, cfg=cfg)
+    module = export.export(jax.jit(f), platforms=["cuda"])(sd((M, K), jnp.bfloat16), sd((N, K), jnp.int8),
+                                                           sd((N,), jnp.float32)).mlir_module()
+    assert "mosaic_gpu" in module
+
+
+def int8_case(M, K, N, seed):
+    """x bf16 [M, K], q int8 [N, K], scale f32 [N], and the float32 reference x @ (q * scale).T."""
+    rng = np.random.default_rng(seed)
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.bfloat16)
+    q = jnp.asarray(rng.integers(-127, 128, (N, K)), jnp.int8)
+    scale = jnp.asarray(rng.uniform(1e-3, 1e-2, N), jnp.float32)
+    want = x.astype(jnp.float32) @ (q.astype(jnp.float32) * scale[:, None]).T
+    return x, q, scale, want
+
+
+def int8_standin(x_p, q, scale, offset, *, cfg, out_dtype):
+    """The kernel's contract for int8 weights: scale [1, N] the same for every K step (so the int4 stand-in with
+    the row repeated over the K / 128 steps)."""
+    return kernel_standin(x_p, q, jnp.repeat(scale, q.shape[1] // MW.GROUP, axis=0), offset, cfg=cfg,
+                          out_dtype=out_dtype)
+
+
+@pytest.mark.parametrize("M,K,N,split", [(1, 512, 64, 1), (300, 1024, 128, 2)])
+def test_int8_wrapper_algebra_matches_reference(M, K, N, split, monkeypatch):
+    x, q, scale, want = int8_case(M, K, N, seed=M + N)
+    cfg = MW.WideConfig(tile_m=MW.tile_m_for(M), row_blocks=1, split=split, stages=1)
+    monkeypatch.setattr(MW, "_int4_wide", functools.partial(MW.forward, call=int8_standin))
+    got = MW.int8_matmul_mosaic_wide(x, q, scale, out_dtype=jnp.float32, cfg=cfg)
+    assert got.shape == (M, N) and rel_err(got, want) < 5e-3
+    with pytest.raises(ValueError, match="scale \\[N\\]"):
+        MW.int8_matmul_mosaic_wide(x, q, scale[:-1])

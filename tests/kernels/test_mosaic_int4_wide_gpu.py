@@ -82,3 +82,18 @@ def test_the_int4_default_runs_it_for_long_prefills_and_matches_reference(g128_l
         (ta, la), = a.items()
         (tb, lb), = b.items()
         assert ta == tb and abs(la.logprob - lb.logprob) < 0.05
+
+
+@pytest.mark.parametrize("M,K,N", [(1, 4096, 6144), (300, 4096, 6144), (2048, 14336, 4096), (256, 512, 128)])
+@pytest.mark.parametrize("transpose_out", [False, True])
+def test_int8_form_matches_reference(M, K, N, transpose_out):
+    """int8_matmul_mosaic_wide: int8 -> bf16 exact, the f32 per-channel scale on the accumulator, so only the
+    summation order separates it from x @ (q * scale).T in float32 (HIGHEST). Written 2026-12-05 c, not yet run
+    on a GPU."""
+    from tests.kernels.test_mosaic_int4_wide import int8_case
+
+    x, q, scale, _ = int8_case(M, K, N, seed=M + K)
+    cfg = dataclasses.replace(MW.default_config(M, K, N, weight_bits=8), transpose_out=transpose_out)
+    got = MW.int8_matmul_mosaic_wide(x, q, scale, out_dtype=jnp.float32, cfg=cfg)
+    want = jnp.dot(x.astype(jnp.float32), (q.astype(jnp.float32) * scale[:, None]).T, precision=lax.Precision.HIGHEST)
+    assert got.shape == (M, N) and rel_err(got, want) < TIGHT
