@@ -29,7 +29,7 @@ tile's tokens), so one accumulator takes the CTA's whole K range and the MMAs ne
 
 Numerics: against the float32 reference of the same quantized weights the only extra error is the bf16 rounding
 of each dequantized weight (relative 2^-9) and of the activations; tests bound it (tests/kernels/
-test_mosaic_int4_wide*.py). No interpret mode: the CPU tests check that it traces and lowers for CUDA and the
+test_mosaic_wide_jit*.py). No interpret mode: the CPU tests check that it traces and lowers for CUDA and the
 wrapper's algebra through a jnp stand-in; the numbers are GPU tests.
 
 Measured (H100, jax 0.11.2, fc17463, results/kernel-quantized-matmul-int4-wide-fc17463-2026-12-05.json, the 8B
@@ -228,7 +228,7 @@ def forward(x2, q, scale, offset, *, cfg: WideConfig, out_dtype, call=None):
     return (out[:M] if cfg.transpose_out else out[:, :M].T).astype(out_dtype)
 
 
-_int4_wide = jax.jit(forward, static_argnames=("cfg", "out_dtype", "call"))
+_wide_jit = jax.jit(forward, static_argnames=("cfg", "out_dtype", "call"))
 
 
 def int4_matmul_mosaic_wide(x, q, scale, offset=None, *, group_size: int = GROUP, out_dtype=None,
@@ -240,7 +240,7 @@ def int4_matmul_mosaic_wide(x, q, scale, offset=None, *, group_size: int = GROUP
         raise ValueError(f"the wide Mosaic int4 kernel takes g = {GROUP}, N % {TILE_N} == 0, K % g == 0, M >= 1; "
                          f"got M={M}, K={K}, N={N}, g={group_size}")
     cfg = cfg or default_config(M, K, N)
-    y = _int4_wide(x2, q, scale, offset, cfg=cfg, out_dtype=out_dtype or x.dtype)
+    y = _wide_jit(x2, q, scale, offset, cfg=cfg, out_dtype=out_dtype or x.dtype)
     return y.reshape(*lead, N)
 
 
@@ -263,5 +263,5 @@ def int8_matmul_mosaic_wide(x, q, scale, *, out_dtype=None, cfg: WideConfig | No
         raise ValueError(f"the wide Mosaic int8 kernel takes N % {TILE_N} == 0, K % {GROUP} == 0, M >= 1; got "
                          f"M={M}, K={K}, N={N}")
     cfg = cfg or default_config(M, K, N, weight_bits=8)
-    y = _int4_wide(x2, q, scale.reshape(1, N), None, cfg=cfg, out_dtype=out_dtype or x.dtype)
+    y = _wide_jit(x2, q, scale.reshape(1, N), None, cfg=cfg, out_dtype=out_dtype or x.dtype)
     return y.reshape(*x.shape[:-1], N)

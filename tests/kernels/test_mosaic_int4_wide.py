@@ -1,4 +1,4 @@
-"""mosaic_int4_wide.py on the CPU: the tile / split / stage arithmetic, the kernel tracing and lowering for CUDA
+"""mosaic_wide_jit.py on the CPU: the tile / split / stage arithmetic, the kernel tracing and lowering for CUDA
 (Mosaic GPU's layout and copy checks run at lowering) for each config family, and the wrapper's algebra around the
 kernel (token padding to whole tiles, the split sum, the transpose) with a jnp stand-in of the kernel's contract
 against the float32 reference. The kernel's numbers: tests/kernels/test_mosaic_int4_wide_gpu.py."""
@@ -12,7 +12,7 @@ import pytest
 from jax import export
 
 from jaxinfer.models import quant_paths
-from pallas_kernels.quantized_matmul import mosaic_int4_wide as MW
+from pallas_kernels.quantized_matmul import mosaic_wide_jit as MW
 from tests.kernels.quant_cases import rel_err
 from tests.kernels.test_mosaic_int4 import native_nk_case
 
@@ -149,7 +149,7 @@ def int8_standin(x_p, q, scale, offset, *, cfg, out_dtype):
 def test_int8_wrapper_algebra_matches_reference(M, K, N, split, monkeypatch):
     x, q, scale, want = int8_case(M, K, N, seed=M + N)
     cfg = MW.WideConfig(tile_m=MW.tile_m_for(M), row_blocks=1, split=split, stages=1)
-    monkeypatch.setattr(MW, "_int4_wide", functools.partial(MW.forward, call=int8_standin))
+    monkeypatch.setattr(MW, "_wide_jit", functools.partial(MW.forward, call=int8_standin))
     got = MW.int8_matmul_mosaic_wide(x, q, scale, out_dtype=jnp.float32, cfg=cfg)
     assert got.shape == (M, N) and rel_err(got, want) < 5e-3
     with pytest.raises(ValueError, match="scale \\[N\\]"):
