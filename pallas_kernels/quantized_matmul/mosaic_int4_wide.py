@@ -29,7 +29,7 @@ tile's tokens), so one accumulator takes the CTA's whole K range and the MMAs ne
 
 Numerics: against the float32 reference of the same quantized weights the only extra error is the bf16 rounding
 of each dequantized weight (relative 2^-9) and of the activations; tests bound it (tests/kernels/
-test_mosaic_wide_jit*.py). No interpret mode: the CPU tests check that it traces and lowers for CUDA and the
+test_mosaic_int4_wide*.py). No interpret mode: the CPU tests check that it traces and lowers for CUDA and the
 wrapper's algebra through a jnp stand-in; the numbers are GPU tests.
 
 Measured (H100, jax 0.11.2, fc17463, results/kernel-quantized-matmul-int4-wide-fc17463-2026-12-05.json, the 8B

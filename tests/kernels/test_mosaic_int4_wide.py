@@ -1,4 +1,4 @@
-"""mosaic_wide_jit.py on the CPU: the tile / split / stage arithmetic, the kernel tracing and lowering for CUDA
+"""mosaic_int4_wide.py on the CPU: the tile / split / stage arithmetic, the kernel tracing and lowering for CUDA
 (Mosaic GPU's layout and copy checks run at lowering) for each config family, and the wrapper's algebra around the
 kernel (token padding to whole tiles, the split sum, the transpose) with a jnp stand-in of the kernel's contract
 against the float32 reference. The kernel's numbers: tests/kernels/test_mosaic_int4_wide_gpu.py."""
@@ -12,7 +12,7 @@ import pytest
 from jax import export
 
 from jaxinfer.models import quant_paths
-from pallas_kernels.quantized_matmul import mosaic_wide_jit as MW
+from pallas_kernels.quantized_matmul import mosaic_int4_wide as MW
 from tests.kernels.quant_cases import rel_err
 from tests.kernels.test_mosaic_int4 import native_nk_case
 
