@@ -10,7 +10,7 @@ import pytest
 from jax import lax
 
 from pallas_kernels.quantized_matmul import mosaic_int4_wide as MW
-from tests.kernels.quant_cases import rel_err
+from tests.kernels.quant_cases import assert_greedy_and_prompt_logprobs_match, rel_err
 from tests.kernels.test_mosaic_int4 import native_nk_case
 from tests.kernels.test_mosaic_int4_wide import dequant_bf16
 
@@ -66,7 +66,6 @@ def test_the_int4_default_runs_it_for_long_prefills_and_matches_reference(g128_l
     reference on the same int4 weights (the kernel rounds activations and dequantized weights to bf16: log-probs
     within 0.05). Written 2026-12-05 c, not yet run on a GPU."""
     import jaxinfer
-    from jaxinfer import SamplingParams
     from jaxinfer.models import quant_paths
 
     assert quant_paths.path_for("int4", "mosaic-int4", 300, 128, 256, 128) == "mosaic-int4-wide-nk"
@@ -74,14 +73,7 @@ def test_the_int4_default_runs_it_for_long_prefills_and_matches_reference(g128_l
               progress=False)
     wide = jaxinfer.LLM(g128_llama_dir, quantization="int4", **kw)
     ref = jaxinfer.LLM(g128_llama_dir, quantization="int4", quantized_matmul="reference", **kw)
-    sp = SamplingParams(max_tokens=8, temperature=0.0, prompt_logprobs=0, ignore_eos=True)
-    prompt = [(37 * i + 11) % 500 + 3 for i in range(300)]
-    got, want = (x.generate([prompt], sp, use_tqdm=False)[0] for x in (wide, ref))
-    assert got.outputs[0].token_ids == want.outputs[0].token_ids
-    for a, b in zip(got.prompt_logprobs[1:], want.prompt_logprobs[1:]):
-        (ta, la), = a.items()
-        (tb, lb), = b.items()
-        assert ta == tb and abs(la.logprob - lb.logprob) < 0.05
+    assert_greedy_and_prompt_logprobs_match(wide, ref, [(37 * i + 11) % 500 + 3 for i in range(300)])
 
 
 @pytest.mark.parametrize("M,K,N", [(1, 4096, 6144), (300, 4096, 6144), (2048, 14336, 4096), (256, 512, 128)])
