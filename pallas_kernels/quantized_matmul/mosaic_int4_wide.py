@@ -61,6 +61,9 @@ TARGET_CTAS = 264    # split K only while the (N / 64 rb) x (M / TM) grid has fe
 # 821 us, 4 stages (176 KB, one CTA an SM) 1,074 us, the bf16 dot 761, XLA's dequantize + dot 896
 # (results/kernel-quantized-matmul-int4-wide-fb8401c-2026-12-05.json).
 SMEM_BYTES = 112 * 1024
+# default_config's transpose_out (WideConfig.transpose_out): off until its GPU tests have run; benchmarks flip it
+# in-process for an A/B (benchmarks/quantized_decode.py's "@tout" methods).
+TRANSPOSE_OUT = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +97,7 @@ def default_config(M: int, K: int, N: int, *, max_tile_m: int = MAX_TILE_M, row_
     """TM = the padded token count up to max_tile_m; 2 row blocks where the grid then still has >= target_ctas CTAs
     without a K split (else 1: more CTAs beat fewer x re-reads); K split until the grid reaches target_ctas (>= 2
     groups a split); as many stages (<= max_stages) as fit smem_bytes beside the output tile, but >= 2; overlap
-    where there are >= 2 stages.
+    where there are >= 2 stages; transpose_out = TRANSPOSE_OUT.
 
     The row-block rule picked the faster of 1 and 2 on all 12 measured (shape, M) cells (H100, fc17463: the 8B
     gate_up / down / qkv / o at M = 256 / 512 / 2048), e.g. M = 256: gate_up 131.1 us with 2 (148.1 with 1), down
@@ -112,7 +115,8 @@ def default_config(M: int, K: int, N: int, *, max_tile_m: int = MAX_TILE_M, row_
     fit = max(1, (smem_bytes - out_bytes) // stage_bytes(tm, rb, weight_bits))
     # at least 2 stages (one load in flight) where the split has 2 groups, even past smem_bytes (one CTA an SM)
     stages = max(min(2, max_stages, groups // split), min(max_stages, fit, groups // split))
-    return WideConfig(tile_m=tm, row_blocks=rb, split=split, stages=stages, overlap=overlap and stages >= 2)
+    return WideConfig(tile_m=tm, row_blocks=rb, split=split, stages=stages, transpose_out=TRANSPOSE_OUT,
+                      overlap=overlap and stages >= 2)
 
 
 def supports(M: int, K: int, N: int, group_size: int | None) -> bool:

@@ -154,3 +154,9 @@ def test_int8_wrapper_algebra_matches_reference(M, K, N, split, monkeypatch):
     assert got.shape == (M, N) and rel_err(got, want) < 5e-3
     with pytest.raises(ValueError, match="scale \\[N\\]"):
         MW.int8_matmul_mosaic_wide(x, q, scale[:-1])
+
+
+def test_transpose_out_default_follows_the_module_switch(monkeypatch):
+    assert not MW.default_config(300, 4096, 6144).transpose_out       # off until its GPU tests have run
+    monkeypatch.setattr(MW, "TRANSPOSE_OUT", True)                    # what quantized_decode.py's "@tout" sets
+    assert MW.default_config(300, 4096, 6144).transpose_out
