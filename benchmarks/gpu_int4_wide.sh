@@ -5,7 +5,10 @@
 #   PART=engine  int4 (since fc17463+1 the kernel above 128 tokens) against bf16 in one process: batch 1 and 256
 #                decode, offline throughput (384 x 512/128); the 12-05 b figures (XLA above 128 tokens) were
 #                offline 0.79x, batch 64 1.16x
-#   (no PART: both; more than one device call's 10 minutes)
+#   PART=small  per op at M = 16 / 32 / 64 / 128: the many-token kernel (one row block, and its default) against
+#                mosaic_int4.py, which the engine runs up to 128 tokens (at M = 16 the many-token kernel with one
+#                row block was 7% faster per layer on 12-05 c, at M = 1 slower)
+#   (no PART: kernel + engine; more than one device call's 10 minutes)
 #   JAXINFER_COMMIT=<sha> PART=kernel bash benchmarks/gpu_int4_wide.sh          # logs + JSONs into $OUT
 set -u
 cd "$(dirname "$0")/.."
@@ -13,6 +16,14 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT_DIR=${OUT:-/tmp/gpu-int4-wide-out}; mkdir -p "$OUT_DIR"
 PY=${PYTHON:-python3}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$OUT_DIR/gpu.txt" 2>&1
+if [ "${PART:-all}" = small ]; then
+  timeout 300 $PY benchmarks/kernels/quantized_matmul.py --variants bf16 int4_mosaic int4_wide int4_wide_rb1 \
+    --shapes gate_up down qkv o --m 16 32 64 128 --check-m 64 --reps 3 --budget-s 280 --gpus 1 \
+    > "$OUT_DIR/kernel-small.log" 2>&1
+  echo "kernel small rc=$?" >> "$OUT_DIR/run.log"
+  cp benchmarks/results/kernel-quantized-matmul-2*.json "$OUT_DIR"/ 2>/dev/null
+  exit 0
+fi
 if [ "${PART:-all}" != engine ]; then
   timeout 100 $PY benchmarks/gpu_tests.py tests/kernels/test_mosaic_int4_wide_gpu.py -q -k \
     "300 or 2048 or swept or bf16" > "$OUT_DIR/tests.log" 2>&1
