@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The many-token Mosaic int4 kernel of 2026-12-05 c (pallas_kernels/quantized_matmul/mosaic_int4_wide.py):
 #   PART=kernel  its GPU tests, then per op at M = 2048 / 256 / 512 on the four 8B layer shapes beside the bf16 dot,
-#                the engine's path there today (XLA's dequantize + dot) and its tile / stage / overlap variants
-#   PART=engine  int4 (since fc17463+1 the kernel above 128 tokens) against bf16 in one process: batch 1 and 256
+#                XLA's dequantize + dot (the engine's path there before 78cc294) and its tile / stage / overlap variants
+#   PART=engine  int4 (since 78cc294 the kernel above 128 tokens) against bf16 in one process: batch 1 and 256
 #                decode, offline throughput (384 x 512/128); the 12-05 b figures (XLA above 128 tokens) were
 #                offline 0.79x, batch 64 1.16x
 #   PART=small  per op at M = 16 / 32 / 64 / 128: the many-token kernel (one row block, and its default) against
