@@ -249,9 +249,8 @@ class LLMEngine:
             gone = ib.remove(sid)
             if gone is not None and gone[0] is not None:
                 gone[0].cumulative_logprob = gone[1]
-        if not sched.scheduled:
+        if sched.is_empty:
             return None
-        scheduled = sched.scheduled
         seqs = self._seqs
         in_flight = self._in_flight
         prev_slot_rows = in_flight.slot_rows if in_flight is not None else None
@@ -260,25 +259,24 @@ class LLMEngine:
             return st.sampling_row + (st.cumulative_logprob, st.report_progress)
 
         try:
-            batch, slot_rows = ib.make_step(scheduled, admit_row, prev_slot_rows, seqs.__getitem__)
+            batch, slot_rows = ib.make_step(sched.seqs, admit_row, prev_slot_rows, seqs.__getitem__, sched.decodes)
         except AdmissionError as e:  # a request whose sampling settings do not fit the columns: it fails alone
             for gid in sorted({seqs[sid].group_id for sid, _ in e.failed}):
                 err = next(x for sid, x in e.failed if seqs[sid].group_id == gid)
                 log.error("request %s failed at admission (%s: %s); the rest continue", gid, type(err).__name__, err)
                 self._fail_group(gid, f"the engine step failed on this request: {type(err).__name__}: {err}")
-            scheduled = [s for s in scheduled if s.request_id in seqs]
-            sched = dataclasses.replace(sched, scheduled=scheduled, num_batched_tokens=sum(map(len, map(
-                operator.attrgetter("token_ids"), scheduled))))
-            if not scheduled:
+            sched = sched.replaced([s for s in sched.scheduled if s.request_id in seqs])
+            if sched.is_empty:
                 return None
-            batch, slot_rows = ib.make_step(scheduled, admit_row, prev_slot_rows, seqs.__getitem__)
+            batch, slot_rows = ib.make_step(sched.seqs, admit_row, prev_slot_rows, seqs.__getitem__)
         rows = batch.rows
         lp_targets = {}
         pen = np.flatnonzero(ib.penalised[rows])  # the few rows needing per-row work
         for i in pen.tolist():
-            self._penalty_feed(batch, i, seqs[scheduled[i].request_id], scheduled[i])
+            s = sched.scheduled[i]
+            self._penalty_feed(batch, i, seqs[s.request_id], s)
         for i in np.flatnonzero(ib.prompt_logprobs[rows]).tolist():
-            tgt = prompt_logprob_targets(seqs[scheduled[i].request_id], scheduled[i])
+            tgt = prompt_logprob_targets(seqs[sched.scheduled[i].request_id], sched.scheduled[i])
             if tgt is not None:
                 lp_targets[i] = tgt
         prev = in_flight.flight if in_flight is not None else None
@@ -322,8 +320,7 @@ class LLMEngine:
         for gid in sorted(groups):
             self._fail_group(gid, msg)
         keep = [i for i, s in enumerate(sched.scheduled) if s.request_id in self._seqs]
-        new_sched = dataclasses.replace(sched, scheduled=[sched.scheduled[i] for i in keep],
-                                        num_batched_tokens=sum(len(sched.scheduled[i].token_ids) for i in keep))
+        new_sched = sched.replaced([sched.scheduled[i] for i in keep])
         sub = batch.select(keep)
         slot_rows = np.full(self.input_batch.num_slots, -1, np.int64)
         for k, s in enumerate(new_sched.scheduled):
@@ -367,8 +364,14 @@ class LLMEngine:
         valid = done.sample & (ib.gen[done.rows] == done.gen)  # the request still holds the slot it ran in
         rids = list(itertools.compress(done.ids, valid.tolist()))
         tokens = out.tokens[valid].tolist()
-        sampled = dict(zip(rids, map(list, zip(tokens))))
-        finished = {r.request_id for r in self.scheduler.update(done.sched, sampled)}
+        run = done.sched.decodes
+        if run is None:
+            finished = {r.request_id for r in self.scheduler.update(done.sched, dict(zip(rids, map(list, zip(tokens)))))}
+        else:  # the run's rows as a column (the scheduler checks which are still live); the rest as a dict
+            m = len(run)
+            rest = list(itertools.compress(range(m, len(done.ids)), valid[m:].tolist()))
+            sampled = {done.ids[i]: [int(out.tokens[i])] for i in rest}
+            finished = {r.request_id for r in self.scheduler.update(done.sched, sampled, out.tokens[:m].tolist())}
         rows = done.rows[valid]
         ib.cum_logprob[rows] += out.logprobs[valid]  # (rows of a step are distinct slots)
         if self.tokenizer is not None:

@@ -138,16 +138,37 @@ class InputBatch:
 
     # ---- one step -----------------------------------------------------------------------------------------
     def make_step(self, scheduled: Sequence, admit_row: Callable[[str], Sequence],
-                  prev_slot_rows: np.ndarray | None, owner_of: Callable[[str], object] | None = None
-                  ) -> tuple[StepBatch, np.ndarray]:
+                  prev_slot_rows: np.ndarray | None, owner_of: Callable[[str], object] | None = None,
+                  decodes=None) -> tuple[StepBatch, np.ndarray]:
         """The StepBatch of `scheduled` (ScheduledSeqs, batch order), admitting sequences without a slot
         (admit_row(seq_id) gives their admission row) and applying page-table diffs. prev_slot_rows: the
-        previous (in-flight) step's output row of each slot (-1: none), for placeholders. Returns the StepBatch
-        and this step's i64[S] output row of each slot (sampling sequences; -1 elsewhere). Raises AdmissionError
-        (nothing else changed but the other admissions) if some admission rows do not fit the columns."""
-        n = len(scheduled)
+        previous (in-flight) step's output row of each slot (-1: none), for placeholders. decodes: a
+        decode_run.DecodeRun whose rows come first in the batch (then `scheduled`), read as columns. Returns the
+        StepBatch and this step's i64[S] output row of each slot (sampling sequences; -1 elsewhere). Raises
+        AdmissionError (nothing else changed but the other admissions) if some admission rows do not fit the
+        columns."""
         slot_of = self._slot_of
-        rids, tables, token_lists, *int_cols = zip(*map(_FIELDS, scheduled))
+        if scheduled:
+            rids, tables, token_lists, *int_cols = zip(*map(_FIELDS, scheduled))
+            k = len(scheduled)
+            npg = np.fromiter(map(len, tables), np.int64, k)
+            lens = np.fromiter(map(len, token_lists), np.int64, k)
+            flat = np.fromiter(itertools.chain.from_iterable(token_lists), np.int64, int(lens.sum()))
+            ints = np.fromiter(itertools.chain.from_iterable(int_cols), np.int64, 5 * k).reshape(5, k)
+        if decodes is not None:  # steady decodes: one placeholder token each, sampled (decode_run.py)
+            m = len(decodes)
+            one = np.ones(m, np.int64)
+            run_ints = np.stack([decodes.starts, decodes.output_index, np.zeros(m, np.int64), one, one])
+            if scheduled:
+                rids, tables = decodes.ids + rids, decodes.pages + list(tables)
+                npg = np.concatenate([decodes.num_pages, npg])
+                lens = np.concatenate([one, lens])
+                flat = np.concatenate([np.full(m, -1, np.int64), flat])
+                ints = np.concatenate([run_ints, ints], axis=1)
+            else:
+                rids, tables, npg, lens, flat, ints = (decodes.ids, decodes.pages, decodes.num_pages, one,
+                                                       np.full(m, -1, np.int64), run_ints)
+        n = len(rids)
         self.step_ids = rids  # the sequence ids of this step, in batch order (a tuple; read by the engine)
         rows = np.fromiter(map(slot_of.get, rids, itertools.repeat(-1, n)), np.int64, n)
         if (rows < 0).any():
@@ -159,13 +180,9 @@ class InputBatch:
                     failed.append((rids[i], e))
             if failed:
                 raise AdmissionError(failed)
-        npg = np.fromiter(map(len, tables), np.int64, n)
         stale = (npg != self.num_pages[rows]) | self._dirty[rows]
         if stale.any():
             self._apply_page_diffs(np.flatnonzero(stale).tolist(), rows, tables, npg)
-        lens = np.fromiter(map(len, token_lists), np.int64, n)
-        flat = np.fromiter(itertools.chain.from_iterable(token_lists), np.int64, int(lens.sum()))
-        ints = np.fromiter(itertools.chain.from_iterable(int_cols), np.int64, 5 * n).reshape(5, n)
         starts, num_spec, ph = ints[0], ints[2], ints[3]
         self.num_computed[rows] = starts + lens
         if num_spec.any():  # update() may truncate these pages after the step: rewrite them at the next schedule
@@ -196,11 +213,11 @@ class InputBatch:
             r, m = int(rows[i]), int(npg[i])
             old = int(num[r])
             if self._dirty[r]:
-                pt[r, :m] = tables[i]
+                pt[r, :m] = tables[i][:m]  # (a decode run's page lists are the live ones: cut at m)
                 pt[r, m:max(old, m)] = 0
                 self._dirty[r] = False
             elif m > old:
-                pt[r, old:m] = tables[i][old:]
+                pt[r, old:m] = tables[i][old:m]
             else:
                 pt[r, m:old] = 0
             num[r] = m

@@ -40,6 +40,10 @@ _FINISH_REASON = {
 }
 
 
+# Request.stop_check: a sampled token may end the request by length only / by length or an eos id / always check
+STOP_CHECK_LENGTH, STOP_CHECK_EOS, STOP_CHECK_ALWAYS = 0, 1, 2
+
+
 # identity equality: two requests are never "equal". slots: the scheduler touches every running request several
 # times per step, and a slotted object is one compact block (no per-instance __dict__ to look attributes up in).
 @dataclass(eq=False, slots=True)
@@ -76,6 +80,10 @@ class Request:
     stop_token_ids: frozenset = field(init=False, repr=False, default=frozenset())
     ignore_eos: bool = field(init=False, repr=False, default=False)
     min_tokens: int = field(init=False, repr=False, default=0)
+    # Set by Scheduler.add_request: min(max_tokens, max_model_len - prompt), the output count that ends it by length.
+    output_limit: int = field(init=False, repr=False, default=0)
+    # Which sampled tokens may stop it, for the columnar stop checks (engine/decode_run.py): STOP_CHECK_* below.
+    stop_check: int = field(init=False, repr=False, default=0)
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)
@@ -87,6 +95,8 @@ class Request:
         self.stop_token_ids = frozenset(getattr(sp, "stop_token_ids", None) or ())
         self.ignore_eos = bool(getattr(sp, "ignore_eos", False))
         self.min_tokens = int(getattr(sp, "min_tokens", 0) or 0)
+        self.stop_check = (STOP_CHECK_ALWAYS if self.stop_token_ids else
+                           STOP_CHECK_LENGTH if self.ignore_eos else STOP_CHECK_EOS)
 
     # ---- token views -------------------------------------------------------------------------------
     @property

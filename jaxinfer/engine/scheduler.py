@@ -49,10 +49,14 @@ waiting queue always fits.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from . import decode_run
+from .decode_run import DecodeRun
 from .kv_cache import KVCacheManager
 from .request import Request, RequestStatus
+
+_SPEC = decode_run._SPEC
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ is several times slower (one per seq per step)
@@ -79,16 +83,38 @@ class ScheduledSeq:
         return len(self.token_ids)
 
 
-@dataclass
 class SchedulerOutput:
-    scheduled: list[ScheduledSeq]             # batch order
-    preempted_ids: list[str]                  # preempted during this schedule() (none of them is in `scheduled`)
-    num_batched_tokens: int                   # sum of len(token_ids) over `scheduled`
-    finished_ids: list[str] = field(default_factory=list)  # finished/aborted since the previous schedule()
+    """What one schedule() hands out. `scheduled` is the batch in order: the rows of `decodes` (steady decodes
+    as columns, engine/decode_run.py; made into ScheduledSeqs only when something reads `scheduled`) and then
+    `seqs` (the ScheduledSeqs of everything else)."""
+
+    def __init__(self, scheduled: list[ScheduledSeq], preempted_ids: list[str], num_batched_tokens: int,
+                 finished_ids: list[str] | None = None, decodes: DecodeRun | None = None):
+        self.seqs = scheduled
+        self.decodes = decodes if decodes is not None and len(decodes) else None
+        self.preempted_ids = preempted_ids            # preempted during this schedule() (none is scheduled)
+        self.num_batched_tokens = num_batched_tokens  # sum of len(token_ids) over `scheduled`
+        self.finished_ids = [] if finished_ids is None else finished_ids  # finished/aborted since the last one
+        self._scheduled = None if self.decodes is not None else scheduled
+
+    @property
+    def scheduled(self) -> list[ScheduledSeq]:
+        if self._scheduled is None:
+            self._scheduled = self.decodes.materialize(ScheduledSeq) + self.seqs
+        return self._scheduled
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seqs) + (len(self.decodes) if self.decodes is not None else 0)
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled
+        return not self.seqs and self.decodes is None
+
+    def replaced(self, scheduled: list[ScheduledSeq]) -> "SchedulerOutput":
+        """The same output with another batch (all ScheduledSeqs; num_batched_tokens recounted)."""
+        return SchedulerOutput(scheduled, self.preempted_ids, sum(len(q.token_ids) for q in scheduled),
+                               self.finished_ids)
 
 
 @dataclass(frozen=True)
@@ -144,6 +170,10 @@ class Scheduler:
         self._pc_queries = 0                     # prefix cache: tokens looked up at admission
         self._pc_hits = 0                        # prefix cache: tokens found cached at admission
         self._pc_hit_requests = 0
+        # steady decode steps as columns (engine/decode_run.py); False: the general loop for every step (tests
+        # compare the two)
+        self.columnar = True
+        self.min_decode_run = decode_run.MIN_RUN  # (tests lower it to 1)
 
     # ---- admission ---------------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -177,6 +207,8 @@ class Scheduler:
                              f"{what}) but the cache has only {usable} usable pages of {ps} tokens "
                              f"({usable * ps} tokens); raise gpu_memory_utilization/num_pages or shorten "
                              f"the request")
+        # the output count at which it ends by length (max_tokens or max_model_len): the stop checks' first test
+        req.output_limit = self.max_model_len - p if mt is None else min(mt, self.max_model_len - p)
         req.arrival_index = self._next_arrival
         self._next_arrival += 1
         self._requests[rid] = req
@@ -186,8 +218,12 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         scheduled: list[ScheduledSeq] = []
         preempted: list[str] = []
-        # 1. running requests first, in start order.
-        budget = self._schedule_running(self.max_num_batched_tokens, scheduled, preempted)
+        # 1. running requests first, in start order: as columns when they are all steady decodes
+        run = decode_run.schedule_steady(self, self.max_num_batched_tokens) if self.columnar else None
+        if run is not None:
+            budget = self.max_num_batched_tokens - len(run)
+        else:
+            budget = self._schedule_running(self.max_num_batched_tokens, scheduled, preempted)
 
         # 2. admit waiting requests FIFO (not in a step that preempted: the pages are too tight).
         if not preempted:
@@ -210,12 +246,12 @@ class Scheduler:
                 scheduled.append(self._make_seq(req, n))
                 budget -= n
 
-        for req in self.running:  # drafts belong to this step's token state: never reuse them later
-            if req.spec_token_ids:
-                req.spec_token_ids = []
+        if any(map(_SPEC, self.running)):  # drafts belong to this step's token state: never reuse them later
+            for req in self.running:
+                if req.spec_token_ids:
+                    req.spec_token_ids = []
         finished_ids, self._finished_ids = self._finished_ids, []
-        return SchedulerOutput(scheduled=scheduled, preempted_ids=preempted,
-                               num_batched_tokens=self.max_num_batched_tokens - budget, finished_ids=finished_ids)
+        return SchedulerOutput(scheduled, preempted, self.max_num_batched_tokens - budget, finished_ids, run)
 
     def _schedule_running(self, budget: int, scheduled: list[ScheduledSeq], preempted: list[str]) -> int:
         """Step 1 of schedule(): a chunk for each running request in start order while budget lasts, appended to
@@ -377,7 +413,8 @@ class Scheduler:
             req.num_pending_tokens += 1
         return seq
 
-    def update(self, output: SchedulerOutput, sampled: dict[str, list[int]]) -> list[Request]:
+    def update(self, output: SchedulerOutput, sampled: dict[str, list[int]],
+               run_tokens: list[int] | None = None) -> list[Request]:
         """Apply a finished step: advance num_computed_tokens, append sampled tokens, check stops.
 
         sampled[request_id] is the list of new tokens (one normally; several with speculative decoding)
@@ -385,10 +422,16 @@ class Scheduler:
         since schedule() are skipped. Tokens after a stop are dropped. Returns the requests finished here.
         num_computed_tokens was already advanced by schedule(); update() may lag one schedule() behind
         (pipelining), but outputs must be applied in schedule order.
+
+        run_tokens: the sampled token of each row of output.decodes, in row order (the engine's columnar form;
+        rows whose request has left are ignored); then `sampled` needs entries only for output.seqs. Without it
+        every row is read from `sampled`.
         """
+        run = output.decodes if run_tokens is not None else None
+        seqs = output.seqs if run is not None else output.scheduled
         live = []
         running = RequestStatus.RUNNING
-        for seq in output.scheduled:  # validate everything first so a bad call changes nothing
+        for seq in seqs:  # validate everything first so a bad call changes nothing
             req = self._requests.get(seq.request_id)
             if req is None or req.status is not running or (seq.request is not None and seq.request is not req):
                 continue  # ended since schedule() (its id may have been reused by a new request since)
@@ -404,6 +447,10 @@ class Scheduler:
                                  f"that verified {seq.num_spec_tokens} draft tokens; at most "
                                  f"{seq.num_spec_tokens + 1} (accepted drafts + one) can come back")
             live.append((seq, req))
+        if run is not None:
+            if len(run_tokens) != len(run):
+                raise ValueError(f"run_tokens has {len(run_tokens)} tokens for the {len(run)} rows of output.decodes")
+            run_live = decode_run.live_rows(self, run)
 
         for seq, req in live:
             if seq.num_spec_tokens:
@@ -417,6 +464,8 @@ class Scheduler:
             # The step is done: its tokens' KV is written, and every token id below the end of its chunks is
             # known (a placeholder was filled by the previous update()). Register the full pages. A request
             # preempted/aborted/finished since schedule() is not in `live`: nothing of it is registered.
+            if run is not None:  # (the run is the front of the batch: its rows first)
+                decode_run.cache_run_pages(self, run, run_live)
             ps = self.kv.page_size
             for seq, req in live:
                 end = seq.start_pos + len(seq.token_ids)
@@ -427,7 +476,9 @@ class Scheduler:
 
         finished: list[Request] = []
         self._update_finished = {}
-        eos, max_len = self.eos_token_ids, self.max_model_len
+        if run is not None:
+            decode_run.update_run(self, run, run_live, run_tokens, finished)
+        eos = self.eos_token_ids
         for seq, req in live:
             if not seq.sample:
                 continue
@@ -435,10 +486,7 @@ class Scheduler:
             outputs = req.output_token_ids
             # a token can end the request only if it is a stop / eos id or reaches a length limit; only then is
             # _check_stop (which says how) called: most tokens of most requests pass these cheap tests
-            limit = max_len - len(req.prompt_token_ids)
-            mt = req.max_tokens
-            if mt is not None and mt < limit:
-                limit = mt
+            limit = req.output_limit
             for tok in sampled[seq.request_id]:
                 tok = int(tok)
                 outputs.append(tok)

@@ -479,7 +479,9 @@ class ModelRunner:
         if flight.want_top:
             host, top_ids, top_lp = jax.device_get((o.host, o.top_ids, o.top_logprobs))
         else:
-            host, top_ids, top_lp = jax.device_get(o.host), None, None
+            # np.asarray, not jax.device_get: one array needs no async fan-out, and device_get's pytree walk cost
+            # ~170 µs of host CPU a step here against ~35 (CPU probe, batch 256, 2026-12-05)
+            host, top_ids, top_lp = np.asarray(o.host), None, None
         tokens, logprobs, acc, toks, lps = unpack_host_outputs(host, o.tokens.shape[0], o.logprobs.shape[0],
                                                                *o.spec_tokens.shape)  # (device shapes: no wait)
         prompt_lp = {}

@@ -1,0 +1,197 @@
+"""DecodeRun: a step's steady pipelined decodes as columns, not objects (host only: numpy, never jax).
+
+At serving batch sizes almost every step is the same: every running request decodes one token whose input is
+the token the step in flight is sampling. The scheduler's general loop (scheduler.py) builds a ScheduledSeq per
+request per step and update() walks them again; at batch 256 that per-object Python was most of the engine's host
+time per step (benchmarks/probes/host_step_cost.py, 6.7 µs per running request per step on the CPU probe).
+Here the same step is a few numpy columns:
+
+  schedule_steady   when every running request is a steady pipelined decode (exactly one token in flight, every
+                    other token computed, no drafts) and the budget holds them all: one token each, pages
+                    allocated only for the rows whose decode crosses a page boundary, counters advanced with
+                    C-level map() calls; rows that reached their length limit are left out, as the general loop
+                    leaves them out. Anything else returns None and the general loop runs.
+  update_run        the finished step's tokens appended; the stop / length checks vectorised, and only the
+                    rows that may stop (a stop / eos token, the length limit, a request with stop token ids)
+                    go through Scheduler._check_stop in Python.
+
+Invariant (tests/engine/test_decode_run.py; the engine end to end: tests/test_decode_run_e2e.py): a step scheduled and updated through these functions leaves the
+scheduler, the KV manager and the requests exactly as the general loop does, and DecodeRun.materialize() equals
+the ScheduledSeqs the general loop would have made.
+
+Columns, n rows in batch order (the run is the front of the step's batch; admissions follow):
+  requests  list[Request]      ids  tuple[str]
+  starts    i64[n]   position of the row's token (= its tokens known before the step, = num_computed before)
+  output_index i64[n] index in the request's outputs of the token the row samples
+  pages     list[list[int]]    the KV manager's live page lists (only appended to until the row's step is done)
+  num_pages i64[n]   their lengths right after this schedule
+  limit     i64[n]   the output count that ends the row by length (Request.output_limit)
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import and_, attrgetter, is_
+
+import numpy as np
+
+from .request import STOP_CHECK_ALWAYS, STOP_CHECK_EOS, Request, RequestStatus
+
+# `sched` below is the calling scheduler.Scheduler (which imports this module: no import back)
+
+_PENDING = attrgetter("num_pending_tokens")
+_COMPUTED = attrgetter("num_computed_tokens")
+_OUTPUTS = attrgetter("output_token_ids")
+_PROMPT = attrgetter("prompt_token_ids")
+_SPEC = attrgetter("spec_token_ids")
+_LIMIT = attrgetter("output_limit")
+_RID = attrgetter("request_id")
+_STATUS = attrgetter("status")
+_STOP_CHECK = attrgetter("stop_check")
+_RUNNING = RequestStatus.RUNNING
+
+
+def _consume(it) -> None:
+    deque(it, maxlen=0)
+
+
+@dataclass(slots=True)
+class DecodeRun:
+    requests: list
+    ids: tuple
+    starts: np.ndarray
+    output_index: np.ndarray
+    pages: list
+    num_pages: np.ndarray
+    limit: np.ndarray  # i64[n] Request.output_limit (the output count that ends the row by length)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def materialize(self, seq_type) -> list:
+        """The rows as the ScheduledSeqs (seq_type: scheduler.ScheduledSeq) the general loop makes (page tables:
+        each row's pages at schedule time; valid until the row's step is updated, after which speculative
+        rollback may truncate a page list)."""
+        return [seq_type(rid, [-1], s, pages[:m], True, False, 1, oi, 0, req)
+                for rid, s, pages, m, oi, req in zip(self.ids, self.starts.tolist(), self.pages,
+                                                     self.num_pages.tolist(), self.output_index.tolist(),
+                                                     self.requests)]
+
+
+# Below this many running requests the general loop is as cheap as the columns, whose numpy calls cost a fixed
+# ~50 µs a step (the scheduler alone on this CPU, schedule / update µs a step, loop -> columns: 64 requests 51 / 42
+# -> 48 / 46, 128: 102 / 83 -> 79 / 74, 256: 209 / 276 -> 142 / 129 with prefix caching; batch 1: ~10 -> ~100).
+MIN_RUN = 64
+
+
+def schedule_steady(sched, budget: int) -> DecodeRun | None:
+    """Step 1 of schedule() for a batch of steady decodes, or None (nothing changed) when it is not one."""
+    running = sched.running
+    n = len(running)
+    if n < sched.min_decode_run or n > budget:
+        return None
+    if list(map(_PENDING, running)).count(1) != n or any(map(_SPEC, running)):
+        return None  # a token not in flight (a prefill, the first decode, async off) or drafts
+    starts = np.fromiter(map(_COMPUTED, running), np.int64, n)
+    nout = np.fromiter(map(len, map(_OUTPUTS, running)), np.int64, n)
+    known = nout + np.fromiter(map(len, map(_PROMPT, running)), np.int64, n)
+    if not np.array_equal(starts, known):
+        return None  # some request has more than the token in flight to compute (e.g. a recompute)
+    ids = list(map(_RID, running))
+    pages = list(map(sched.kv.page_lists.get, ids))
+    if None in pages:
+        return None
+    npg = np.fromiter(map(len, pages), np.int64, n)
+    # _reached_length: the token in flight is the row's last one (max_tokens or max_model_len): nothing to run
+    limit = np.fromiter(map(_LIMIT, running), np.int64, n)
+    take = nout + 1 < limit
+    if not take.any():
+        return None
+    need = take & (starts + 1 > npg * sched.kv.page_size)  # the decode's position starts a new page
+    grow = np.flatnonzero(need).tolist()
+    if len(grow) > sched.kv.num_free_pages:
+        return None  # the general loop preempts
+    for i in grow:  # one page each, in running order (the order the general loop allocates in)
+        if sched.kv.allocate(ids[i], int(starts[i]) + 1) is None:  # cannot happen: len(grow) pages are free
+            raise AssertionError(f"page allocation for {ids[i]!r} failed with {sched.kv.num_free_pages} free")
+    npg[need] += 1
+    reqs = running
+    if not take.all():
+        keep = take.tolist()
+        reqs, ids, pages = list(compress(running, keep)), list(compress(ids, keep)), list(compress(pages, keep))
+        starts, nout, npg, limit = starts[take], nout[take], npg[take], limit[take]
+    _consume(map(setattr, reqs, repeat("num_computed_tokens"), (starts + 1).tolist()))
+    _consume(map(setattr, reqs, repeat("num_pending_tokens"), repeat(2, len(reqs))))
+    return DecodeRun(list(reqs), tuple(ids), starts, nout + 1, pages, npg, limit)
+
+
+def live_rows(sched, run: DecodeRun) -> np.ndarray:
+    """update()'s validation of the run's rows: bool[n], True where the request is still the one scheduled and
+    running. Raises (changing nothing) if a live row's output count is not the one it sampled for."""
+    reqs, n = run.requests, len(run)
+    # The running list holds exactly the RUNNING requests, so a run that is still its front is all live (the
+    # common case; list == compares by identity, Request having no __eq__). Otherwise row by row.
+    if sched.running[:n] == reqs:
+        live = np.ones(n, bool)
+    else:
+        live = np.fromiter(map(and_, map(is_, map(sched._requests.get, run.ids), reqs),
+                               map(is_, map(_STATUS, reqs), repeat(_RUNNING, n))), bool, n)
+    nout = np.fromiter(map(len, map(_OUTPUTS, reqs)), np.int64, n)
+    bad = np.flatnonzero((nout != run.output_index) & live)
+    if bad.size:
+        i = int(bad[0])
+        raise RuntimeError(f"request {run.ids[i]!r}: update() got the sample for output {int(run.output_index[i])} "
+                           f"but the request has {int(nout[i])} outputs; call update() exactly once per "
+                           f"schedule(), in order")
+    return live
+
+
+def cache_run_pages(sched, run: DecodeRun, live: np.ndarray) -> None:
+    """update()'s prefix-cache registration for the run's rows: only a row whose token filled its page."""
+    ps = sched.kv.page_size
+    filled = ((run.starts + 1) % ps == 0) & live
+    for i in np.flatnonzero(filled).tolist():
+        req = run.requests[i]
+        end = min(int(run.starts[i]) + 1, req.num_tokens, req.num_computed_tokens)
+        sched.kv.cache_pages(req.request_id, req.page_hashes, req.token_slice, end // ps)
+
+
+def update_run(sched, run: DecodeRun, live: np.ndarray, tokens: list[int],
+               finished: list[Request]) -> None:
+    """Append the run's sampled tokens (tokens[i]: row i's; ignored where not live) and end the rows that stop,
+    in batch order (appended to `finished`)."""
+    if live.all():
+        reqs, toks = run.requests, tokens
+    else:
+        keep = live.tolist()
+        reqs, toks = list(compress(run.requests, keep)), list(compress(tokens, keep))
+        if not reqs:
+            return
+    toks = list(map(int, toks))  # (numpy ints from a caller would leak into the outputs)
+    m = len(reqs)
+    _consume(map(setattr, reqs, repeat("num_pending_tokens"),
+                 (np.fromiter(map(_PENDING, reqs), np.int64, m) - 1).tolist()))
+    _consume(map(list.append, map(_OUTPUTS, reqs), toks))
+    # candidates: the length limit reached (outputs = output_index + 1 now), a request with stop token ids, an eos
+    may_stop = run.output_index[live] + 1 >= run.limit[live]
+    check = np.fromiter(map(_STOP_CHECK, reqs), np.int64, m)
+    may_stop |= check == STOP_CHECK_ALWAYS
+    eos_ids = sched.eos_token_ids
+    if eos_ids:
+        tok = np.asarray(toks, np.int64)
+        eos = np.zeros(m, bool)
+        for e in eos_ids:  # (a handful of ids: np.isin's sort costs more)
+            eos |= tok == e
+        may_stop |= eos & (check == STOP_CHECK_EOS)
+    for i in np.flatnonzero(may_stop).tolist():
+        req, t = reqs[i], toks[i]
+        # the general loop's test, exactly (a row with stop token ids is only a candidate)
+        if len(req.output_token_ids) < req.output_limit and t not in req.stop_token_ids and (
+                req.ignore_eos or t not in eos_ids):
+            continue
+        stop = sched._check_stop(req, t)
+        if stop is not None:
+            sched._finish(req, *stop)
+            finished.append(req)
+            sched._update_finished[req.request_id] = req
