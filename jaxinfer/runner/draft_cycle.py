@@ -163,7 +163,7 @@ class DraftCycle:
         ks = np.zeros(b2.num_seqs, np.int32)
         rows[:n] = [row for row, _, _, _ in seqs]
         ks[:n] = [k for _, _, _, k in seqs]
-        args = jax.device_put((i1, np.concatenate([i2, rows, ks]), f1, f2))
+        args = (i1, np.concatenate([i2, rows, ks]), f1, f2)  # (numpy into the call: see ModelRunner.dispatch)
         r.kv_caches, carry, r.penalty_table = self._program(b1, b2, tuple(carry.shape))(
             r.loaded.params, r.kv_caches, *args, carry, r.penalty_table)
         return carry

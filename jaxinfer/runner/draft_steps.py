@@ -135,7 +135,7 @@ class FusedDraftSteps:
         ints, floats = batch.flat()
         k_row = np.zeros(bucket.num_seqs, np.int32)
         k_row[:n] = ks
-        ints_ext, floats = jax.device_put((np.concatenate([ints, k_row]), floats))
+        ints_ext = np.concatenate([ints, k_row])  # (numpy into the call: see ModelRunner.dispatch)
         r.kv_caches, tokens, r.penalty_table = self._program(bucket)(r.loaded.params, r.kv_caches, ints_ext, floats,
                                                                      r.penalty_table)
         return tokens

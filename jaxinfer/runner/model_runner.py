@@ -449,7 +449,9 @@ class ModelRunner:
                 raise ValueError(f"penalty slot {slot} is outside [0, {self.num_penalty_slots})")
             row = host_row(prompt_ids, output_ids, self.loaded.cfg.vocab_size)
             self.penalty_table = self._penalty_writer()(self.penalty_table, np.int32(slot), row)
-        ints, floats = jax.device_put(batch.flat(), self._replicated)
+        # numpy straight into the compiled call: its C++ path transfers them to the program's input sharding;
+        # jax.device_put first cost ~75 µs more of host time a step (CPU, 2026-12-05; ~0.56 ms on the GPU, 12-04)
+        ints, floats = batch.flat()
         prev_tokens = (prev.carry if prev.carry is not None else prev.out.carry) if prev is not None else self._no_prev
         self.kv_caches, out, hidden, self.penalty_table = step(self.loaded.params, self.kv_caches, ints, floats,
                                                                prev_tokens, self.penalty_table)
