@@ -184,6 +184,11 @@ def main():
     ap.add_argument("--per-step-drafts", action="store_true",
                     help="--speculative: the draft model's k steps as k dispatches (not fused into one program)")
     ap.add_argument("--tag", default="", help="appended to the result file's name")
+    ap.add_argument("--general-loop", action="store_true",
+                    help="A/B: every step through the scheduler's general loop (no columnar decode run, "
+                         "engine/decode_run.py)")
+    ap.add_argument("--device-put-inputs", action="store_true",
+                    help="A/B: jax.device_put the packed inputs before the call (the transfer before 2026-12-05)")
     # --model: on a GPU, llama3-8b shows the host sections beside the real device time ('wait')
     add_engine_flags(ap, model="tiny-llama", load_format="dummy", max_num_batched_tokens=512)
     a = ap.parse_args()
@@ -211,6 +216,8 @@ def main():
         llms["offline+tok"] = llms["stream+tok"] = llms["delta+tok"] = tok_llm
     for llm in set(llms.values()):  # no background compile beside the timed steps
         llm.runner.finish_background_compiles()
+        llm.engine.scheduler.columnar = not a.general_loop
+        llm.runner.device_put_inputs = a.device_put_inputs
     sec = Sections()  # one for all engines: the module-level pack is wrapped once
     sec.wrap(model_runner_mod, "pack", "pack")  # the names dispatch calls (pack_step: from the engine's StepBatch)
     if hasattr(model_runner_mod, "pack_step"):
@@ -251,6 +258,7 @@ def main():
             print(f"{scen}: marginal host cost {marginal[scen]:.2f} µs per extra running request per step "
                   f"(batch {lo} -> {hi})")
     path = write_result("host-step-cost", dict(model=f"{a.model} ({a.load_format})", prompt_len=a.prompt_len,
+                                               general_loop=a.general_loop, device_put_inputs=a.device_put_inputs,
                                                marginal_us_per_req=marginal,
                                                max_model_len=max_len, page_size=16, rows=rows), tag=a.tag)
     print("wrote", path)

@@ -81,6 +81,10 @@ def enable_compilation_cache(cache_dir: str | None):
 
 
 class ModelRunner:
+    # A/B switch of the probes: put the step's packed inputs on the device with jax.device_put before the call
+    # (the transfer before 2026-12-05) instead of handing the numpy arrays to the compiled call
+    device_put_inputs = False
+
     def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int,
                  num_pages: int | None = None, small_buckets: bool = True, greedy_programs: bool | None = None):
         self.loaded = loaded
@@ -452,6 +456,8 @@ class ModelRunner:
         # numpy straight into the compiled call: its C++ path transfers them to the program's input sharding;
         # jax.device_put first cost ~75 µs more of host time a step (CPU, 2026-12-05; ~0.56 ms on the GPU, 12-04)
         ints, floats = batch.flat()
+        if self.device_put_inputs:  # the former transfer (benchmarks/probes/host_step_cost.py --device-put-inputs)
+            ints, floats = jax.device_put((ints, floats), self._replicated)
         prev_tokens = (prev.carry if prev.carry is not None else prev.out.carry) if prev is not None else self._no_prev
         self.kv_caches, out, hidden, self.penalty_table = step(self.loaded.params, self.kv_caches, ints, floats,
                                                                prev_tokens, self.penalty_table)
