@@ -4,7 +4,7 @@
 # (no jax.device_put first). On the 8B shape, the engine-thread host time per step at batch 1 / 64 / 256
 # (host_step_cost.py, target <= 1.0 ms at 256; 12-04 c on an H200: 5.3 ms, 2.5 of it the call) with both changes,
 # then without them (--general-loop --device-put-inputs: the code paths of before, in the same tree), twice
-# alternating; then latency.py at batch 64 / 256 (exposed host time, < 3% targeted) with the plain-XLA peer.
+# alternating; then the engine's columns-vs-general-loop equality test on the GPU backend.
 #   JAXINFER_COMMIT=<sha> bash benchmarks/gpu_host_columns.sh        # logs + JSONs into $OUT
 set -u
 cd "$(dirname "$0")/.."
@@ -13,16 +13,14 @@ OUT_DIR=${OUT:-/tmp/gpu-host-columns}; mkdir -p "$OUT_DIR"
 PY=${PYTHON:-python3}
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT_DIR/gpu.txt" 2>&1
 HSC="benchmarks/probes/host_step_cost.py --model llama3-8b --no-tokenizer --batch 1 64 256 --steps 40"
-for r in 1 2; do
-  timeout 100 $PY $HSC --tag columns$r > "$OUT_DIR/hsc-columns$r.log" 2>&1
+for r in 1 2; do  # (the first process compiles; the later ones read the compilation cache)
+  timeout $([ $r = 1 ] && echo 170 || echo 110) $PY $HSC --tag columns$r > "$OUT_DIR/hsc-columns$r.log" 2>&1
   echo "hsc columns $r rc=$?" >> "$OUT_DIR/run.log"
-  timeout 100 $PY $HSC --general-loop --device-put-inputs --tag before$r > "$OUT_DIR/hsc-before$r.log" 2>&1
+  timeout 110 $PY $HSC --general-loop --device-put-inputs --tag before$r > "$OUT_DIR/hsc-before$r.log" 2>&1
   echo "hsc before $r rc=$?" >> "$OUT_DIR/run.log"
+  cp benchmarks/results/host-step-cost-*.json "$OUT_DIR"/ 2>/dev/null
 done
-cp benchmarks/results/host-step-cost-*.json "$OUT_DIR"/ 2>/dev/null
 # (not GPU-marked: the CPU suite runs it too; here the same equality on the GPU backend, tiny model)
-timeout 120 $PY -m pytest -q -p no:cacheprovider tests/test_decode_run_e2e.py > "$OUT_DIR/tests.log" 2>&1
+timeout 90 $PY -m pytest -q -p no:cacheprovider tests/test_decode_run_e2e.py > "$OUT_DIR/tests.log" 2>&1
 echo "e2e columns test on the GPU rc=$?" >> "$OUT_DIR/run.log"
-timeout 150 $PY benchmarks/latency.py --batch 64 256 --tag host-columns > "$OUT_DIR/latency.log" 2>&1
-echo "latency rc=$?" >> "$OUT_DIR/run.log"; cp benchmarks/results/latency-host-columns-*.json "$OUT_DIR"/ 2>/dev/null
-grep -hE "^(offline|scenario)|tok/s|overhead|passed|failed|rc=" "$OUT_DIR"/*.log | tail -30
+grep -hE "^(offline|scenario)|passed|failed|rc=" "$OUT_DIR"/*.log | tail -30
