@@ -200,7 +200,8 @@ def _call(x_p, q, scale, offset, *, cfg: WideConfig, out_dtype):
                 if cfg.transpose_out:   # the [64, TM] tile transposed in registers: smem holds y [TM, 64]
                     val = plgpu.layout_cast(acc.astype(part_dtype), plgpu.Layout.WGMMA_TRANSPOSED)
                     # (in WGMMA_TRANSPOSED each lane holds column pairs, the vector run a transposed store needs)
-                    plgpu.transpose_ref(out_smem, (1, 0))[...] = val
+                    # (.at[:, :]: a transformed ref, which jax 0.11's transpose_ref needs; a plain scratch ref fails)
+                    plgpu.transpose_ref(out_smem.at[:, :], (1, 0))[...] = val
                     plgpu.commit_smem()
                     plgpu.copy_smem_to_gmem(out_smem, dst.at[toks, pl.ds(n * tn + r * TILE_N, TILE_N)])
                 else:
