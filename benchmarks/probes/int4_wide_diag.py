@@ -5,7 +5,7 @@ default ('mosaic-int4'), XLA's dequantize + dot ('xla-int4') and the jnp referen
 right per op and the XLA path differs from the reference as much as the kernel path does, the test's bound (not
 the kernel) is wrong. GPU only.
 
-  python benchmarks/probes/int4_wide_diag.py
+  python benchmarks/probes/int4_wide_diag.py [--engines-only]   # --engines-only: float32 at 100 tokens, bfloat16
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def per_op():
                       f"finite {bool(np.isfinite(np.asarray(got)).all())}", flush=True)
 
 
-def engines():
+def engines(dtype: str = "float32", prompt_len: int = 300):
     import torch
     import transformers as tf
 
@@ -52,9 +52,9 @@ def engines():
                          initializer_range=0.3, bos_token_id=1, eos_token_id=2)
     path = tempfile.mkdtemp()
     tf.LlamaForCausalLM(cfg).float().eval().save_pretrained(path)
-    kw = dict(dtype="float32", max_model_len=512, num_pages=64, max_num_batched_tokens=512, warmup=False,
+    kw = dict(dtype=dtype, max_model_len=512, num_pages=64, max_num_batched_tokens=512, warmup=False,
               progress=False)
-    prompt = [(37 * i + 11) % 500 + 3 for i in range(300)]
+    prompt = [(37 * i + 11) % 500 + 3 for i in range(prompt_len)]
     sp = SamplingParams(max_tokens=8, temperature=0.0, prompt_logprobs=0, ignore_eos=True)
     res = {}
     for name in ("reference", "xla-int4", "mosaic-int4"):
@@ -68,10 +68,14 @@ def engines():
     for name in ("xla-int4", "mosaic-int4"):
         toks, lp = res[name]
         d = np.abs(lp - ref_lp)
-        print(f"{name} vs reference: prompt log-prob |diff| max {d.max():.4f} mean {d.mean():.5f} "
+        print(f"[{dtype}, prompt {prompt_len}] {name} vs reference: prompt log-prob |diff| max {d.max():.4f} mean {d.mean():.5f} "
               f"(argmax position {int(d.argmax())}); greedy equal {toks == ref_toks}", flush=True)
 
 
 if __name__ == "__main__":
-    per_op()
-    engines()
+    if "--engines-only" not in sys.argv:
+        per_op()
+        engines()
+    else:  # is it the kernel or bf16 activations? a prompt within the small kernel (100), and a bf16 model
+        for dtype, n in (("float32", 100), ("bfloat16", 300), ("bfloat16", 100)):
+            engines(dtype, n)
