@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The many-token Mosaic int4 kernel of 2026-12-05 c (pallas_kernels/quantized_matmul/mosaic_int4_wide.py):
 #   PART=kernel  its GPU tests, then per op at M = 2048 / 256 / 512 on the four 8B layer shapes beside the bf16 dot,
-#                XLA's dequantize + dot (the engine's path there before 78cc294) and its tile / stage / overlap variants
+#                XLA's dequantize + dot (the engine's path there before 78cc294) and its tile / stage variants (the overlap ones removed on 12-05 d)
 #   PART=engine  int4 (since 78cc294 the kernel above 128 tokens) against bf16 in one process: batch 1 and 256
 #                decode, offline throughput (384 x 512/128); the 12-05 b figures (XLA above 128 tokens) were
 #                offline 0.79x, batch 64 1.16x
@@ -29,7 +29,7 @@ if [ "${PART:-all}" != engine ]; then
     "300 or 2048 or swept or bf16" > "$OUT_DIR/tests.log" 2>&1
   echo "wide kernel tests rc=$?" >> "$OUT_DIR/run.log"
   timeout 340 $PY benchmarks/kernels/quantized_matmul.py --variants bf16 int4_mosaic_xla int4_wide int4_wide_rb1 \
-    int4_wide_tm64 int4_wide_tm64_ov int4_wide_ov3 int4_wide_ov3_rb2 --shapes gate_up down qkv o \
+    int4_wide_tm64 --shapes gate_up down qkv o \
     --m 2048 256 512 --check-m 256 --reps 3 --budget-s 320 --gpus 1 > "$OUT_DIR/kernel.log" 2>&1
   echo "kernel rc=$?" >> "$OUT_DIR/run.log"
 fi

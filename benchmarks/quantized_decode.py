@@ -59,8 +59,9 @@ def main():
     ap.add_argument("--methods", nargs="+", default=["bf16", "int8", "int4", "fp8", "int8:w8a8", "int4:xla-int4"],
                     help="bf16 | int8 | int4[-g64|-asym...] | fp8, then optionally ':<quantized_matmul backend>' "
                          "(w8a8, xla-int4, pallas, xla) and '+head' (the LM head in the model's method) or "
-                         "'+floathead' (a float head; default: int8 head for int8 / int4), and '@tout' (int4 on "
-                         "Hopper: the many-token kernel writes y [M, N] itself, mosaic_int4_wide.TRANSPOSE_OUT)")
+                         "'+floathead' (a float head; default: int8 head for int8 / int4), and '@yt' / '@tout' (int4 on "
+                         "Hopper: the many-token kernel writes y^T for XLA to transpose / y [M, N] itself, "
+                         "mosaic_int4_wide.TRANSPOSE_OUT; the default is @tout since 2026-12-05 d)")
     ap.add_argument("--throughput-methods", nargs="*", default=["bf16", "fp8", "int8"])
     ap.add_argument("--decode-batches", type=int, nargs="+", default=[1],
                     help="decode batch sizes (batch 1 always runs; e.g. 1 16 for the batch-16 target)")
@@ -95,10 +96,10 @@ def main():
     print(f"jax {jax.__version__} on {jax.devices()[0]}; HBM ceiling (x*2) {bw / 1e12:.2f} TB/s", flush=True)
     kv_rows = kv_capacity(a) if a.kv_capacity else None
     if any("@" in m for m in a.methods):
-        # the on-disk program cache keys on the source and the config, not on TRANSPOSE_OUT: with it, "@tout" and
+        # the on-disk program cache keys on the source and the config, not on TRANSPOSE_OUT: with it, "@yt" and
         # the plain method could load one another's compiled step
         os.environ["JAXINFER_PROGRAM_CACHE"] = "0"
-        print("'@tout' methods: the program cache is off for this run", flush=True)
+        print("'@' methods: the program cache is off for this run", flush=True)
     rows = []
     for method in a.methods:
         if time.perf_counter() - t_start > a.budget_s:
@@ -106,9 +107,9 @@ def main():
             rows.append(dict(method=method, skipped="time budget"))
             continue
         name, _, variant = method.partition("@")
-        if variant not in ("", "tout"):
-            raise SystemExit(f"unknown method variant @{variant} in {method!r}; the one variant is @tout")
-        mosaic_int4_wide.TRANSPOSE_OUT = variant == "tout"   # read by default_config at trace time
+        if variant not in ("", "tout", "yt"):
+            raise SystemExit(f"unknown method variant @{variant} in {method!r}; the variants are @tout and @yt")
+        mosaic_int4_wide.TRANSPOSE_OUT = variant != "yt"   # read by default_config at trace time
         spec_part, _, head_part = name.partition("+")
         quant, _, backend = spec_part.partition(":")
         head = {"": None, "head": True, "floathead": False}[head_part]

@@ -120,12 +120,13 @@ def variants(interpret: bool):
         default = (target, stages) == (None, 4)
         return ("int4_mosaic_nk", op, "int4mn", ("int4mn", "mosaic-int4") if default else None)
 
-    def wide(transpose_out=False, **kw):  # the many-token kernel (mosaic_int4_wide.py); kw: default_config's knobs
+    def wide(transpose_out=None, **kw):  # the many-token kernel (mosaic_int4_wide.py); kw: default_config's knobs
         def op(x, w):
             cfg = qmw.default_config(x.shape[0], x.shape[1], w["q"].shape[0], **kw)
-            cfg = dataclasses.replace(cfg, transpose_out=transpose_out)
+            if transpose_out is not None:
+                cfg = dataclasses.replace(cfg, transpose_out=transpose_out)
             return qmw.int4_matmul_mosaic_wide(x, w["q"], w["scale"], w.get("offset"), cfg=cfg)
-        default = not kw and not transpose_out
+        default = not kw and transpose_out is None
         return ("int4_mosaic_nk", op, "int4mn", ("int4mn", "mosaic-int4-wide-nk") if default else None)
 
     return {
@@ -178,13 +179,11 @@ def variants(interpret: bool):
         "int4_mosaic_xla": ("int4_mosaic_nk", lambda x, w: qf.int4_native_nk_dequant_xla(
             x, w["q"], w["scale"], w.get("offset"), group_size=g), "int4mn", ("int4mn", "int4-dequant-nk")),
         # the many-token Mosaic int4 kernel (2026-12-05 c) and its tile / row-block / split / stage variants
-        "int4_wide": wide(),                       # 128-token tiles, 2 row blocks, stages for 2 CTAs an SM
-        "int4_wide_t": wide(transpose_out=True),   # y [M, N] written by the kernel (not yet GPU-tested)
+        "int4_wide": wide(),                       # 128-token tiles, 2 row blocks, stages for 2 CTAs an SM, y [M, N]
+        "int4_wide_t": wide(transpose_out=True),   # the same, explicitly (the default since 2026-12-05 d)
+        "int4_wide_yt": wide(transpose_out=False),  # y^T [N, M] for XLA to transpose (the default before 12-05 d)
         "int4_wide_rb1": wide(row_blocks=1),
         "int4_wide_tm64": wide(max_tile_m=64),
-        "int4_wide_tm64_ov": wide(max_tile_m=64, overlap=True),
-        "int4_wide_ov3": wide(row_blocks=1, overlap=True, max_stages=3, smem_bytes=200 << 10),
-        "int4_wide_ov3_rb2": wide(overlap=True, max_stages=3, smem_bytes=200 << 10),
         "int4_wide_big": wide(smem_bytes=200 << 10),   # 4 stages, one CTA an SM (fb8401c's default)
         "int4_pallas_nk": ("int4_packed_nk", lambda x, w: qnk.int4_matmul_nk(
             x, w["q"], w["scale"], w["offset"], group_size=g), "int4pnk", ("int4pnk", "pallas-int4-nk")),

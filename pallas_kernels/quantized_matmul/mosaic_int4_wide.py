@@ -23,8 +23,8 @@ tile's tokens), so one accumulator takes the CTA's whole K range and the MMAs ne
                             weight to bf16, as XLA's dequantize + dot does)
                             acc_r += w @ x_j^T                                 ([64, TM] f32, in registers)
   out:                      split == 1: y^T [N, M_pad] in the output dtype (no f32 partials, no XLA sum); else
-                            part f32 [split, N, M_pad], summed by XLA; XLA transposes. transpose_out (opt-in, not
-                            yet GPU-tested): each [64, TM] accumulator transposed in registers and stored as y
+                            part f32 [split, N, M_pad], summed by XLA; XLA transposes. transpose_out (the default
+                            since 2026-12-05 d): each [64, TM] accumulator transposed in registers and stored as y
                             [TM, 64], so the kernel writes y [M_pad, N] / part [split, M_pad, N] itself.
 
 Numerics: against the float32 reference of the same quantized weights the only extra error is the bf16 rounding
@@ -36,9 +36,15 @@ Measured (H100, jax 0.11.2, fc17463, results/kernel-quantized-matmul-int4-wide-f
 layer's four projections summed, us; this kernel / XLA's dequantize + dot / the bf16 dot): M = 256 273 / 558 / 284,
 M = 512 506 / 685 / 422, M = 2048 1,546 / 1,661 / 1,449. So the engine runs it above 128 tokens (models/
 quant_paths.py), but from ~512 tokens it is still 0.83-0.94x the bf16 dot: one warpgroup a CTA waits for its MMAs
-each group, where the bf16 GEMM runs warp-specialised producer / consumer warpgroups. The overlap variants (MMAs in
-flight across groups, 3 stages: one CTA an SM) won 3 of 12 cells at one row block and lost every M = 2048 cell;
-64-token tiles lost everywhere.
+each group, where the bf16 GEMM runs warp-specialised producer / consumer warpgroups. Variants measured and
+dropped: MMAs kept in flight across groups (3 stages, one CTA an SM: won 3 of 12 cells at one row block, lost every
+M = 2048 cell; on the H100 of 2026-12-05 d one such config gave NaN, so the option is gone), 64-token tiles (lost
+everywhere).
+
+The in-kernel transpose (transpose_out, 2026-12-05 d; H200, jax 0.11.2, 2b5cd52, results/quantized-decode-int4-wide-
+tout-2b5cd52-2026-12-05.json, 8B, int4 / bf16 in one process): batch-256 decode 14,893 tok/s against 14,121 with
+XLA's transposes (bf16 16,733: 0.89x against 0.84x), offline 384 x 512/128 5,400 against 5,095 output tok/s (bf16
+6,190: 0.87x against 0.82x); its GPU tests passed (results/gpu-tests-mosaic-int4-wide-2b5cd52-2026-12-05.json).
 """
 from __future__ import annotations
 
@@ -61,9 +67,9 @@ TARGET_CTAS = 264    # split K only while the (N / 64 rb) x (M / TM) grid has fe
 # 821 us, 4 stages (176 KB, one CTA an SM) 1,074 us, the bf16 dot 761, XLA's dequantize + dot 896
 # (results/kernel-quantized-matmul-int4-wide-fb8401c-2026-12-05.json).
 SMEM_BYTES = 112 * 1024
-# default_config's transpose_out (WideConfig.transpose_out): off until its GPU tests have run; benchmarks flip it
-# in-process for an A/B (benchmarks/quantized_decode.py's "@tout" methods).
-TRANSPOSE_OUT = False
+# default_config's transpose_out (WideConfig.transpose_out); benchmarks/quantized_decode.py's "@tout" methods set it
+# in-process for an A/B.
+TRANSPOSE_OUT = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,14 +78,11 @@ class WideConfig:
     row_blocks: int  # 64-row weight blocks a CTA (1 or 2), sharing each staged x tile
     split: int       # K splits (each a whole number of groups)
     stages: int      # pipeline depth
-    transpose_out: bool = False  # write y [M, N] (the tile relaid to WGMMA_TRANSPOSED in registers, one shuffle +
+    transpose_out: bool = True   # write y [M, N] (the tile relaid to WGMMA_TRANSPOSED in registers, one shuffle +
                                  # permute a register, stored through a transposed view of shared memory) instead of
                                  # y^T [N, M] for XLA to transpose: those transposes took 1.7 ms of int4's 17.6 ms
                                  # batch-256 decode step (H100, 4de35df, results/step-profile-decode-b256-int4-
-                                 # 4de35df-2026-12-05.log). Lowers on the CPU; off until its GPU tests have run
-                                 # (benchmarks/gpu_int4_wide_final.sh: no device time was left on 2026-12-05).
-    overlap: bool = False   # keep a step's MMAs in flight while the next step dequantizes (x slots released one
-                            # step late: needs stages >= 2; the weight registers of two steps are live)
+                                 # 4de35df-2026-12-05.log); measured in the module docstring
 
 
 def tile_m_for(M: int, max_tile_m: int = MAX_TILE_M) -> int:
@@ -93,11 +96,11 @@ def stage_bytes(tile_m: int, row_blocks: int, weight_bits: int = 4) -> int:
 
 def default_config(M: int, K: int, N: int, *, max_tile_m: int = MAX_TILE_M, row_blocks: int | None = None,
                    target_ctas: int = TARGET_CTAS, max_stages: int = 4, smem_bytes: int = SMEM_BYTES,
-                   overlap: bool = False, weight_bits: int = 4) -> WideConfig:
+                   weight_bits: int = 4) -> WideConfig:
     """TM = the padded token count up to max_tile_m; 2 row blocks where the grid then still has >= target_ctas CTAs
     without a K split (else 1: more CTAs beat fewer x re-reads); K split until the grid reaches target_ctas (>= 2
-    groups a split); as many stages (<= max_stages) as fit smem_bytes beside the output tile, but >= 2; overlap
-    where there are >= 2 stages; transpose_out = TRANSPOSE_OUT.
+    groups a split); as many stages (<= max_stages) as fit smem_bytes beside the output tile, but >= 2;
+    transpose_out = TRANSPOSE_OUT.
 
     The row-block rule picked the faster of 1 and 2 on all 12 measured (shape, M) cells (H100, fc17463: the 8B
     gate_up / down / qkv / o at M = 256 / 512 / 2048), e.g. M = 256: gate_up 131.1 us with 2 (148.1 with 1), down
@@ -115,8 +118,7 @@ def default_config(M: int, K: int, N: int, *, max_tile_m: int = MAX_TILE_M, row_
     fit = max(1, (smem_bytes - out_bytes) // stage_bytes(tm, rb, weight_bits))
     # at least 2 stages (one load in flight) where the split has 2 groups, even past smem_bytes (one CTA an SM)
     stages = max(min(2, max_stages, groups // split), min(max_stages, fit, groups // split))
-    return WideConfig(tile_m=tm, row_blocks=rb, split=split, stages=stages, transpose_out=TRANSPOSE_OUT,
-                      overlap=overlap and stages >= 2)
+    return WideConfig(tile_m=tm, row_blocks=rb, split=split, stages=stages, transpose_out=TRANSPOSE_OUT)
 
 
 def supports(M: int, K: int, N: int, group_size: int | None) -> bool:
@@ -175,13 +177,11 @@ def _call(x_p, q, scale, offset, *, cfg: WideConfig, out_dtype):
                             w = w + lax.broadcast_in_dim(of, (TILE_N, GROUP), [0])
                     plgpu.wgmma(accs[r], w, xt)
                 # the MMAs read x_s from shared memory asynchronously: done before the pipeline refills the slot
-                # (overlap: the previous step's, whose slot the pipeline releases one step late)
-                plgpu.wgmma_wait(rb if cfg.overlap else 0)
+                plgpu.wgmma_wait(0)
                 return tuple(scales) if per_channel else None
 
             in_specs = [plgpu.BlockSpec((tn, GROUP), lambda j: (0, j), transforms=w_transforms),
-                        plgpu.BlockSpec((tm, GROUP), lambda j: (0, j), transforms=x_transforms,
-                                        delay_release=1 if cfg.overlap else 0),
+                        plgpu.BlockSpec((tm, GROUP), lambda j: (0, j), transforms=x_transforms),
                         plgpu.BlockSpec((1, tn), (lambda j: (0, 0)) if per_channel else (lambda j: (j, 0)))]
             operands = [q_g.at[rows, ksl], x_g.at[toks, ksl], s_g.at[:, rows] if per_channel else s_g.at[gsl, rows]]
             if has_offset:

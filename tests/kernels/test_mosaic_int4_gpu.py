@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 from pallas_kernels.quantized_matmul import mosaic_int4 as MI
-from tests.kernels.quant_cases import assert_greedy_and_prompt_logprobs_match, rel_err
+from tests.kernels.quant_cases import assert_engine_path_like_xla, rel_err
 from tests.kernels.test_mosaic_int4 import native_nk_case
 
 pytestmark = pytest.mark.gpu
@@ -47,15 +47,9 @@ def test_bf16_output_and_leading_dims():
 
 @pytest.mark.parametrize("quantization", ["int4", "int4-asym"])
 def test_int4_default_on_hopper_is_the_mosaic_kernel_and_matches_reference(g128_llama_dir, quantization):
-    """On one Hopper GPU quantization='int4' (group 128) resolves to 'mosaic-int4' (models/quant_linear.py) and the
-    engine's prompt log-probs and greedy tokens match the jnp reference on the same int4 weights (the 8-token prefill
-    and the batch-1 steps run the kernel). The kernel rounds the activations to bf16 (the float32 reference does
-    not): log-probs within 0.05. Written 2026-12-05; its one GPU run failed at import (gguf, fixed in 834f91e), not
-    yet run since."""
-    import jaxinfer
-
-    kw = dict(dtype="float32", max_model_len=128, num_pages=64, warmup=False, progress=False)
-    mos = jaxinfer.LLM(g128_llama_dir, quantization=quantization, **kw)
-    assert mos.model.module().layers[0].mlp.down.backend == "mosaic-int4"
-    ref = jaxinfer.LLM(g128_llama_dir, quantization=quantization, quantized_matmul="reference", **kw)
-    assert_greedy_and_prompt_logprobs_match(mos, ref, [3, 17, 5, 99, 42, 7, 250, 11])
+    """On one Hopper GPU quantization='int4' (group 128) resolves to 'mosaic-int4' (models/quant_linear.py); the
+    8-token prefill and the batch-1 steps run the kernel, and the engine agrees with XLA's dequantize + dot and the
+    jnp reference on the same int4 weights (quant_cases.assert_engine_path_like_xla: bf16 model; the float32 form of
+    this test failed on 12-05 d because the kernel rounds activations to bf16 and the float32 reference does not)."""
+    assert_engine_path_like_xla(g128_llama_dir, quantization, [3, 17, 5, 99, 42, 7, 250, 11], max_model_len=128,
+                                num_pages=64, warmup=False, progress=False)

@@ -52,10 +52,8 @@ def test_config_arithmetic():
     assert MW.default_config(2048, 4096, 4096).row_blocks == 2 and MW.default_config(512, 4096, 4096).row_blocks == 1
     # 256-token tiles: past the two-CTA budget already at one stage, but never fewer than 2 stages
     assert MW.default_config(512, 4096, 28672, max_tile_m=256) == MW.WideConfig(256, 2, 1, 2)
-    # overlap only with >= 2 stages
-    assert MW.default_config(256, 4096, 6144, max_tile_m=64, overlap=True) == MW.WideConfig(64, 1, 1, 4, overlap=True)
-    assert MW.default_config(1, 256, 64, overlap=True) == MW.WideConfig(8, 1, 1, 2, overlap=True)     # 2 groups: 2 stages
-    assert not MW.default_config(1, 256, 64, overlap=True, max_stages=1).overlap
+    assert MW.default_config(256, 4096, 6144, max_tile_m=64) == MW.WideConfig(64, 1, 1, 4)
+    assert MW.default_config(1, 256, 64) == MW.WideConfig(8, 1, 1, 2)     # 2 groups: 2 stages
     assert MW.default_config(5, 4096, 4096).tile_m == 8 and MW.default_config(100, 4096, 4096).tile_m == 128
     assert MW.default_config(300, 4096, 64).row_blocks == 1                  # N = 64: one row block
     for M, K, N in [(1, 512, 128), (129, 4096, 6144), (700, 14336, 4096), (2048, 4096, 128256)]:
@@ -73,8 +71,8 @@ def test_config_arithmetic():
 @pytest.mark.parametrize("M,K,N,offset,kw", [(1, 512, 128, True, {}), (129, 512, 256, False, {}),
                                              (300, 1024, 128, True, {}), (256, 512, 256, False, dict(max_tile_m=256)),
                                              (64, 512, 192, False, {}), (200, 512, 128, True, dict(row_blocks=1)),
-                                             (256, 512, 256, True, dict(overlap=True, max_stages=3)),
-                                             (130, 512, 128, False, dict(row_blocks=1, overlap=True))])
+                                             (256, 512, 256, True, dict(max_stages=3)),
+                                             (130, 512, 128, False, dict(row_blocks=1))])
 @pytest.mark.parametrize("transpose_out", [True, False])
 def test_kernel_lowers_for_cuda(M, K, N, offset, kw, transpose_out):
     cfg = dataclasses.replace(MW.default_config(M, K, N, **kw), transpose_out=transpose_out)
@@ -157,6 +155,6 @@ def test_int8_wrapper_algebra_matches_reference(M, K, N, split, monkeypatch):
 
 
 def test_transpose_out_default_follows_the_module_switch(monkeypatch):
-    assert not MW.default_config(300, 4096, 6144).transpose_out       # off until its GPU tests have run
-    monkeypatch.setattr(MW, "TRANSPOSE_OUT", True)                    # what quantized_decode.py's "@tout" sets
-    assert MW.default_config(300, 4096, 6144).transpose_out
+    assert MW.default_config(300, 4096, 6144).transpose_out           # on since its GPU tests and A/B (12-05 d)
+    monkeypatch.setattr(MW, "TRANSPOSE_OUT", False)                   # what quantized_decode.py's "@yt" sets
+    assert not MW.default_config(300, 4096, 6144).transpose_out
