@@ -92,7 +92,10 @@ PATHS = {
     # whole bf16 weight. Per layer (gate_up + down + qkv + o, H100, fc17463, results/kernel-quantized-matmul-int4-
     # wide-fc17463-2026-12-05.json, us; kernel / XLA / bf16 dot): M = 256 273 / 558 / 284, M = 512 506 / 685 / 422,
     # M = 2048 1,546 / 1,661 / 1,449: faster than XLA's form on every shape, still 0.83-0.94x the bf16 dot from 512.
-    ("int4", "mosaic-int4"): ((qmm_mosaic.MAX_M, "mosaic-int4-nk"), (ANY_M, "mosaic-int4-wide-nk")),
+    # From 17 tokens too (2026-12-05 d, H100, 2f9142a, results/kernel-quantized-matmul-int4-small-m-2f9142a-2026-12-05
+    # .json, the layer's four projections summed, us, mosaic_int4.py / this kernel): M = 16 86.1 / 81.7 (mixed by
+    # shape: gate_up 36.6 / 38.5), M = 32 97.7 / 86.1, M = 64 117.2 / 113.8, M = 128 202.2 / 153.7 (bf16 dot 197.1).
+    ("int4", "mosaic-int4"): ((16, "mosaic-int4-nk"), (ANY_M, "mosaic-int4-wide-nk")),
     # int8 [N, K] ('mosaic-int8', opt-in): 'xla-nk' with the Mosaic GPU int8 kernel (mosaic_int8.py) in place of the
     # Pallas-Triton one at M <= 16. Measured and not adopted (H100, 29a3906, results/quantized-decode-mosaic-int8-
     # 2026-12-05.json): batch 1 225.8 tok/s against 250.7 for 'xla-nk', batch 16 3,093 against 3,817; per op at

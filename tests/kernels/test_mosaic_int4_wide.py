@@ -110,8 +110,8 @@ def test_bad_shapes_are_refused():
 
 def test_the_int4_default_routes_many_tokens_to_it_only_where_it_runs():
     rows = quant_paths.PATHS[("int4", "mosaic-int4")]
-    assert quant_paths._lookup(rows, 129) == "mosaic-int4-wide-nk" and quant_paths._lookup(rows, 4096) == rows[-1][1]
-    assert quant_paths._lookup(rows, 128) == "mosaic-int4-nk"
+    assert quant_paths._lookup(rows, 17) == "mosaic-int4-wide-nk" and quant_paths._lookup(rows, 4096) == rows[-1][1]
+    assert quant_paths._lookup(rows, 16) == "mosaic-int4-nk"   # decode batches up to 16 (from 17 on: 12-05 d)
     # on the CPU the kernel cannot run: the path falls back to XLA's dequantize + dot on the same weights
     assert quant_paths.path_for("int4", "mosaic-int4", 256, 4096, 4096, 128) == "int4-dequant-nk"
 
