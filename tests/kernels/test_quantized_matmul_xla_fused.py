@@ -227,7 +227,7 @@ def test_quant_linear_backends(quantization, backend):
 
 
 def test_mosaic_int4_paths(monkeypatch):
-    """'mosaic-int4': the Mosaic kernel at M <= 128 where it runs (a Hopper GPU: simulated here), XLA's dequantize +
+    """'mosaic-int4': the Mosaic kernel at M <= 16 where it runs (a Hopper GPU: simulated here), XLA's dequantize +
     dot on the [N, K] layout above, and the XLA path wherever the kernel cannot run (CPU, a shape it does not
     take, a layer under tensor parallelism, JAXINFER_TRITON=0)."""
     from pallas_kernels.quantized_matmul import mosaic_int4, triton_small_m
@@ -237,7 +237,8 @@ def test_mosaic_int4_paths(monkeypatch):
     monkeypatch.setattr(mosaic_int4, "usable", lambda: True)
     assert quant_paths.path_for("int4", "mosaic-int4", 1, 4096, 4096, 128) == "mosaic-int4-nk"
     assert quant_paths.path_for("int4", "mosaic-int4", 16, 14336, 4096, 128) == "mosaic-int4-nk"
-    assert quant_paths.path_for("int4", "mosaic-int4", 128, 4096, 4096, 128) == "mosaic-int4-nk"
+    # from 17 tokens the many-token kernel (mosaic_int4_wide.py; not simulated usable here: XLA's form)
+    assert quant_paths.path_for("int4", "mosaic-int4", 17, 4096, 4096, 128) == "int4-dequant-nk"
     assert quant_paths.path_for("int4", "mosaic-int4", 129, 4096, 4096, 128) == "int4-dequant-nk"
     assert quant_paths.path_for("int4", "mosaic-int4", 1, 4096, 4100, 128) == "int4-dequant-nk"
     assert quant_paths.path_for("int4", "mosaic-int4", 1, 4096, 4096, 128, kernels=False) == "int4-dequant-nk"
