@@ -59,8 +59,8 @@ def main():
     ap.add_argument("--methods", nargs="+", default=["bf16", "int8", "int4", "fp8", "int8:w8a8", "int4:xla-int4"],
                     help="bf16 | int8 | int4[-g64|-asym...] | fp8, then optionally ':<quantized_matmul backend>' "
                          "(w8a8, xla-int4, pallas, xla) and '+head' (the LM head in the model's method) or "
-                         "'+floathead' (a float head; default: int8 head for int8 / int4), and '@yt' / '@tout' (int4 on "
-                         "Hopper: the many-token kernel writes y^T for XLA to transpose / y [M, N] itself, "
+                         "'+floathead' (a float head; default: int8 head for int8 / int4), and '@yt' / '@tout' (int4 "
+                         "on Hopper: the many-token kernel writes y^T for XLA to transpose / y [M, N] itself, "
                          "mosaic_int4_wide.TRANSPOSE_OUT; the default is @tout since 2026-12-05 d)")
     ap.add_argument("--throughput-methods", nargs="*", default=["bf16", "fp8", "int8"])
     ap.add_argument("--decode-batches", type=int, nargs="+", default=[1],

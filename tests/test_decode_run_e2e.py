@@ -1,5 +1,5 @@
-"""The engine with steady decodes as columns (engine/decode_run.py, the default from decode_run.MIN_RUN running requests) against
-the same engine running every step through the general scheduler loop: the same workload must give the same
+"""The engine with steady decodes as columns (engine/decode_run.py, the default from decode_run.MIN_RUN running
+requests) against the same engine running every step through the general scheduler loop: the same workload must give the same
 outputs, step by step (tokens, finish reasons, stop reasons, cumulative logprobs, what each step reports), with
 the step in flight, eos / stop tokens / max_tokens / max_model_len ends, seeded sampling, aborts mid-decode, a
 cache small enough to preempt, and requests arriving while a run is on. The run must actually be taken."""

@@ -68,7 +68,8 @@ def engines(dtype: str = "float32", prompt_len: int = 300):
     for name in ("xla-int4", "mosaic-int4"):
         toks, lp = res[name]
         d = np.abs(lp - ref_lp)
-        print(f"[{dtype}, prompt {prompt_len}] {name} vs reference: prompt log-prob |diff| max {d.max():.4f} mean {d.mean():.5f} "
+        print(f"[{dtype}, prompt {prompt_len}] {name} vs reference: prompt log-prob |diff| max {d.max():.4f} "
+              f"mean {d.mean():.5f} "
               f"(argmax position {int(d.argmax())}); greedy equal {toks == ref_toks}", flush=True)
 
 

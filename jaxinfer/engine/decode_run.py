@@ -15,9 +15,9 @@ Here the same step is a few numpy columns:
                     rows that may stop (a stop / eos token, the length limit, a request with stop token ids)
                     go through Scheduler._check_stop in Python.
 
-Invariant (tests/engine/test_decode_run.py; the engine end to end: tests/test_decode_run_e2e.py): a step scheduled and updated through these functions leaves the
-scheduler, the KV manager and the requests exactly as the general loop does, and DecodeRun.materialize() equals
-the ScheduledSeqs the general loop would have made.
+Invariant (tests/engine/test_decode_run.py; the engine end to end: tests/test_decode_run_e2e.py): a step
+scheduled and updated through these functions leaves the scheduler, the KV manager and the requests exactly as the
+general loop does, and DecodeRun.materialize() equals the ScheduledSeqs the general loop would have made.
 
 Columns, n rows in batch order (the run is the front of the step's batch; admissions follow):
   requests  list[Request]      ids  tuple[str]

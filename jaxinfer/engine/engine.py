@@ -366,7 +366,8 @@ class LLMEngine:
         tokens = out.tokens[valid].tolist()
         run = done.sched.decodes
         if run is None:
-            finished = {r.request_id for r in self.scheduler.update(done.sched, dict(zip(rids, map(list, zip(tokens)))))}
+            sampled = dict(zip(rids, map(list, zip(tokens))))
+            finished = {r.request_id for r in self.scheduler.update(done.sched, sampled)}
         else:  # the run's rows as a column (the scheduler checks which are still live); the rest as a dict
             m = len(run)
             rest = list(itertools.compress(range(m, len(done.ids)), valid[m:].tolist()))

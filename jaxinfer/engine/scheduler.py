@@ -104,10 +104,6 @@ class SchedulerOutput:
         return self._scheduled
 
     @property
-    def num_seqs(self) -> int:
-        return len(self.seqs) + (len(self.decodes) if self.decodes is not None else 0)
-
-    @property
     def is_empty(self) -> bool:
         return not self.seqs and self.decodes is None
 

@@ -22,7 +22,8 @@ from jaxinfer.engine.scheduler import Scheduler
 
 class SP:
     def __init__(self, max_tokens, stop, ignore_eos, min_tokens=0):
-        self.max_tokens, self.stop_token_ids, self.ignore_eos, self.min_tokens = max_tokens, stop, ignore_eos, min_tokens
+        self.max_tokens, self.stop_token_ids = max_tokens, stop
+        self.ignore_eos, self.min_tokens = ignore_eos, min_tokens
 
 
 def _seq(q):
