@@ -196,8 +196,4 @@ def update_run(sched, run: DecodeRun, live: np.ndarray, tokens: list[int],
         if len(req.output_token_ids) < req.output_limit and t not in req.stop_token_ids and (
                 req.ignore_eos or t not in eos_ids):
             continue
-        stop = sched._check_stop(req, t)
-        if stop is not None:
-            sched._finish(req, *stop)
-            finished.append(req)
-            sched._update_finished[req.request_id] = req
+        sched._end_if_stopped(req, t, finished)

@@ -488,13 +488,20 @@ class Scheduler:
                 outputs.append(tok)
                 if len(outputs) < limit and tok not in req.stop_token_ids and (req.ignore_eos or tok not in eos):
                     continue
-                stop = self._check_stop(req, tok)
-                if stop is not None:
-                    self._finish(req, *stop)
-                    finished.append(req)
-                    self._update_finished[req.request_id] = req
+                if self._end_if_stopped(req, tok, finished):
                     break  # tokens after a stop are dropped
         return finished
+
+    def _end_if_stopped(self, req: Request, tok: int, finished: list[Request]) -> bool:
+        """After the cheap tests flagged `tok` (just appended to req's outputs; update() and decode_run.update_run):
+        end req if the token stops it (appended to `finished`). True if it did."""
+        stop = self._check_stop(req, tok)
+        if stop is None:
+            return False
+        self._finish(req, *stop)
+        finished.append(req)
+        self._update_finished[req.request_id] = req
+        return True
 
     def _check_stop(self, req: Request, tok: int) -> tuple[RequestStatus, int | None] | None:
         num_outputs = len(req.output_token_ids)  # (not the properties: once per request per step)
