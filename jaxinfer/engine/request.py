@@ -82,7 +82,7 @@ class Request:
     min_tokens: int = field(init=False, repr=False, default=0)
     # Set by Scheduler.add_request: min(max_tokens, max_model_len - prompt), the output count that ends it by length.
     output_limit: int = field(init=False, repr=False, default=0)
-    # Which sampled tokens may stop it, for the columnar stop checks (engine/decode_run.py): STOP_CHECK_* below.
+    # Which sampled tokens may stop it, for the columnar stop checks (engine/decode_run.py): STOP_CHECK_* above.
     stop_check: int = field(init=False, repr=False, default=0)
 
     def __post_init__(self) -> None:

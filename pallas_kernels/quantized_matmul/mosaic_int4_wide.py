@@ -35,7 +35,8 @@ wrapper's algebra through a jnp stand-in; the numbers are GPU tests.
 Measured (H100, jax 0.11.2, fc17463, results/kernel-quantized-matmul-int4-wide-fc17463-2026-12-05.json, the 8B
 layer's four projections summed, us; this kernel / XLA's dequantize + dot / the bf16 dot): M = 256 273 / 558 / 284,
 M = 512 506 / 685 / 422, M = 2048 1,546 / 1,661 / 1,449. So the engine runs it above 128 tokens (models/
-quant_paths.py), but from ~512 tokens it is still 0.83-0.94x the bf16 dot: one warpgroup a CTA waits for its MMAs
+quant_paths.py; above 16 since 2026-12-05 d, where it also beat mosaic_int4.py at 32-128 tokens), but from ~512
+tokens it is still 0.83-0.94x the bf16 dot: one warpgroup a CTA waits for its MMAs
 each group, where the bf16 GEMM runs warp-specialised producer / consumer warpgroups. Variants measured and
 dropped: MMAs kept in flight across groups (3 stages, one CTA an SM: won 3 of 12 cells at one row block, lost every
 M = 2048 cell; on the H100 of 2026-12-05 d one such config gave NaN, so the option is gone), 64-token tiles (lost
@@ -67,8 +68,8 @@ TARGET_CTAS = 264    # split K only while the (N / 64 rb) x (M / TM) grid has fe
 # 821 us, 4 stages (176 KB, one CTA an SM) 1,074 us, the bf16 dot 761, XLA's dequantize + dot 896
 # (results/kernel-quantized-matmul-int4-wide-fb8401c-2026-12-05.json).
 SMEM_BYTES = 112 * 1024
-# default_config's transpose_out (WideConfig.transpose_out); benchmarks/quantized_decode.py's "@tout" methods set it
-# in-process for an A/B.
+# default_config's transpose_out (WideConfig.transpose_out); benchmarks/quantized_decode.py's "@yt" / "@tout"
+# methods set it in-process for an A/B.
 TRANSPOSE_OUT = True
 
 
