@@ -53,6 +53,16 @@ def test_continuous_batching_equals_solo(llm):
     assert llm.engine.kv.num_used_pages == 0
 
 
+def test_early_host_copy_gives_the_same_outputs(llm, monkeypatch):
+    """ModelRunner.early_host_copy (the results' device->host copy started at dispatch; an opt-in A/B switch)."""
+    prompts, max_tokens = _workload(seed=3, n=12)
+    off = llm.generate(prompts, [SamplingParams(max_tokens=m, **GREEDY) for m in max_tokens], use_tqdm=False)
+    monkeypatch.setattr(llm.runner, "early_host_copy", True)
+    on = llm.generate(prompts, [SamplingParams(max_tokens=m, **GREEDY) for m in max_tokens], use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in on] == [o.outputs[0].token_ids for o in off]
+    assert all(len(o.outputs[0].token_ids) == m for o, m in zip(on, max_tokens))
+
+
 def test_preemption_keeps_outputs(tiny_llama_dir, llm):
     prompts, max_tokens = _workload(seed=2, n=30)
     solo = _solo(llm, prompts, max_tokens)

@@ -189,6 +189,9 @@ def main():
                          "engine/decode_run.py)")
     ap.add_argument("--device-put-inputs", action="store_true",
                     help="A/B: jax.device_put the packed inputs before the call (the transfer before 2026-12-05)")
+    ap.add_argument("--early-host-copy", action="store_true",
+                    help="A/B: start the copy of a step's results to the host at dispatch, not in fetch "
+                         "(ModelRunner.early_host_copy, 2026-12-05 d; off by default)")
     # --model: on a GPU, llama3-8b shows the host sections beside the real device time ('wait')
     add_engine_flags(ap, model="tiny-llama", load_format="dummy", max_num_batched_tokens=512)
     a = ap.parse_args()
@@ -218,6 +221,7 @@ def main():
         llm.runner.finish_background_compiles()
         llm.engine.scheduler.columnar = not a.general_loop
         llm.runner.device_put_inputs = a.device_put_inputs
+        llm.runner.early_host_copy = a.early_host_copy
     sec = Sections()  # one for all engines: the module-level pack is wrapped once
     sec.wrap(model_runner_mod, "pack", "pack")  # the names dispatch calls (pack_step: from the engine's StepBatch)
     if hasattr(model_runner_mod, "pack_step"):
@@ -259,6 +263,7 @@ def main():
                   f"(batch {lo} -> {hi})")
     path = write_result("host-step-cost", dict(model=f"{a.model} ({a.load_format})", prompt_len=a.prompt_len,
                                                general_loop=a.general_loop, device_put_inputs=a.device_put_inputs,
+                                               early_host_copy=a.early_host_copy,
                                                marginal_us_per_req=marginal,
                                                max_model_len=max_len, page_size=16, rows=rows), tag=a.tag)
     print("wrote", path)

@@ -84,6 +84,11 @@ class ModelRunner:
     # A/B switch of the probes: put the step's packed inputs on the device with jax.device_put before the call
     # (the transfer before 2026-12-05) instead of handing the numpy arrays to the compiled call
     device_put_inputs = False
+    # Start the copy of the step's small results to the host as soon as the step is enqueued (it runs when the step
+    # is done), so fetch() would find them there instead of waiting out a device->host round trip (H100 host, 8B,
+    # batch 256: fetch took 125-157 µs a step, 2026-12-05 d). Off until the GPU A/B of benchmarks/
+    # gpu_host_columns.sh has run (on the CPU probe it changes nothing: fetch ~100 µs either way).
+    early_host_copy = False
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int,
                  num_pages: int | None = None, small_buckets: bool = True, greedy_programs: bool | None = None):
@@ -461,6 +466,8 @@ class ModelRunner:
         prev_tokens = (prev.carry if prev.carry is not None else prev.out.carry) if prev is not None else self._no_prev
         self.kv_caches, out, hidden, self.penalty_table = step(self.loaded.params, self.kv_caches, ints, floats,
                                                                prev_tokens, self.penalty_table)
+        if self.early_host_copy:
+            out.host.copy_to_host_async()
         prompt = None
         if prompt_logprob_targets:
             targets = np.zeros(bucket.num_tokens, np.int32)
