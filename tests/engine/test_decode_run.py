@@ -18,6 +18,7 @@ from jaxinfer.engine.input_batch import InputBatch
 from jaxinfer.engine.kv_cache import KVCacheManager
 from jaxinfer.engine.request import Request
 from jaxinfer.engine.scheduler import Scheduler
+from tests.engine.test_scheduler_fast_path import add_to_both
 
 
 class SP:
@@ -72,14 +73,7 @@ def test_decode_run_equals_the_general_loop(seed):
             prompt = shared[:rng.randrange(0, 40)] + [rng.randrange(3, 30) for _ in range(rng.randrange(1, 20))]
             sp = SP(rng.choice((None, 3, 20, 60)), rng.choice((None, None, [7])), rng.random() < 0.7,
                     rng.choice((0, 0, 2)))
-            ok = []
-            for s in (col, ref):
-                try:
-                    s.add_request(Request(f"r{n_req}", list(prompt), sp))
-                    ok.append(True)
-                except ValueError:
-                    ok.append(False)
-            assert ok[0] == ok[1]
+            add_to_both((col, ref), f"r{n_req}", prompt, sp)
             n_req += 1
         if rng.random() < 0.04 and col.running:  # abort with a step in flight
             rid = rng.choice(col.running).request_id

@@ -35,6 +35,18 @@ class GeneralScheduler(Scheduler):
         return budget
 
 
+def add_to_both(schedulers, request_id, prompt, sp) -> None:
+    """Queue the same request on each scheduler; all must accept it or all refuse it (ValueError)."""
+    accepted = []
+    for s in schedulers:
+        try:
+            s.add_request(Request(request_id, list(prompt), sp))
+            accepted.append(True)
+        except ValueError:
+            accepted.append(False)
+    assert len(set(accepted)) == 1, accepted
+
+
 def _seq_fields(q):
     return (q.request_id, q.token_ids, q.start_pos, q.page_table, q.sample, q.is_prefill, q.num_placeholders,
             q.output_index, q.num_spec_tokens)
@@ -69,14 +81,7 @@ def test_inlined_schedule_equals_the_general_form(seed):
         if op < 0.2:
             prompt = [rng.randrange(3, 30) for _ in range(rng.randrange(1, 30))]
             sp = SP(rng.choice((None, 1, 4, 12)), rng.choice((None, [7])), rng.random() < 0.5)
-            added = []
-            for s in (fast, ref):
-                try:
-                    s.add_request(Request(f"r{n_req}", list(prompt), sp))
-                    added.append(True)
-                except ValueError:
-                    added.append(False)
-            assert added[0] == added[1]
+            add_to_both((fast, ref), f"r{n_req}", prompt, sp)
             n_req += 1
             continue
         # drafts on some decode-ready requests (same ones on both sides)
