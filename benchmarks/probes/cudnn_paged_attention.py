@@ -1,0 +1,207 @@
+"""Is cuDNN's paged attention the decode (and prefill) attention backend to move to? (issue 17 items 3 / 4)
+
+The Pallas-Triton kernel (pallas_kernels/paged_attention/kernel.py) streams 2.15-3.13 TB/s of KV at batch >= 64 on
+the H200 (2026-12-01: 256 x 512 250 us = 2.15 TB/s, 64 x 4k 2.79), short of the 3.2 TB/s target after two rounds of
+tuning, and its prefill path is 1.3-2.9x cuDNN's dense attention. The method says: measure another backend. cuDNN's
+fused attention takes a paged KV cache (JAX's private `_dot_product_attention_fwd` with page tables; the public
+`jax.nn.dot_product_attention` does not pass them), on the engine's own pool layout [num_pages, page_size, KVH, D].
+
+Per (batch, context), decode (one query token a sequence, bf16, 32 q / 8 KV heads, D 128, page 16), one process:
+  kernel      the engine's Pallas kernel with the engine's split rule (the figure to beat), and p8 / 1 split
+  cudnn_gqa   cuDNN paged, q [B, 1, 32, D] against 8 KV heads (GQA inside cuDNN)
+  cudnn_fold  cuDNN paged, the 4 query heads of a KV head folded into the query length: q [B, 4, 8, D], 8 heads
+              (each KV head read once per sequence, whatever cuDNN does for GQA)
+each as `inner` dependent calls in one program (benchmarks/kernels/paged_attention.measure), rel. error of each
+against the kernel's output. Then prefill with cached context (a chunk of C tokens after P cached, causal): the
+cuDNN paged call's output against both alignments of the causal mask (bottom-right is what a chunk after its
+context needs), and its time against cuDNN's dense attention on the same problem and the Pallas kernel.
+
+jax's check requires the pool to hold exactly batch x pages-per-sequence pages (check_layout); the probe sizes its
+pools so (one spare page a sequence, masked by the KV length).
+
+  python benchmarks/probes/cudnn_paged_attention.py [--configs 64x512 256x512 64x4096 256x4096] [--tag T]
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks.common import measure_hbm_bandwidth, write_result  # noqa: E402
+from benchmarks.kernels import paged_attention as pa  # noqa: E402
+
+H, KVH, D, PS, G = pa.H, pa.KVH, pa.D, pa.PS, pa.H // pa.KVH
+
+
+def cudnn_api():
+    """(fwd function, MaskType, layout BTNH value, cudnn version) or a string saying why not."""
+    try:
+        from jax._src.cudnn import fused_attention_stablehlo as fa
+        return fa, fa.MaskType, fa.AttentionLayout.BTNH.value, fa.check_cudnn_version()
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+
+
+def cudnn_call(api, q, k, v, q_len, kv_len, pt, *, scale, causal=False):
+    """q [B, T, N, D]; k / v [num_blocks, PS, KVH, D]; pt i32[B, 1, W, 1] (or None: dense k / v [B, S, KVH, D]);
+    q_len / kv_len i32[B]. -> [B, T, N, D]."""
+    fa, mt, layout, ver = api
+    none = jnp.zeros(0, q.dtype)
+    kw = dict(query=q, key=k, value=v, bias=none, q_seqlen=q_len, kv_seqlen=kv_len, q_offsets=none,
+              kv_offsets=none, page_table_k=none if pt is None else pt, page_table_v=none if pt is None else pt,
+              scale=scale, seed=42, dropout_rate=0.0, variadic_args=(False, False),
+              mask_type=mt.PADDING_CAUSAL if causal else mt.PADDING, layout=layout, sliding_window_length=None,
+              cudnn_version=ver, return_residual=False)
+    params = inspect.signature(fa._dot_product_attention_fwd).parameters
+    missing = [p for p in params if p not in kw]
+    if missing:
+        raise TypeError(f"_dot_product_attention_fwd wants {missing} too: {list(params)}")
+    return fa._dot_product_attention_fwd(**{p: kw[p] for p in params})
+
+
+def decode_config(api, batch: int, ctx: int, a, hbm: float, sms: int) -> list[dict]:
+    pps = math.ceil((ctx + 1) / PS)
+    hbs, page_lists, _ = pa.host_batches(batch, ctx)
+    num_pages = batch * (pps + 1)  # jax's check: blocks == batch x width; width pps + 1 (a spare page, masked)
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    kp, vp = pa.random_pool(k1, num_pages), pa.random_pool(k2, num_pages)
+    hb = hbs["static"][0]
+    q = jax.random.normal(k3, (hb.bucket.num_tokens, H, D), pa.DTYPE)
+    md = pa.meta(hb)
+    pt = np.zeros((batch, 1, pps + 1, 1), np.int32)
+    pt[:, 0, :pps, 0] = page_lists
+    pt[:, 0, pps, 0] = np.arange(batch * pps + 1, batch * pps + 1 + batch) % num_pages
+    pt = jnp.asarray(pt)
+    ones, kvl = jnp.ones((batch,), jnp.int32), jnp.full((batch,), ctx + 1, jnp.int32)
+    scale = D ** -0.5
+    nbytes = pa.kv_bytes(batch, ctx)
+    rows, first = [], {}
+
+    def timed(name, fn, args):
+        row = dict(batch=batch, context=ctx, impl=name, kv_bytes=nbytes)
+        try:
+            m, out = pa.measure(fn, args, pa.inner_for("kernel", nbytes, a.inner), a.reps, a.warmup)
+            row.update(m, tbps=nbytes / (m["us"] * 1e-6) / 1e12, pct_hbm=100 * nbytes / (m["us"] * 1e-6) / hbm)
+            first[name] = out
+            if "kernel_engine" in first and name != "kernel_engine":
+                row["rel_err_vs_kernel"] = pa.rel_norm(out, first["kernel_engine"], batch)
+        except Exception as e:  # noqa: BLE001  (one failing variant must not lose the run)
+            row["error"] = f"{type(e).__name__}: {str(e)[:1500]}"
+        print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+        rows.append(row)
+
+    ks = pa.engine_splits(batch, sms)
+    timed("kernel_engine", pa._kernel_fn(4, ks, scale, False), (q, kp, vp, *md))
+    timed("kernel_p8_s1", pa._kernel_fn(8, 1, scale, False), (q, kp, vp, *md))
+    if isinstance(api, str):
+        rows.append(dict(batch=batch, context=ctx, impl="cudnn", error=api))
+        return rows
+
+    def gqa(x, k, v, pt, ql, kl):  # x [T, H, D]: rows < batch are the sequences' tokens
+        o = cudnn_call(api, x[:batch].reshape(batch, 1, H, D), k, v, ql, kl, pt, scale=scale)
+        return jnp.zeros_like(x).at[:batch].set(o.reshape(batch, H, D).astype(x.dtype))
+
+    def fold(x, k, v, pt, ql, kl):  # the G query heads of a KV head as G query rows of one head
+        qf = x[:batch].reshape(batch, KVH, G, D).transpose(0, 2, 1, 3)  # [B, G, KVH, D]
+        o = cudnn_call(api, qf, k, v, ql * G, kl, pt, scale=scale)       # [B, G, KVH, D]
+        o = o.transpose(0, 2, 1, 3).reshape(batch, H, D)
+        return jnp.zeros_like(x).at[:batch].set(o.astype(x.dtype))
+
+    timed("cudnn_gqa", gqa, (q, kp, vp, pt, ones, kvl))
+    timed("cudnn_fold", fold, (q, kp, vp, pt, ones, kvl))
+    return rows
+
+
+def prefill_check(api, a) -> list[dict]:
+    """A chunk of C tokens after P cached ones, B sequences, causal, through the paged cuDNN call: its error
+    against a float32 reference with the mask aligned bottom-right (query i sees keys <= P + i) and top-left
+    (keys <= i), and its time against cuDNN dense on the same problem and the Pallas kernel (engine metadata)."""
+    rows = []
+    if isinstance(api, str):
+        return [dict(prefill="cudnn", error=api)]
+    for B, P, C in a.prefill:
+        S = P + C
+        pps = math.ceil(S / PS)
+        num_pages = B * pps
+        k1, k2, k3 = jax.random.split(jax.random.key(1), 3)
+        kp, vp = pa.random_pool(k1, num_pages + 1), pa.random_pool(k2, num_pages + 1)
+        kp, vp = kp[1:], vp[1:]  # exactly B x pps blocks
+        perm = np.random.default_rng(0).permutation(num_pages).astype(np.int32).reshape(B, pps)
+        pt = jnp.asarray(perm[:, None, :, None])
+        q = jax.random.normal(k3, (B, C, H, D), pa.DTYPE)
+        scale = D ** -0.5
+        ql, kl = jnp.full((B,), C, jnp.int32), jnp.full((B,), S, jnp.int32)
+        dense_k = kp[perm].reshape(B, pps * PS, KVH, D)[:, :S]
+        dense_v = vp[perm].reshape(B, pps * PS, KVH, D)[:, :S]
+        row = dict(prefill=f"{B}x{C} after {P}")
+        try:
+            out = jax.jit(lambda q, k, v, pt: cudnn_call(api, q, k, v, ql, kl, pt, scale=scale, causal=True))(
+                q, kp, vp, pt)
+            kf = jnp.repeat(dense_k.astype(jnp.float32), G, axis=2)
+            vf = jnp.repeat(dense_v.astype(jnp.float32), G, axis=2)
+            s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), kf) * scale
+            qi, ki = jnp.arange(C)[:, None], jnp.arange(S)[None, :]
+            for name, mask in (("bottom_right", ki <= P + qi), ("top_left", ki <= qi)):
+                ref = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(jnp.where(mask, s, -jnp.inf), -1), vf)
+                row[f"rel_err_{name}"] = float(jnp.linalg.norm(out.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
+
+            def t(fn, *args):
+                f = jax.jit(fn)
+                jax.block_until_ready(f(*args))
+                ts = []
+                for _ in range(a.reps * 4):
+                    t0 = time.perf_counter()
+                    jax.block_until_ready(f(*args))
+                    ts.append(time.perf_counter() - t0)
+                return float(np.median(ts)) * 1e6
+            row["paged_us"] = t(lambda q, k, v, pt: cudnn_call(api, q, k, v, ql, kl, pt, scale=scale, causal=True),
+                                q, kp, vp, pt)
+            row["dense_us"] = t(lambda q, k, v: cudnn_call(api, q, k, v, ql, kl, None, scale=scale, causal=True),
+                                q, dense_k, dense_v)
+            if P == 0:
+                row["public_dense_causal_us"] = t(lambda q, k, v: jax.nn.dot_product_attention(
+                    q, k, v, scale=scale, is_causal=True, implementation="cudnn"), q, dense_k, dense_v)
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {str(e)[:1500]}"
+        print(row, flush=True)
+        rows.append(row)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configs", nargs="+", default=["256x512", "64x512", "64x4096", "256x4096", "16x4096", "1x4096"])
+    ap.add_argument("--prefill", nargs="+", default=["2x0x512", "2x512x512", "4x0x2048", "2x2048x2048"],
+                    help="BxPxC: B sequences, a C-token chunk after P cached tokens")
+    ap.add_argument("--inner", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--tag", default="")
+    a = ap.parse_args()
+    a.prefill = [tuple(int(x) for x in s.split("x")) for s in a.prefill]
+    t0 = time.perf_counter()
+    api = cudnn_api()
+    hbm = measure_hbm_bandwidth()
+    sms = pa.device_num_sms()
+    print(f"device {jax.devices()[0].device_kind}, jax {jax.__version__}, HBM x*2 {hbm / 1e12:.2f} TB/s, "
+          f"cudnn {api if isinstance(api, str) else api[3]}", flush=True)
+    rows = []
+    for c in a.configs:
+        b, ctx = (int(x) for x in c.split("x"))
+        rows += decode_config(api, b, ctx, a, hbm, sms)
+    rows += prefill_check(api, a)
+    write_result("cudnn-paged-attention" + (f"-{a.tag}" if a.tag else ""),
+                 dict(hbm_ceiling_gbps=hbm / 1e9, rows=rows, wall_s=time.perf_counter() - t0))
+
+
+if __name__ == "__main__":
+    main()
