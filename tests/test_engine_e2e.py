@@ -54,8 +54,10 @@ def test_continuous_batching_equals_solo(llm):
 
 
 def test_early_host_copy_gives_the_same_outputs(llm, monkeypatch):
-    """ModelRunner.early_host_copy (the results' device->host copy started at dispatch; an opt-in A/B switch)."""
+    """ModelRunner.early_host_copy (the results' device->host copy started at dispatch; the default) against the
+    copy started in fetch."""
     prompts, max_tokens = _workload(seed=3, n=12)
+    monkeypatch.setattr(llm.runner, "early_host_copy", False)
     off = llm.generate(prompts, [SamplingParams(max_tokens=m, **GREEDY) for m in max_tokens], use_tqdm=False)
     monkeypatch.setattr(llm.runner, "early_host_copy", True)
     on = llm.generate(prompts, [SamplingParams(max_tokens=m, **GREEDY) for m in max_tokens], use_tqdm=False)

@@ -189,9 +189,9 @@ def main():
                          "engine/decode_run.py)")
     ap.add_argument("--device-put-inputs", action="store_true",
                     help="A/B: jax.device_put the packed inputs before the call (the transfer before 2026-12-05)")
-    ap.add_argument("--early-host-copy", action="store_true",
-                    help="A/B: start the copy of a step's results to the host at dispatch, not in fetch "
-                         "(ModelRunner.early_host_copy, 2026-12-05 d; off by default)")
+    ap.add_argument("--early-host-copy", action=argparse.BooleanOptionalAction, default=True,
+                    help="start the copy of a step's results to the host at dispatch, not in fetch "
+                         "(ModelRunner.early_host_copy: on by default since 2026-12-05 e; --no-early-host-copy: A/B)")
     # --model: on a GPU, llama3-8b shows the host sections beside the real device time ('wait')
     add_engine_flags(ap, model="tiny-llama", load_format="dummy", max_num_batched_tokens=512)
     a = ap.parse_args()

@@ -85,10 +85,11 @@ class ModelRunner:
     # (the transfer before 2026-12-05) instead of handing the numpy arrays to the compiled call
     device_put_inputs = False
     # Start the copy of the step's small results to the host as soon as the step is enqueued (it runs when the step
-    # is done), so fetch() would find them there instead of waiting out a device->host round trip (H100 host, 8B,
-    # batch 256: fetch took 125-157 µs a step, 2026-12-05 d). Off until the GPU A/B of benchmarks/
-    # gpu_host_columns.sh has run (on the CPU probe it changes nothing: fetch ~100 µs either way).
-    early_host_copy = False
+    # is done), so fetch() finds them there instead of waiting out a device->host round trip. H100 host, 8B,
+    # host_step_cost.py (benchmarks/gpu_host_columns.sh at 9b1568c, two alternating runs each): fetch 131-150 ->
+    # 45-47 µs a step at batch 1 / 64 / 256, host per step at batch 256 2,065-2,182 -> 2,019-2,025 µs. (CPU probe:
+    # no change, fetch ~100 µs either way.) False: the copy starts in fetch (the A/B's other side).
+    early_host_copy = True
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int,
                  num_pages: int | None = None, small_buckets: bool = True, greedy_programs: bool | None = None):
