@@ -16,8 +16,9 @@ against the kernel's output. Then prefill with cached context (a chunk of C toke
 cuDNN paged call's output against both alignments of the causal mask (bottom-right is what a chunk after its
 context needs), and its time against cuDNN's dense attention on the same problem and the Pallas kernel.
 
-jax's check requires the pool to hold exactly batch x pages-per-sequence pages (check_layout); the probe sizes its
-pools so (one spare page a sequence, masked by the KV length).
+jax's public check (check_layout, not called by the private fwd) wants a pool of exactly batch x table-width pages;
+the probe passes the engine's own pool (more pages, page 0 reserved) to see whether cuDNN itself needs that, and a
+table 4x wider than the sequences (the engine's tables are as wide as max_model_len) to see what width costs.
 
   python benchmarks/probes/cudnn_paged_attention.py [--configs 64x512 256x512 64x4096 256x4096] [--tag T]
 """
@@ -70,17 +71,15 @@ def cudnn_call(api, q, k, v, q_len, kv_len, pt, *, scale, causal=False):
 
 def decode_config(api, batch: int, ctx: int, a, hbm: float, sms: int) -> list[dict]:
     pps = math.ceil((ctx + 1) / PS)
-    hbs, page_lists, _ = pa.host_batches(batch, ctx)
-    num_pages = batch * (pps + 1)  # jax's check: blocks == batch x width; width pps + 1 (a spare page, masked)
+    hbs, page_lists, num_pages = pa.host_batches(batch, ctx)  # the kernel's pool: page 0 reserved, as the engine's
     k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
     kp, vp = pa.random_pool(k1, num_pages), pa.random_pool(k2, num_pages)
     hb = hbs["static"][0]
     q = jax.random.normal(k3, (hb.bucket.num_tokens, H, D), pa.DTYPE)
     md = pa.meta(hb)
-    pt = np.zeros((batch, 1, pps + 1, 1), np.int32)
-    pt[:, 0, :pps, 0] = page_lists
-    pt[:, 0, pps, 0] = np.arange(batch * pps + 1, batch * pps + 1 + batch) % num_pages
-    pt = jnp.asarray(pt)
+    pt = jnp.asarray(page_lists[:, None, :, None])  # [B, 1, pps, 1]
+    # the engine's table is wider than the longest sequence: the same pages, padded with page 0 to 4x the width
+    pt_wide = jnp.asarray(np.pad(page_lists, ((0, 0), (0, 3 * pps)))[:, None, :, None])
     ones, kvl = jnp.ones((batch,), jnp.int32), jnp.full((batch,), ctx + 1, jnp.int32)
     scale = D ** -0.5
     nbytes = pa.kv_bytes(batch, ctx)
@@ -118,6 +117,7 @@ def decode_config(api, batch: int, ctx: int, a, hbm: float, sms: int) -> list[di
 
     timed("cudnn_gqa", gqa, (q, kp, vp, pt, ones, kvl))
     timed("cudnn_fold", fold, (q, kp, vp, pt, ones, kvl))
+    timed("cudnn_fold_wide_table", fold, (q, kp, vp, pt_wide, ones, kvl))
     return rows
 
 
@@ -133,9 +133,8 @@ def prefill_check(api, a) -> list[dict]:
         pps = math.ceil(S / PS)
         num_pages = B * pps
         k1, k2, k3 = jax.random.split(jax.random.key(1), 3)
-        kp, vp = pa.random_pool(k1, num_pages + 1), pa.random_pool(k2, num_pages + 1)
-        kp, vp = kp[1:], vp[1:]  # exactly B x pps blocks
-        perm = np.random.default_rng(0).permutation(num_pages).astype(np.int32).reshape(B, pps)
+        kp, vp = pa.random_pool(k1, num_pages + 1), pa.random_pool(k2, num_pages + 1)  # page 0: the engine's spare
+        perm = 1 + np.random.default_rng(0).permutation(num_pages).astype(np.int32).reshape(B, pps)
         pt = jnp.asarray(perm[:, None, :, None])
         q = jax.random.normal(k3, (B, C, H, D), pa.DTYPE)
         scale = D ** -0.5
