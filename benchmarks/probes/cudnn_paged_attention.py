@@ -118,6 +118,8 @@ def decode_config(api, batch: int, ctx: int, a, hbm: float, sms: int) -> list[di
     timed("cudnn_gqa", gqa, (q, kp, vp, pt, ones, kvl))
     timed("cudnn_fold", fold, (q, kp, vp, pt, ones, kvl))
     timed("cudnn_fold_wide_table", fold, (q, kp, vp, pt_wide, ones, kvl))
+    if any("error" in r for r in rows if r["impl"].startswith("cudnn")):  # jax's public contract: B x W pages
+        timed("cudnn_fold_exact_pool", fold, (q, kp[1:], vp[1:], pt - 1, ones, kvl))
     return rows
 
 
