@@ -1,0 +1,113 @@
+"""cuDNN paged attention (pallas_kernels/paged_attention/cudnn_paged.py) against the jnp reference.
+
+CPU: the wrapper's algebra (query tiles as batch rows, their token counts and KV lengths, the per-tile page tables,
+empty tiles, the scatter back) with a jnp stand-in for the cuDNN call that implements its documented contract
+(bottom-right causal alignment): the stand-in is independent of the reference's online-softmax loop. GPU (`pytest
+-m gpu`): the real cuDNN call at the 8B attention shape, decode and mixed steps, against the reference.
+"""
+import numpy as np
+import pytest
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.paged_attention.cudnn_paged import cudnn_paged_attention
+from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference
+from tests.kernels.paged_cases import build, cases
+
+
+def _args(d, dtype=jnp.float32):
+    a = d["a"]
+    return (d["q"].astype(dtype), d["kp"].astype(dtype), d["vp"].astype(dtype), jnp.asarray(a["positions"]),
+            jnp.asarray(a["tile_tokens"]), jnp.asarray(a["tile_seq"]), jnp.asarray(a["tile_kv_len"]),
+            jnp.asarray(a["page_tables"]))
+
+
+def dense_sdpa(q, k_pages, v_pages, q_len, kv_len, table, *, scale, causal):
+    """cuDNN's paged contract in plain jnp, dense softmax: q [B, L, H, D]; row b's keys are its table's pages in
+    order; key j is visible to query i when j < kv_len[b] and (causal) j <= kv_len[b] - q_len[b] + i."""
+    B, L, H, D = q.shape
+    ps, kvh = k_pages.shape[1], k_pages.shape[2]
+    pages = table[:, 0, :, 0]                                               # [B, W]
+    k = k_pages[pages].reshape(B, -1, kvh, D)                                # [B, S, kvh, D]
+    v = v_pages[pages].reshape(B, -1, kvh, D)
+    k, v = jnp.repeat(k, H // kvh, axis=2), jnp.repeat(v, H // kvh, axis=2)
+    s = jnp.einsum("blhd,bshd->bhls", q, k, precision="highest") * scale
+    j, i = jnp.arange(k.shape[1]), jnp.arange(L)
+    vis = j[None, None, :] < kv_len[:, None, None]
+    if causal:
+        vis &= j[None, None, :] <= (kv_len - q_len)[:, None, None] + i[None, :, None]
+    s = jnp.where(vis[:, None], s, -jnp.inf)
+    p = jax.nn.softmax(s, axis=-1)
+    return jnp.einsum("bhls,bshd->blhd", jnp.nan_to_num(p), v, precision="highest")
+
+
+def _rel(x, y):
+    x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
+    return float(np.linalg.norm(x - y) / np.linalg.norm(y))
+
+
+def _unreferenced(d):
+    T = d["batch"].bucket.num_tokens
+    ref = np.zeros(T + 1, bool)
+    ref[d["a"]["tile_tokens"].reshape(-1)] = True
+    return ~ref[:T]
+
+
+@pytest.mark.parametrize("heads,kv_heads,ps,query_tile", [(8, 2, 16, 8), (4, 4, 16, 4), (8, 1, 32, 16)])
+def test_tiles_as_batch_rows_match_reference(heads, kv_heads, ps, query_tile):
+    """Prefill chunks after cached context, fresh prompts and decodes in one step, with empty tiles."""
+    d = build(np.random.default_rng(heads + ps + query_tile), cases(ps), heads, kv_heads, 32, ps,
+              query_tile=query_tile)
+    assert d["batch"].bucket.num_tiles > int((d["a"]["tile_kv_len"] > 0).sum())  # some tiles are empty
+    args = _args(d)
+    ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=32 ** -0.5, kv_chunk_pages=2))
+    out = np.asarray(cudnn_paged_attention(*args, sm_scale=32 ** -0.5, sdpa=dense_sdpa))
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+    assert np.all(out[_unreferenced(d)] == 0)
+
+
+def test_decode_step_without_causal_mask():
+    """Tiles of one token (query_tile 1: cuDNN runs without the causal mask) match the reference too."""
+    ps = 16
+    steps = [(c, 1) for c in (0, 5, 15, 16, 40, 100)]
+    d = build(np.random.default_rng(5), steps, 8, 2, 32, ps, query_tile=1, max_seqs=8, max_tokens=8)
+    args = _args(d)
+    ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=0.2, kv_chunk_pages=2))
+    out = np.asarray(cudnn_paged_attention(*args, sm_scale=0.2, sdpa=dense_sdpa))
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+
+
+def test_top_left_alignment_would_be_caught():
+    """The test can fail: a stand-in with the causal mask aligned top-left (query i sees keys <= i) differs from
+    the reference wherever a chunk follows cached context."""
+    def top_left(q, kp, vp, q_len, kv_len, table, *, scale, causal):
+        return dense_sdpa(q, kp, vp, q_len, jnp.minimum(kv_len, q_len) if causal else kv_len, table,
+                          scale=scale, causal=causal)
+    d = build(np.random.default_rng(9), cases(16), 8, 2, 32, 16)
+    args = _args(d)
+    ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=0.2, kv_chunk_pages=2))
+    out = np.asarray(cudnn_paged_attention(*args, sm_scale=0.2, sdpa=top_left))
+    assert _rel(out[:d["n_tok"]], ref[:d["n_tok"]]) > 0.1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
+@pytest.mark.parametrize("kind", ["decode", "mixed"])
+def test_gpu_cudnn_matches_reference(kind):
+    """The real cuDNN call at 32 q heads / 8 KV heads / D 128, page 16, bf16."""
+    ps, H, KVH, D = 16, 32, 8, 128
+    rng = np.random.default_rng(11)
+    if kind == "decode":
+        steps = [(int(c), 1) for c in [0, 14, 15, 16, 17, 100, 511, 1024, 2000] + rng.integers(1, 2000, 10).tolist()]
+        max_tokens = 64
+    else:
+        steps = [(0, 37), (300, 100), (1000, 16), (31, 50), (0, 1), (900, 1), (1999, 1), (64, 200)]
+        max_tokens = 512
+    d = build(rng, steps, H, KVH, D, ps, max_tokens=max_tokens, max_seqs=32, query_tile=16, max_model_len=4096)
+    args = _args(d, jnp.bfloat16)
+    n = d["n_tok"]
+    with jax.default_matmul_precision("highest"):
+        ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=D ** -0.5, kv_chunk_pages=16), np.float32)
+    out = np.asarray(jax.jit(lambda *a: cudnn_paged_attention(*a, sm_scale=D ** -0.5))(*args), np.float32)
+    assert _rel(out[:n], ref[:n]) < 1e-2
+    assert np.all(out[_unreferenced(d)] == 0)
