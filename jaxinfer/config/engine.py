@@ -210,6 +210,9 @@ class DistributedConfig:
     process_id: int | None = _opt(None, "multi-host: env JAXINFER_PROCESS_ID")
 
 
+ATTENTION_BACKENDS = ("auto", "reference", "pallas", "cudnn")
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelConfig:
     """Which implementation computes attention and the quantized matmuls, and how they tile."""
@@ -217,8 +220,9 @@ class KernelConfig:
     # auto: inside the engine on the H200 the kernel took batch-1 decode from 136 to 186 tok/s and offline
     # throughput from 2,088 to 6,349 output tok/s over the reference.
     attention_backend: str = _opt(
-        "auto", "reference (jnp), pallas (the Pallas kernel; interpret mode on CPU, slow) or auto (the kernel on "
-                "GPU, the reference elsewhere)", choices=("auto", "reference", "pallas"))
+        "auto", "reference (jnp), pallas (the Pallas kernel; interpret mode on CPU, slow), cudnn (cuDNN's fused "
+                "attention on the paged cache: CUDA GPUs, bf16 / fp16 KV, no sliding window) or auto (the kernel on "
+                "GPU, the reference elsewhere)", choices=ATTENTION_BACKENDS)
     kv_loop: str = _opt("auto", "reference attention: static (unrolled over the page-table width; no "
                                 "device-to-host syncs: GPU), dynamic (while loop up to the longest context: CPU)",
                         choices=("auto", "static", "dynamic"))
@@ -245,7 +249,7 @@ class KernelConfig:
                                                    "$JAXINFER_CACHE/xla, ~/.cache/jaxinfer/xla)")
 
     def __post_init__(self):
-        _check_choice("attention_backend", self.attention_backend, ("auto", "reference", "pallas"))
+        _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _check_choice("kv_loop", self.kv_loop, ("auto", "static", "dynamic"))
         if self.min_bucket_tokens is not None and (not isinstance(self.min_bucket_tokens, int)
                                                    or self.min_bucket_tokens < 1):

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import jax
 from jax.sharding import PartitionSpec as P
 
+from pallas_kernels.paged_attention.cudnn_paged import cudnn_paged_attention
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention
 from pallas_kernels.paged_attention.kv_quant import QuantizedPages
 from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference, write_kv_pages
@@ -59,7 +60,8 @@ class AttentionOptions(NamedTuple):
 
     kv_chunk_pages: int       # reference: KV pages per loop iteration
     static_kv_loop: bool      # reference: unrolled loop over the whole page-table width (GPU) vs while loop (CPU)
-    backend: str = "reference"  # "reference" (jnp) or "pallas" (pallas_kernels/paged_attention/kernel.py)
+    backend: str = "reference"  # "reference" (jnp), "pallas" (pallas_kernels/paged_attention/kernel.py) or "cudnn"
+                                # (cudnn_paged.py: cuDNN's fused attention on the paged cache)
     interpret: bool = False   # pallas on CPU: run the kernel body in interpret mode (tests)
     mesh: Any = None          # tensor parallelism: a Mesh with a "model" axis; attention runs per KV-head shard
     num_sms: int = 132        # pallas: streaming multiprocessors of the GPU (decode_kv_splits); H100 / H200: 132
@@ -104,6 +106,13 @@ def _paged_attention_local(q, k, v, k_pages, v_pages, md, opts, sm_scale, slidin
             q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,
             sm_scale=sm_scale, sliding_window=sliding_window, pages_per_block=_pages_per_block(kd.shape[1]),
             interpret=opts.interpret, **splits, **scales)
+        return out, k_pages, v_pages
+    if opts.backend == "cudnn":
+        if scales or sliding_window is not None:
+            raise ValueError("attention_backend='cudnn' takes bf16 / fp16 KV pages without a sliding window; use "
+                             "attention_backend='pallas' for quantized KV caches and sliding-window models")
+        out = cudnn_paged_attention(q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len,
+                                    md.page_tables, sm_scale=sm_scale)
         return out, k_pages, v_pages
     out = ragged_paged_attention_reference(
         q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,

@@ -111,3 +111,11 @@ def test_gpu_cudnn_matches_reference(kind):
     out = np.asarray(jax.jit(lambda *a: cudnn_paged_attention(*a, sm_scale=D ** -0.5))(*args), np.float32)
     assert _rel(out[:n], ref[:n]) < 1e-2
     assert np.all(out[_unreferenced(d)] == 0)
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="the CPU's error")
+def test_engine_option_on_cpu_says_what_to_use():
+    import jaxinfer
+    with pytest.raises(ValueError, match="attention_backend='cudnn' needs a CUDA GPU.*use attention_backend='auto'"):
+        jaxinfer.LLM(model="tiny-llama", load_format="dummy", attention_backend="cudnn", warmup=False,
+                     progress=False)
