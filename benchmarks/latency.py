@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 from benchmarks.common import (compilation_cache_entries, maybe_profile, measure_hbm_bandwidth,  # noqa: E402
                                write_result)
 from jaxinfer import LLM, SamplingParams  # noqa: E402
+from jaxinfer.config.engine import ATTENTION_BACKENDS  # noqa: E402
 from jaxinfer.engine.gc_freeze import startup_objects_frozen  # noqa: E402
 
 
@@ -166,7 +167,7 @@ def main():
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--max-num-seqs", type=int, default=256, help="at least the largest --batch")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    ap.add_argument("--attention-backend", default="auto", choices=["auto", "reference", "pallas"])
+    ap.add_argument("--attention-backend", default="auto", choices=list(ATTENTION_BACKENDS))
     ap.add_argument("--min-bucket-tokens", type=int, default=None,
                     help="KernelConfig.min_bucket_tokens: tokens of the smallest step shape (batch 1 pads to it)")
     ap.add_argument("--tag", default="", help="appended to the result file's name")
