@@ -25,7 +25,6 @@ table 4x wider than the sequences (the engine's tables are as wide as max_model_
 from __future__ import annotations
 
 import argparse
-import inspect
 import math
 import os
 import sys
@@ -39,34 +38,18 @@ import numpy as np  # noqa: E402
 
 from benchmarks.common import measure_hbm_bandwidth, write_result  # noqa: E402
 from benchmarks.kernels import paged_attention as pa  # noqa: E402
+from pallas_kernels.paged_attention.cudnn_paged import cudnn_sdpa  # noqa: E402
 
 H, KVH, D, PS, G = pa.H, pa.KVH, pa.D, pa.PS, pa.H // pa.KVH
 
 
 def cudnn_api():
-    """(fwd function, MaskType, layout BTNH value, cudnn version) or a string saying why not."""
+    """The cuDNN version, or a string saying why cuDNN cannot run here."""
     try:
         from jax._src.cudnn import fused_attention_stablehlo as fa
-        return fa, fa.MaskType, fa.AttentionLayout.BTNH.value, fa.check_cudnn_version()
+        return fa.check_cudnn_version()
     except Exception as e:  # noqa: BLE001
         return f"{type(e).__name__}: {e}"
-
-
-def cudnn_call(api, q, k, v, q_len, kv_len, pt, *, scale, causal=False):
-    """q [B, T, N, D]; k / v [num_blocks, PS, KVH, D]; pt i32[B, 1, W, 1] (or None: dense k / v [B, S, KVH, D]);
-    q_len / kv_len i32[B]. -> [B, T, N, D]."""
-    fa, mt, layout, ver = api
-    none = jnp.zeros(0, q.dtype)
-    kw = dict(query=q, key=k, value=v, bias=none, q_seqlen=q_len, kv_seqlen=kv_len, q_offsets=none,
-              kv_offsets=none, page_table_k=none if pt is None else pt, page_table_v=none if pt is None else pt,
-              scale=scale, seed=42, dropout_rate=0.0, variadic_args=(False, False),
-              mask_type=mt.PADDING_CAUSAL if causal else mt.PADDING, layout=layout, sliding_window_length=None,
-              cudnn_version=ver, return_residual=False)
-    params = inspect.signature(fa._dot_product_attention_fwd).parameters
-    missing = [p for p in params if p not in kw]
-    if missing:
-        raise TypeError(f"_dot_product_attention_fwd wants {missing} too: {list(params)}")
-    return fa._dot_product_attention_fwd(**{p: kw[p] for p in params})
 
 
 def decode_config(api, batch: int, ctx: int, a, hbm: float, sms: int) -> list[dict]:
@@ -106,12 +89,12 @@ def decode_config(api, batch: int, ctx: int, a, hbm: float, sms: int) -> list[di
         return rows
 
     def gqa(x, k, v, pt, ql, kl):  # x [T, H, D]: rows < batch are the sequences' tokens
-        o = cudnn_call(api, x[:batch].reshape(batch, 1, H, D), k, v, ql, kl, pt, scale=scale)
+        o = cudnn_sdpa(x[:batch].reshape(batch, 1, H, D), k, v, ql, kl, pt, scale=scale)
         return jnp.zeros_like(x).at[:batch].set(o.reshape(batch, H, D).astype(x.dtype))
 
     def fold(x, k, v, pt, ql, kl):  # the G query heads of a KV head as G query rows of one head
         qf = x[:batch].reshape(batch, KVH, G, D).transpose(0, 2, 1, 3)  # [B, G, KVH, D]
-        o = cudnn_call(api, qf, k, v, ql * G, kl, pt, scale=scale)       # [B, G, KVH, D]
+        o = cudnn_sdpa(qf, k, v, ql * G, kl, pt, scale=scale)       # [B, G, KVH, D]
         o = o.transpose(0, 2, 1, 3).reshape(batch, H, D)
         return jnp.zeros_like(x).at[:batch].set(o.astype(x.dtype))
 
@@ -145,7 +128,7 @@ def prefill_check(api, a) -> list[dict]:
         dense_v = vp[perm].reshape(B, pps * PS, KVH, D)[:, :S]
         row = dict(prefill=f"{B}x{C} after {P}")
         try:
-            out = jax.jit(lambda q, k, v, pt: cudnn_call(api, q, k, v, ql, kl, pt, scale=scale, causal=True))(
+            out = jax.jit(lambda q, k, v, pt: cudnn_sdpa(q, k, v, ql, kl, pt, scale=scale, causal=True))(
                 q, kp, vp, pt)
             kf = jnp.repeat(dense_k.astype(jnp.float32), G, axis=2)
             vf = jnp.repeat(dense_v.astype(jnp.float32), G, axis=2)
@@ -164,9 +147,9 @@ def prefill_check(api, a) -> list[dict]:
                     jax.block_until_ready(f(*args))
                     ts.append(time.perf_counter() - t0)
                 return float(np.median(ts)) * 1e6
-            row["paged_us"] = t(lambda q, k, v, pt: cudnn_call(api, q, k, v, ql, kl, pt, scale=scale, causal=True),
+            row["paged_us"] = t(lambda q, k, v, pt: cudnn_sdpa(q, k, v, ql, kl, pt, scale=scale, causal=True),
                                 q, kp, vp, pt)
-            row["dense_us"] = t(lambda q, k, v: cudnn_call(api, q, k, v, ql, kl, None, scale=scale, causal=True),
+            row["dense_us"] = t(lambda q, k, v: cudnn_sdpa(q, k, v, ql, kl, None, scale=scale, causal=True),
                                 q, dense_k, dense_v)
             if P == 0:
                 row["public_dense_causal_us"] = t(lambda q, k, v: jax.nn.dot_product_attention(
@@ -194,7 +177,7 @@ def main():
     hbm = measure_hbm_bandwidth()
     sms = pa.device_num_sms()
     print(f"device {jax.devices()[0].device_kind}, jax {jax.__version__}, HBM x*2 {hbm / 1e12:.2f} TB/s, "
-          f"cudnn {api if isinstance(api, str) else api[3]}", flush=True)
+          f"cudnn {api}", flush=True)
     rows = []
     for c in a.configs:
         b, ctx = (int(x) for x in c.split("x"))

@@ -26,14 +26,15 @@ from pallas_kernels.paged_attention.scatter import set_rows
 
 
 def cudnn_sdpa(q, k_pages, v_pages, q_len, kv_len, table, *, scale: float, causal: bool):
-    """cuDNN paged attention. q [B, L, H, D]; pools [num_pages, page_size, KVH, D]; table i32[B, 1, W, 1];
-    q_len / kv_len i32[B]. Causal: bottom-right aligned (query i of q_len sees keys <= kv_len - q_len + i).
-    -> [B, L, H, D]."""
+    """cuDNN paged attention. q [B, L, H, D]; pools [num_pages, page_size, KVH, D]; table i32[B, 1, W, 1] (None:
+    dense K / V [B, S, KVH, D], for comparisons); q_len / kv_len i32[B]. Causal: bottom-right aligned (query i of
+    q_len sees keys <= kv_len - q_len + i). -> [B, L, H, D]."""
     from jax._src.cudnn import fused_attention_stablehlo as fa
 
     none = jnp.zeros(0, q.dtype)
     kw = dict(query=q, key=k_pages, value=v_pages, bias=none, q_seqlen=q_len, kv_seqlen=kv_len, q_offsets=none,
-              kv_offsets=none, page_table_k=table, page_table_v=table, scale=scale, seed=42, dropout_rate=0.0,
+              kv_offsets=none, page_table_k=none if table is None else table,
+              page_table_v=none if table is None else table, scale=scale, seed=42, dropout_rate=0.0,
               variadic_args=(False, False),
               mask_type=fa.MaskType.PADDING_CAUSAL if causal else fa.MaskType.PADDING,
               layout=fa.AttentionLayout.BTNH.value, sliding_window_length=None,
