@@ -61,7 +61,7 @@ class AttentionOptions(NamedTuple):
     kv_chunk_pages: int       # reference: KV pages per loop iteration
     static_kv_loop: bool      # reference: unrolled loop over the whole page-table width (GPU) vs while loop (CPU)
     backend: str = "reference"  # "reference" (jnp), "pallas" (pallas_kernels/paged_attention/kernel.py) or "cudnn"
-                                # (cudnn_paged.py: cuDNN's fused attention on the paged cache)
+                                # (cudnn_paged.py in buckets of no more tokens than sequences, pallas in the others)
     interpret: bool = False   # pallas on CPU: run the kernel body in interpret mode (tests)
     mesh: Any = None          # tensor parallelism: a Mesh with a "model" axis; attention runs per KV-head shard
     num_sms: int = 132        # pallas: streaming multiprocessors of the GPU (decode_kv_splits); H100 / H200: 132
@@ -100,19 +100,21 @@ def _paged_attention_local(q, k, v, k_pages, v_pages, md, opts, sm_scale, slidin
     kd, vd, scales = k_pages, v_pages, {}
     if isinstance(k_pages, QuantizedPages):
         kd, vd, scales = k_pages.data, v_pages.data, dict(k_scales=k_pages.scale, v_scales=v_pages.scale)
-    if opts.backend == "pallas":
+    if opts.backend == "cudnn":
+        if scales or sliding_window is not None:
+            raise ValueError("attention_backend='cudnn' takes bf16 / fp16 KV pages without a sliding window; use "
+                             "attention_backend='pallas' for quantized KV caches and sliding-window models")
+        if q.shape[0] <= md.page_tables.shape[0] - 1:  # a decode-shaped bucket (tokens <= sequences): cuDNN
+            out = cudnn_paged_attention(q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len,
+                                        md.page_tables, sm_scale=sm_scale)
+            return out, k_pages, v_pages
+        # (prefill-shaped buckets: the Pallas kernel; cuDNN's one row a token would re-read a chunk's KV per token)
+    if opts.backend in ("pallas", "cudnn"):
         splits = kernel_split_options(md.page_tables.shape[0] - 1, kd.shape[2], opts.num_sms)  # rows: S + 1
         out = ragged_paged_attention(
             q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,
             sm_scale=sm_scale, sliding_window=sliding_window, pages_per_block=_pages_per_block(kd.shape[1]),
             interpret=opts.interpret, **splits, **scales)
-        return out, k_pages, v_pages
-    if opts.backend == "cudnn":
-        if scales or sliding_window is not None:
-            raise ValueError("attention_backend='cudnn' takes bf16 / fp16 KV pages without a sliding window; use "
-                             "attention_backend='pallas' for quantized KV caches and sliding-window models")
-        out = cudnn_paged_attention(q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len,
-                                    md.page_tables, sm_scale=sm_scale)
         return out, k_pages, v_pages
     out = ragged_paged_attention_reference(
         q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,

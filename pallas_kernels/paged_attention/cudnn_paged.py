@@ -1,17 +1,18 @@
 """Ragged paged attention through cuDNN's fused attention with a paged KV cache (GPU only): the same contract as
-`reference.ragged_paged_attention_reference`, another backend for the engine's attention (issue 17: the
+`reference.ragged_paged_attention_reference`, another backend for the engine's decode steps (issue 17: the
 Pallas-Triton kernel streams 2.15-3.13 TB/s of KV at batch >= 64, short of 3.2 after two rounds of tuning).
 
-Each query tile becomes one cuDNN "batch" row:
-  q       [NT, Bq, H, D]     the tile's tokens (tile_tokens; empty slots zero), their count q_len[NT]
-  K / V   the engine's pools [num_pages, page_size, KVH, D] as cuDNN's paged containers (blocks of page_size)
-  table   [NT, 1, W, 1]      page_tables[tile_seq]
-  kv_len  [NT]               tile_kv_len
-  mask    padding + causal, aligned bottom-right: slot i of a tile with L tokens sees keys < kv_len - L + 1 + i,
-          i.e. keys <= its own position, when a tile's tokens are consecutive positions ending at kv_len - 1 (how
-          runner/batch.pack fills tiles); GQA inside cuDNN (H query heads on KVH KV heads)
-then the tiles' rows are scattered back to the flat tokens. Empty tiles run with q_len = kv_len = 1 on page 0 and
-their rows are dropped.
+Every query TOKEN is one cuDNN batch row, so no causal mask is needed (and none of cuDNN's causal-alignment
+conventions matters): token t of sequence s at position p sees keys [0, p] of s, i.e. kv_len = p + 1 with a
+padding mask. The G query heads of a KV head fold into the row's query length (all at the same position):
+  q       [T, G, KVH, D]     (H = KVH x G heads; q_len = G for every row)
+  K / V   the engine's pools [num_pages, page_size, KVH, D] as cuDNN's paged containers (blocks of page_size),
+          each KV head read once per token row (cuDNN sees 8 heads, not 32 query heads on 8)
+  table   [T, 1, W, 1]       page_tables[sequence of the token]
+  kv_len  [T]                positions + 1 (1 for padding tokens, whose rows are dropped: zeros)
+This suits decode steps (one token a sequence: each row streams its sequence's KV once). A prefill chunk of L tokens
+would read its sequence's KV L times, so the engine uses it only in buckets with no more tokens than sequences
+(models/attention.py) and the Pallas kernel elsewhere.
 
 The cuDNN call is jax's private `_dot_product_attention_fwd` (the public `jax.nn.dot_product_attention` passes no
 page tables); `sdpa` replaces it (tests: a jnp stand-in with the same contract, since cuDNN needs the GPU).
@@ -22,13 +23,12 @@ import inspect
 
 import jax.numpy as jnp
 
-from pallas_kernels.paged_attention.scatter import set_rows
 
-
-def cudnn_sdpa(q, k_pages, v_pages, q_len, kv_len, table, *, scale: float, causal: bool):
-    """cuDNN paged attention. q [B, L, H, D]; pools [num_pages, page_size, KVH, D]; table i32[B, 1, W, 1] (None:
-    dense K / V [B, S, KVH, D], for comparisons); q_len / kv_len i32[B]. Causal: bottom-right aligned (query i of
-    q_len sees keys <= kv_len - q_len + i). -> [B, L, H, D]."""
+def cudnn_sdpa(q, k_pages, v_pages, q_len, kv_len, table, *, scale: float, causal: bool = False):
+    """cuDNN paged attention. q [B, L, N, D]; pools [num_pages, page_size, KVH, D] (N a multiple of KVH); table
+    i32[B, 1, W, 1] (None: dense K / V [B, S, KVH, D], for comparisons); q_len / kv_len i32[B]: query row i < q_len
+    of batch row b sees keys < kv_len[b] (causal: also cuDNN's causal mask, whose alignment when q_len < kv_len is
+    the probe's question, benchmarks/probes/cudnn_paged_attention.py). -> [B, L, N, D]."""
     from jax._src.cudnn import fused_attention_stablehlo as fa
 
     none = jnp.zeros(0, q.dtype)
@@ -48,18 +48,21 @@ def cudnn_sdpa(q, k_pages, v_pages, q_len, kv_len, table, *, scale: float, causa
 
 def cudnn_paged_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, tile_kv_len, page_tables, *,
                           sm_scale: float, sdpa=cudnn_sdpa):
-    """q [T, H, D] -> [T, H, D]; arguments as ragged_paged_attention_reference (positions unused: a tile's
-    positions follow from its KV length and token count)."""
-    del positions
+    """q [T, H, D] -> [T, H, D]; arguments as ragged_paged_attention_reference (tile_kv_len unused: a token's
+    visible keys follow from its position)."""
+    del tile_kv_len
     T, H, D = q.shape
+    KVH = k_pages.shape[2]
+    G = H // KVH
+    S = page_tables.shape[0] - 1                                      # row S: the all-zero row (no sequence)
     NT, Bq = tile_tokens.shape
-    q_pad = jnp.concatenate([q, jnp.zeros((1, H, D), q.dtype)], axis=0)
-    qt = q_pad[tile_tokens]                                           # [NT, Bq, H, D]
-    q_len = jnp.sum(tile_tokens < T, axis=1).astype(jnp.int32)        # [NT]
-    empty = (q_len == 0) | (tile_kv_len <= 0)
-    q_len = jnp.where(empty, 1, q_len)
-    kv_len = jnp.where(empty, 1, tile_kv_len).astype(jnp.int32)
-    table = page_tables[tile_seq][:, None, :, None]                   # [NT, 1, W, 1]
-    out = sdpa(qt, k_pages, v_pages, q_len, kv_len, table, scale=sm_scale, causal=Bq > 1)
-    idx = jnp.where(empty[:, None], T, tile_tokens).reshape(-1)
-    return set_rows(jnp.zeros((T, H, D), q.dtype), idx, out.reshape(NT * Bq, H, D).astype(q.dtype), idx >= T)
+    # each referenced token's sequence (tokens in no tile: S); empty tile slots point at T, dropped by [:T]
+    seq_of = jnp.full((T + 1,), S, jnp.int32).at[tile_tokens.reshape(-1)].set(
+        jnp.repeat(tile_seq.astype(jnp.int32), Bq))[:T]
+    valid = seq_of < S
+    kv_len = jnp.where(valid, positions + 1, 1).astype(jnp.int32)     # [T]
+    table = page_tables[seq_of][:, None, :, None]                    # [T, 1, W, 1]
+    qf = q.reshape(T, KVH, G, D).transpose(0, 2, 1, 3)               # [T, G, KVH, D]
+    out = sdpa(qf, k_pages, v_pages, jnp.full((T,), G, jnp.int32), kv_len, table, scale=sm_scale)
+    out = out.transpose(0, 2, 1, 3).reshape(T, H, D).astype(q.dtype)  # [T, H, D]
+    return jnp.where(valid[:, None, None], out, jnp.zeros((), q.dtype))

@@ -1,8 +1,8 @@
 """cuDNN paged attention (pallas_kernels/paged_attention/cudnn_paged.py) against the jnp reference.
 
-CPU: the wrapper's algebra (query tiles as batch rows, their token counts and KV lengths, the per-tile page tables,
-empty tiles, the scatter back) with a jnp stand-in for the cuDNN call that implements its documented contract
-(bottom-right causal alignment): the stand-in is independent of the reference's online-softmax loop. GPU (`pytest
+CPU: the wrapper's algebra (one batch row a token, the query heads of a KV head folded into the row's query length,
+KV length = position + 1, each token's sequence's page table, padding tokens) with a jnp stand-in for the cuDNN call
+that implements its contract with a dense softmax, independent of the reference's online-softmax loop. GPU (`pytest
 -m gpu`): the real cuDNN call at the 8B attention shape, decode and mixed steps, against the reference.
 """
 import numpy as np
@@ -22,11 +22,11 @@ def _args(d, dtype=jnp.float32):
             jnp.asarray(a["page_tables"]))
 
 
-def dense_sdpa(q, k_pages, v_pages, q_len, kv_len, table, *, scale, causal):
+def dense_sdpa(q, k_pages, v_pages, q_len, kv_len, table, *, scale, causal=False):
     """cuDNN's paged contract in plain jnp, dense softmax: q [B, L, H, D]; row b's keys are its table's pages in
-    order; key j is visible to query i when j < kv_len[b] and (causal) j <= kv_len[b] - q_len[b] + i."""
+    order; key j is visible to query i when j < kv_len[b] (and, causal, j <= kv_len[b] - q_len[b] + i)."""
     B, L, H, D = q.shape
-    ps, kvh = k_pages.shape[1], k_pages.shape[2]
+    kvh = k_pages.shape[2]
     pages = table[:, 0, :, 0]                                               # [B, W]
     k = k_pages[pages].reshape(B, -1, kvh, D)                                # [B, S, kvh, D]
     v = v_pages[pages].reshape(B, -1, kvh, D)
@@ -54,8 +54,9 @@ def _unreferenced(d):
 
 
 @pytest.mark.parametrize("heads,kv_heads,ps,query_tile", [(8, 2, 16, 8), (4, 4, 16, 4), (8, 1, 32, 16)])
-def test_tiles_as_batch_rows_match_reference(heads, kv_heads, ps, query_tile):
-    """Prefill chunks after cached context, fresh prompts and decodes in one step, with empty tiles."""
+def test_token_rows_match_reference(heads, kv_heads, ps, query_tile):
+    """Prefill chunks after cached context, fresh prompts and decodes in one step, with empty tiles and padding
+    tokens (correct for any mix; the engine uses it for decode-shaped buckets only)."""
     d = build(np.random.default_rng(heads + ps + query_tile), cases(ps), heads, kv_heads, 32, ps,
               query_tile=query_tile)
     assert d["batch"].bucket.num_tiles > int((d["a"]["tile_kv_len"] > 0).sum())  # some tiles are empty
@@ -77,17 +78,28 @@ def test_decode_step_without_causal_mask():
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
 
 
-def test_top_left_alignment_would_be_caught():
-    """The test can fail: a stand-in with the causal mask aligned top-left (query i sees keys <= i) differs from
-    the reference wherever a chunk follows cached context."""
-    def top_left(q, kp, vp, q_len, kv_len, table, *, scale, causal):
-        return dense_sdpa(q, kp, vp, q_len, jnp.minimum(kv_len, q_len) if causal else kv_len, table,
-                          scale=scale, causal=causal)
+def test_garbage_in_padding_and_unused_pages():
+    """Large values in unused pages, page 0, each last page's tail, unused table entries and the padding rows of
+    q / positions: referenced rows match the reference, padding rows come back zero."""
+    d = build(np.random.default_rng(3), cases(16)[1:], 8, 2, 32, 16, garbage=1e4)
+    args = _args(d)
+    ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=0.2, kv_chunk_pages=2))
+    out = np.asarray(cudnn_paged_attention(*args, sm_scale=0.2, sdpa=dense_sdpa))
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+    unref = _unreferenced(d)
+    assert unref.sum() > 0 and np.all(out[unref] == 0)
+
+
+def test_a_key_past_the_position_would_be_caught():
+    """The test can fail: a stand-in that lets each row see one key past its KV length (position + 1) differs from
+    the reference."""
+    def one_more(q, kp, vp, q_len, kv_len, table, *, scale, causal=False):
+        return dense_sdpa(q, kp, vp, q_len, kv_len + 1, table, scale=scale, causal=causal)
     d = build(np.random.default_rng(9), cases(16), 8, 2, 32, 16)
     args = _args(d)
     ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=0.2, kv_chunk_pages=2))
-    out = np.asarray(cudnn_paged_attention(*args, sm_scale=0.2, sdpa=top_left))
-    assert _rel(out[:d["n_tok"]], ref[:d["n_tok"]]) > 0.1
+    out = np.asarray(cudnn_paged_attention(*args, sm_scale=0.2, sdpa=one_more))
+    assert _rel(out[:d["n_tok"]], ref[:d["n_tok"]]) > 0.05
 
 
 @pytest.mark.gpu
@@ -119,3 +131,33 @@ def test_engine_option_on_cpu_says_what_to_use():
     with pytest.raises(ValueError, match="attention_backend='cudnn' needs a CUDA GPU.*use attention_backend='auto'"):
         jaxinfer.LLM(model="tiny-llama", load_format="dummy", attention_backend="cudnn", warmup=False,
                      progress=False)
+
+
+@pytest.mark.parametrize("decode_shaped", [True, False])
+def test_engine_attention_picks_cudnn_for_decode_shaped_buckets(monkeypatch, decode_shaped):
+    """models/attention.py with backend 'cudnn': buckets of no more tokens than sequences go through cuDNN (here its
+    stand-in), the others through the Pallas kernel (interpret mode on CPU); both match the reference."""
+    from jaxinfer.models import attention as attn
+
+    calls = []
+
+    def standin(*a, **kw):
+        calls.append(a[0].shape[0])
+        return cudnn_paged_attention(*a, **kw, sdpa=dense_sdpa)
+    monkeypatch.setattr(attn, "cudnn_paged_attention", standin)
+    ps, H, KVH, D = 16, 8, 2, 32
+    steps = [(c, 1) for c in (0, 5, 17, 40)] if decode_shaped else cases(ps)
+    d = build(np.random.default_rng(4), steps, H, KVH, D, ps, max_seqs=16, max_tokens=64 if decode_shaped else 256,
+              query_tile=4)
+    T, S = d["batch"].bucket.num_tokens, d["batch"].bucket.num_seqs
+    assert (T <= S) == decode_shaped, d["batch"].bucket
+    a = d["a"]
+    md = attn.AttentionMetadata(*(jnp.asarray(a[n]) for n in ("positions", "slot_mapping", "tile_tokens",
+                                                             "tile_seq", "tile_kv_len", "page_tables")))
+    opts = attn.AttentionOptions(2, False, "cudnn", interpret=True)
+    zeros = jnp.zeros((T, KVH, D), jnp.float32)
+    slotless = md._replace(slot_mapping=jnp.full((T,), -1, jnp.int32))  # K/V already in the pages (build)
+    out, _, _ = attn.paged_attention(d["q"], zeros, zeros, d["kp"], d["vp"], slotless, opts, sm_scale=D ** -0.5)
+    ref = ragged_paged_attention_reference(*_args(d), sm_scale=D ** -0.5, kv_chunk_pages=2)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-5, atol=2e-5)
+    assert calls == ([T] if decode_shaped else [])
