@@ -11,6 +11,8 @@ Per (batch, context), decode (one query token a sequence, bf16, 32 q / 8 KV head
   cudnn_gqa   cuDNN paged, q [B, 1, 32, D] against 8 KV heads (GQA inside cuDNN)
   cudnn_fold  cuDNN paged, the 4 query heads of a KV head folded into the query length: q [B, 4, 8, D], 8 heads
               (each KV head read once per sequence, whatever cuDNN does for GQA)
+  cudnn_engine  the engine's form (cudnn_paged.cudnn_paged_attention: the fold, one row a token, with the jnp
+              around it: the per-token page tables and KV lengths from the step's metadata)
 each as `inner` dependent calls in one program (benchmarks/kernels/paged_attention.measure), rel. error of each
 against the kernel's output. Then prefill with cached context (a chunk of C tokens after P cached, causal): the
 cuDNN paged call's output against both alignments of the causal mask (bottom-right is what a chunk after its
@@ -38,7 +40,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks.common import measure_hbm_bandwidth, write_result  # noqa: E402
 from benchmarks.kernels import paged_attention as pa  # noqa: E402
-from pallas_kernels.paged_attention.cudnn_paged import cudnn_sdpa  # noqa: E402
+from pallas_kernels.paged_attention.cudnn_paged import cudnn_paged_attention, cudnn_sdpa  # noqa: E402
 
 H, KVH, D, PS, G = pa.H, pa.KVH, pa.D, pa.PS, pa.H // pa.KVH
 
@@ -98,6 +100,7 @@ def decode_config(api, batch: int, ctx: int, a, hbm: float, sms: int) -> list[di
         o = o.transpose(0, 2, 1, 3).reshape(batch, H, D)
         return jnp.zeros_like(x).at[:batch].set(o.astype(x.dtype))
 
+    timed("cudnn_engine", lambda x, k, v, *m: cudnn_paged_attention(x, k, v, *m, sm_scale=scale), (q, kp, vp, *md))
     timed("cudnn_gqa", gqa, (q, kp, vp, pt, ones, kvl))
     timed("cudnn_fold", fold, (q, kp, vp, pt, ones, kvl))
     timed("cudnn_fold_wide_table", fold, (q, kp, vp, pt_wide, ones, kvl))
