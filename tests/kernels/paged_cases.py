@@ -84,3 +84,24 @@ def build(rng, cases, heads, kv_heads, head_dim, ps, *, num_pages=None, max_toke
         kp, vp = jnp.asarray(kp), jnp.asarray(vp)
     return dict(q=jnp.asarray(q), kp=kp, vp=vp, a=a, batch=batch, n_tok=n_tok, seqs=seqs, full_k=full_k,
                 full_v=full_v, k_before=k_pages)
+
+
+def kernel_args(d, dtype=jnp.float32):
+    """The positional arguments of ragged_paged_attention(_reference) for a `build` result, in `dtype`."""
+    a = d["a"]
+    return (d["q"].astype(dtype), d["kp"].astype(dtype), d["vp"].astype(dtype), jnp.asarray(a["positions"]),
+            jnp.asarray(a["tile_tokens"]), jnp.asarray(a["tile_seq"]), jnp.asarray(a["tile_kv_len"]),
+            jnp.asarray(a["page_tables"]))
+
+
+def unreferenced(d):
+    """bool[T]: the step's token rows no query tile references (padding: their output must be zero)."""
+    T = d["batch"].bucket.num_tokens
+    ref = np.zeros(T + 1, bool)
+    ref[d["a"]["tile_tokens"].reshape(-1)] = True
+    return ~ref[:T]
+
+
+def rel_err(x, y):
+    x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
+    return float(np.linalg.norm(x - y) / np.linalg.norm(y))

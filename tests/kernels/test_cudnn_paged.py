@@ -12,14 +12,7 @@ import jax.numpy as jnp
 
 from pallas_kernels.paged_attention.cudnn_paged import cudnn_paged_attention
 from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference
-from tests.kernels.paged_cases import build, cases
-
-
-def _args(d, dtype=jnp.float32):
-    a = d["a"]
-    return (d["q"].astype(dtype), d["kp"].astype(dtype), d["vp"].astype(dtype), jnp.asarray(a["positions"]),
-            jnp.asarray(a["tile_tokens"]), jnp.asarray(a["tile_seq"]), jnp.asarray(a["tile_kv_len"]),
-            jnp.asarray(a["page_tables"]))
+from tests.kernels.paged_cases import build, cases, kernel_args, rel_err, unreferenced
 
 
 def dense_sdpa(q, k_pages, v_pages, q_len, kv_len, table, *, scale, causal=False):
@@ -41,18 +34,6 @@ def dense_sdpa(q, k_pages, v_pages, q_len, kv_len, table, *, scale, causal=False
     return jnp.einsum("bhls,bshd->blhd", jnp.nan_to_num(p), v, precision="highest")
 
 
-def _rel(x, y):
-    x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
-    return float(np.linalg.norm(x - y) / np.linalg.norm(y))
-
-
-def _unreferenced(d):
-    T = d["batch"].bucket.num_tokens
-    ref = np.zeros(T + 1, bool)
-    ref[d["a"]["tile_tokens"].reshape(-1)] = True
-    return ~ref[:T]
-
-
 @pytest.mark.parametrize("heads,kv_heads,ps,query_tile", [(8, 2, 16, 8), (4, 4, 16, 4), (8, 1, 32, 16)])
 def test_token_rows_match_reference(heads, kv_heads, ps, query_tile):
     """Prefill chunks after cached context, fresh prompts and decodes in one step, with empty tiles and padding
@@ -60,19 +41,19 @@ def test_token_rows_match_reference(heads, kv_heads, ps, query_tile):
     d = build(np.random.default_rng(heads + ps + query_tile), cases(ps), heads, kv_heads, 32, ps,
               query_tile=query_tile)
     assert d["batch"].bucket.num_tiles > int((d["a"]["tile_kv_len"] > 0).sum())  # some tiles are empty
-    args = _args(d)
+    args = kernel_args(d)
     ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=32 ** -0.5, kv_chunk_pages=2))
     out = np.asarray(cudnn_paged_attention(*args, sm_scale=32 ** -0.5, sdpa=dense_sdpa))
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
-    assert np.all(out[_unreferenced(d)] == 0)
+    assert np.all(out[unreferenced(d)] == 0)
 
 
-def test_decode_step_without_causal_mask():
-    """Tiles of one token (query_tile 1: cuDNN runs without the causal mask) match the reference too."""
+def test_decode_step_of_one_token_tiles():
+    """A decode step in one-token tiles (query_tile 1; every row a sequence) matches the reference too."""
     ps = 16
     steps = [(c, 1) for c in (0, 5, 15, 16, 40, 100)]
     d = build(np.random.default_rng(5), steps, 8, 2, 32, ps, query_tile=1, max_seqs=8, max_tokens=8)
-    args = _args(d)
+    args = kernel_args(d)
     ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=0.2, kv_chunk_pages=2))
     out = np.asarray(cudnn_paged_attention(*args, sm_scale=0.2, sdpa=dense_sdpa))
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
@@ -82,11 +63,11 @@ def test_garbage_in_padding_and_unused_pages():
     """Large values in unused pages, page 0, each last page's tail, unused table entries and the padding rows of
     q / positions: referenced rows match the reference, padding rows come back zero."""
     d = build(np.random.default_rng(3), cases(16)[1:], 8, 2, 32, 16, garbage=1e4)
-    args = _args(d)
+    args = kernel_args(d)
     ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=0.2, kv_chunk_pages=2))
     out = np.asarray(cudnn_paged_attention(*args, sm_scale=0.2, sdpa=dense_sdpa))
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
-    unref = _unreferenced(d)
+    unref = unreferenced(d)
     assert unref.sum() > 0 and np.all(out[unref] == 0)
 
 
@@ -96,10 +77,10 @@ def test_a_key_past_the_position_would_be_caught():
     def one_more(q, kp, vp, q_len, kv_len, table, *, scale, causal=False):
         return dense_sdpa(q, kp, vp, q_len, kv_len + 1, table, scale=scale, causal=causal)
     d = build(np.random.default_rng(9), cases(16), 8, 2, 32, 16)
-    args = _args(d)
+    args = kernel_args(d)
     ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=0.2, kv_chunk_pages=2))
     out = np.asarray(cudnn_paged_attention(*args, sm_scale=0.2, sdpa=one_more))
-    assert _rel(out[:d["n_tok"]], ref[:d["n_tok"]]) > 0.05
+    assert rel_err(out[:d["n_tok"]], ref[:d["n_tok"]]) > 0.05
 
 
 @pytest.mark.gpu
@@ -116,13 +97,13 @@ def test_gpu_cudnn_matches_reference(kind):
         steps = [(0, 37), (300, 100), (1000, 16), (31, 50), (0, 1), (900, 1), (1999, 1), (64, 200)]
         max_tokens = 512
     d = build(rng, steps, H, KVH, D, ps, max_tokens=max_tokens, max_seqs=32, query_tile=16, max_model_len=4096)
-    args = _args(d, jnp.bfloat16)
+    args = kernel_args(d, jnp.bfloat16)
     n = d["n_tok"]
     with jax.default_matmul_precision("highest"):
         ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=D ** -0.5, kv_chunk_pages=16), np.float32)
     out = np.asarray(jax.jit(lambda *a: cudnn_paged_attention(*a, sm_scale=D ** -0.5))(*args), np.float32)
-    assert _rel(out[:n], ref[:n]) < 1e-2
-    assert np.all(out[_unreferenced(d)] == 0)
+    assert rel_err(out[:n], ref[:n]) < 1e-2
+    assert np.all(out[unreferenced(d)] == 0)
 
 
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="the CPU's error")
@@ -158,6 +139,6 @@ def test_engine_attention_picks_cudnn_for_decode_shaped_buckets(monkeypatch, dec
     zeros = jnp.zeros((T, KVH, D), jnp.float32)
     slotless = md._replace(slot_mapping=jnp.full((T,), -1, jnp.int32))  # K/V already in the pages (build)
     out, _, _ = attn.paged_attention(d["q"], zeros, zeros, d["kp"], d["vp"], slotless, opts, sm_scale=D ** -0.5)
-    ref = ragged_paged_attention_reference(*_args(d), sm_scale=D ** -0.5, kv_chunk_pages=2)
+    ref = ragged_paged_attention_reference(*kernel_args(d), sm_scale=D ** -0.5, kv_chunk_pages=2)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-5, atol=2e-5)
     assert calls == ([T] if decode_shaped else [])

@@ -12,26 +12,7 @@ from jaxinfer.runner.batch import pack
 from pallas_kernels.paged_attention import kernel as pk
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention
 from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference
-from tests.kernels.paged_cases import build, cases
-
-
-def _args(d, dtype=jnp.float32):
-    a = d["a"]
-    return (d["q"].astype(dtype), d["kp"].astype(dtype), d["vp"].astype(dtype), jnp.asarray(a["positions"]),
-            jnp.asarray(a["tile_tokens"]), jnp.asarray(a["tile_seq"]), jnp.asarray(a["tile_kv_len"]),
-            jnp.asarray(a["page_tables"]))
-
-
-def _unreferenced(d):
-    T = d["batch"].bucket.num_tokens
-    ref = np.zeros(T + 1, bool)
-    ref[d["a"]["tile_tokens"].reshape(-1)] = True
-    return ~ref[:T]
-
-
-def _rel(x, y):
-    x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
-    return float(np.linalg.norm(x - y) / np.linalg.norm(y))
+from tests.kernels.paged_cases import build, cases, kernel_args, rel_err, unreferenced
 
 
 # (heads, kv_heads, head_dim, page_size, window, soft_cap, pages_per_block, kv_splits)
@@ -48,12 +29,12 @@ def test_matches_reference(heads, kv_heads, head_dim, ps, window, soft_cap, ppb,
     rng = np.random.default_rng(heads * 1000 + head_dim + ps + (window or 0) + ppb)
     d = build(rng, cases(ps), heads, kv_heads, head_dim, ps)
     assert d["batch"].bucket.num_tiles > int((d["a"]["tile_kv_len"] > 0).sum())  # some tiles are empty
-    args = _args(d)
+    args = kernel_args(d)
     kw = dict(sm_scale=head_dim ** -0.5, sliding_window=window, soft_cap=soft_cap)
     ref = np.asarray(ragged_paged_attention_reference(*args, kv_chunk_pages=2, **kw))
     out = np.asarray(ragged_paged_attention(*args, pages_per_block=ppb, kv_splits=splits, interpret=True, **kw))
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
-    assert np.all(out[_unreferenced(d)] == 0)
+    assert np.all(out[unreferenced(d)] == 0)
 
 
 @pytest.mark.parametrize("heads,kv_heads,ppb,splits,window", [(4, 4, 1, 4, None), (8, 2, 2, 2, 5)])
@@ -63,12 +44,12 @@ def test_decode_bucket(heads, kv_heads, ppb, splits, window):
     rng = np.random.default_rng(heads + ppb)
     d = build(rng, [(c, 1) for c in (0, 14, 15, 16, 17, 40, 70, 99)], heads, kv_heads, D, ps)
     assert d["batch"].bucket.query_tile == 4
-    args = _args(d)
+    args = kernel_args(d)
     kw = dict(sm_scale=D ** -0.5, sliding_window=window)
     ref = np.asarray(ragged_paged_attention_reference(*args, kv_chunk_pages=2, **kw))
     out = np.asarray(ragged_paged_attention(*args, pages_per_block=ppb, kv_splits=splits, interpret=True, **kw))
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
-    assert np.all(out[_unreferenced(d)] == 0)
+    assert np.all(out[unreferenced(d)] == 0)
 
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim,ps,window,ppb,splits", [
@@ -78,13 +59,13 @@ def test_kernel_merge_matches_reference(heads, kv_heads, head_dim, ps, window, p
     decode tiles, empty tiles, a sliding window."""
     rng = np.random.default_rng(heads * 100 + splits)
     d = build(rng, cases(ps), heads, kv_heads, head_dim, ps)
-    args = _args(d)
+    args = kernel_args(d)
     kw = dict(sm_scale=head_dim ** -0.5, sliding_window=window)
     ref = np.asarray(ragged_paged_attention_reference(*args, kv_chunk_pages=2, **kw))
     out = np.asarray(ragged_paged_attention(*args, pages_per_block=ppb, kv_splits=splits, merge="kernel",
                                             interpret=True, **kw))
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
-    assert np.all(out[_unreferenced(d)] == 0)
+    assert np.all(out[unreferenced(d)] == 0)
 
 
 def test_merge_kernel_never_reads_unused_partials():
@@ -129,14 +110,14 @@ def test_bf16_within_tolerance():
     H, KVH, D, ps = 8, 2, 64, 16
     d = build(rng, cases(ps)[3:], H, KVH, D, ps)
     kw = dict(sm_scale=D ** -0.5)
-    ref32 = np.asarray(ragged_paged_attention_reference(*_args(d, jnp.float32), kv_chunk_pages=2, **kw))
-    ref16 = np.asarray(ragged_paged_attention_reference(*_args(d, jnp.bfloat16), kv_chunk_pages=2, **kw),
+    ref32 = np.asarray(ragged_paged_attention_reference(*kernel_args(d, jnp.float32), kv_chunk_pages=2, **kw))
+    ref16 = np.asarray(ragged_paged_attention_reference(*kernel_args(d, jnp.bfloat16), kv_chunk_pages=2, **kw),
                        np.float32)
-    out = ragged_paged_attention(*_args(d, jnp.bfloat16), pages_per_block=2, kv_splits=2, interpret=True, **kw)
+    out = ragged_paged_attention(*kernel_args(d, jnp.bfloat16), pages_per_block=2, kv_splits=2, interpret=True, **kw)
     assert out.dtype == jnp.bfloat16
     n = d["n_tok"]
-    assert _rel(out[:n], ref16[:n]) < 1e-2
-    assert _rel(out[:n], ref32[:n]) < 1e-2
+    assert rel_err(out[:n], ref16[:n]) < 1e-2
+    assert rel_err(out[:n], ref32[:n]) < 1e-2
 
 
 def test_poisoned_padding_and_unused_pages():
@@ -147,15 +128,15 @@ def test_poisoned_padding_and_unused_pages():
     kw = dict(sm_scale=D ** -0.5, pages_per_block=2, kv_splits=2, interpret=True)
     steps = cases(ps)[1:]  # 127 tokens in a 128-token bucket: one padding row
     d = build(np.random.default_rng(3), steps, H, KVH, D, ps, garbage=1e4)
-    args = _args(d)
+    args = kernel_args(d)
     ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=D ** -0.5, kv_chunk_pages=2))
     out = np.asarray(ragged_paged_attention(*args, **kw))
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
-    unref = _unreferenced(d)
+    unref = unreferenced(d)
     assert unref.sum() > 0 and np.all(out[unref] == 0)
 
     nan = build(np.random.default_rng(3), steps, H, KVH, D, ps, garbage=np.nan)
-    out_nan = np.asarray(ragged_paged_attention(*_args(nan), **kw))
+    out_nan = np.asarray(ragged_paged_attention(*kernel_args(nan), **kw))
     n = d["n_tok"]
     assert np.all(np.isfinite(out_nan[:n]))
     np.testing.assert_allclose(out_nan[:n], out[:n], rtol=2e-5, atol=2e-5)
@@ -223,7 +204,7 @@ def _check_8b_shape(kind, interpret=False):
     for dtype, tol in ((jnp.bfloat16, 1e-2), (jnp.float32, 1e-4)):
         d = build(rng, steps, H, KVH, D, ps, max_tokens=max_tokens, max_seqs=32, query_tile=16,
                   max_model_len=4096)
-        args = _args(d, dtype)
+        args = kernel_args(d, dtype)
         n = d["n_tok"]
         with jax.default_matmul_precision("highest"):
             ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=D ** -0.5, kv_chunk_pages=16),
@@ -236,9 +217,9 @@ def _check_8b_shape(kind, interpret=False):
         for ppb, splits, kw in variants:
             out = np.asarray(ragged_paged_attention(*args, sm_scale=D ** -0.5, pages_per_block=ppb,
                                                     kv_splits=splits, interpret=interpret, **kw), np.float32)
-            rel = _rel(out[:n], ref[:n])
+            rel = rel_err(out[:n], ref[:n])
             assert rel < tol, (kind, dtype, ppb, splits, kw, rel)
-            assert np.all(out[_unreferenced(d)] == 0)
+            assert np.all(out[unreferenced(d)] == 0)
 
 
 @pytest.mark.gpu
