@@ -40,10 +40,11 @@ def cudnn_sdpa(q, k_pages, v_pages, q_len, kv_len, table, *, scale: float, causa
               layout=fa.AttentionLayout.BTNH.value, sliding_window_length=None,
               cudnn_version=fa.check_cudnn_version(), return_residual=False)
     params = inspect.signature(fa._dot_product_attention_fwd).parameters
-    missing = [p for p in params if p not in kw]
-    if missing:  # a jax whose private signature moved on
-        raise NotImplementedError(f"jax {__import__('jax').__version__}'s cuDNN attention wants {missing}")
-    return fa._dot_product_attention_fwd(**{p: kw[p] for p in params})
+    missing = [p for p, v in params.items() if p not in kw and v.default is inspect.Parameter.empty]
+    if missing:  # a jax whose private signature moved on (parameters with defaults keep them)
+        raise NotImplementedError(f"jax {__import__('jax').__version__}'s cuDNN attention wants {missing}; use "
+                                  "attention_backend='pallas'")
+    return fa._dot_product_attention_fwd(**{p: kw[p] for p in params if p in kw})
 
 
 def cudnn_paged_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, tile_kv_len, page_tables, *,
