@@ -138,7 +138,7 @@ class DraftCycle:
             i1, f1 = r.placeholder_batch(b1)
             i2, f2 = r.placeholder_batch(b2)
             spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
-            lowered = self._fn.lower(r.loaded.params, r.kv_caches, spec(i1.shape, np.int32),
+            lowered = self._fn.lower(r.step_params, r.kv_caches, spec(i1.shape, np.int32),
                                      spec((i2.size + 2 * b2.num_seqs,), np.int32), spec(f1.shape, np.float32),
                                      spec(f2.shape, np.float32), spec(carry_shape, np.int32), r.penalty_table,
                                      b1=b1, b2=b2)
@@ -165,5 +165,5 @@ class DraftCycle:
         ks[:n] = [k for _, _, _, k in seqs]
         args = (i1, np.concatenate([i2, rows, ks]), f1, f2)  # (numpy into the call: see ModelRunner.dispatch)
         r.kv_caches, carry, r.penalty_table = self._program(b1, b2, tuple(carry.shape))(
-            r.loaded.params, r.kv_caches, *args, carry, r.penalty_table)
+            r.step_params, r.kv_caches, *args, carry, r.penalty_table)
         return carry

@@ -112,7 +112,7 @@ class FusedDraftSteps:
             r = self.runner
             ints, floats = r.placeholder_batch(bucket)
             spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
-            lowered = self._fn.lower(r.loaded.params, r.kv_caches, spec((ints.size + bucket.num_seqs,), np.int32),
+            lowered = self._fn.lower(r.step_params, r.kv_caches, spec((ints.size + bucket.num_seqs,), np.int32),
                                      spec(floats.shape, np.float32), r.penalty_table, bucket=bucket)
             # the XLA options of the runner's own step of this bucket
             prog = self._compiled[bucket] = compile_lowered(lowered, step_compiler_options(bucket))
@@ -136,7 +136,7 @@ class FusedDraftSteps:
         k_row = np.zeros(bucket.num_seqs, np.int32)
         k_row[:n] = ks
         ints_ext = np.concatenate([ints, k_row])  # (numpy into the call: see ModelRunner.dispatch)
-        r.kv_caches, tokens, r.penalty_table = self._program(bucket)(r.loaded.params, r.kv_caches, ints_ext, floats,
+        r.kv_caches, tokens, r.penalty_table = self._program(bucket)(r.step_params, r.kv_caches, ints_ext, floats,
                                                                      r.penalty_table)
         return tokens
 

@@ -22,6 +22,7 @@ import numpy as np
 from jaxinfer.config import EngineConfig
 from jaxinfer.weights.loader import LoadedModel
 from jaxinfer.outputs import RunnerOutput, SeqInput, StepBatch
+from jaxinfer.runner import param_arena
 from jaxinfer.runner.batch import _TOKEN_IDS, pack, pack_step
 from jaxinfer.runner.buckets import BucketLadder
 from jaxinfer.runner.cpu_defaults import cpu_kv_pages, ladder_args
@@ -171,8 +172,12 @@ class ModelRunner:
         # Speculation on: steps pass each other the carry of runner/spec_carry.py (pipelined verification).
         spec = config.speculative
         self.carry_width = carry_width(spec.num_speculative_tokens) if spec is not None else 0
+        # The step takes the 1-D weights (norm scales, biases) as one buffer a dtype, not one each: host time per
+        # argument buffer (runner/param_arena.py). Sharded plans keep their per-weight shardings.
+        self._arena = param_arena.plan(loaded.params) if plan is None else None
+        self._step_params_src = self._step_params = None
         self._step = make_step_fn(loaded, opts, config.scheduler.max_num_seqs, kv_shardings,
-                                  carry_width=self.carry_width, page_size=self.page_size)
+                                  carry_width=self.carry_width, page_size=self.page_size, arena=self._arena)
         M = config.scheduler.max_num_seqs
         self._no_prev = jax.device_put(np.zeros((M, self.carry_width) if self.carry_width else (M,), np.int32),
                                        self._replicated)
@@ -274,11 +279,20 @@ class ModelRunner:
         log.info("compiled %d buckets in %.1f s", len(self.ladder.buckets), time.perf_counter() - t0)
         release_writes()  # warm-up's compiles are done: background cache writes may start
 
+    @property
+    def step_params(self):
+        """The weights as the step programs take them: param_arena.pack of loaded.params (built again only when
+        loaded.params is another list, e.g. the real weights after a runner built from their shapes)."""
+        if self._step_params_src is not self.loaded.params:
+            self._step_params = param_arena.pack(self.loaded.params, self._arena)
+            self._step_params_src = self.loaded.params
+        return self._step_params
+
     def run_compiled(self, step, ints, floats, prev_tokens=None):
         """Run one compiled step program on packed device buffers, threading the runner's donated state (KV cache,
         penalty counts). Returns (StepOutput, hidden). Used by warm-up and the benchmarks' device-only timings."""
         prev = self._no_prev if prev_tokens is None else prev_tokens
-        self.kv_caches, out, hidden, self.penalty_table = step(self.loaded.params, self.kv_caches, ints, floats,
+        self.kv_caches, out, hidden, self.penalty_table = step(self.step_params, self.kv_caches, ints, floats,
                                                                prev, self.penalty_table)
         return out, hidden
 
@@ -294,7 +308,7 @@ class ModelRunner:
         ints, floats = self.placeholder_batch(bucket)
         spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self._replicated)  # noqa: E731
         kv, table = state_specs or (self.kv_caches, self.penalty_table)
-        args = (self.loaded.params, kv, spec(ints), spec(floats), self._no_prev, table)
+        args = (self.step_params, kv, spec(ints), spec(floats), self._no_prev, table)
 
         def build():
             lowered = self._step.lower(*args, bucket=bucket, greedy_only=greedy_only)
@@ -475,7 +489,7 @@ class ModelRunner:
         if self.device_put_inputs:  # the former transfer (benchmarks/probes/host_step_cost.py --device-put-inputs)
             ints, floats = jax.device_put((ints, floats), self._replicated)
         prev_tokens = (prev.carry if prev.carry is not None else prev.out.carry) if prev is not None else self._no_prev
-        self.kv_caches, out, hidden, self.penalty_table = step(self.loaded.params, self.kv_caches, ints, floats,
+        self.kv_caches, out, hidden, self.penalty_table = step(self.step_params, self.kv_caches, ints, floats,
                                                                prev_tokens, self.penalty_table)
         if self.early_host_copy:
             out.host.copy_to_host_async()

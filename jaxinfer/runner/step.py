@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer.models.attention import AttentionMetadata, AttentionOptions
+from jaxinfer.runner import param_arena
 from jaxinfer.runner.batch import FLOAT_FIELDS, INT_FIELDS, field_shapes
 from jaxinfer.runner.penalties import count_sampled
 from jaxinfer.runner.sampler import MAX_LOGPROBS, SamplingTensors, sample
@@ -79,10 +80,11 @@ def unflatten_batch(ints, floats, bucket) -> dict:
 
 
 def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int, kv_shardings=None, donate: bool = True,
-                 carry_width: int = 0, page_size: int = 0):
+                 carry_width: int = 0, page_size: int = 0, arena=None):
     """Build the jitted step for a LoadedModel. The graphdef/treedef are closed over (static); so is the bucket,
     which fixes the layout of the two transfer buffers. carry_width > 0 (speculation): steps pass each other the
-    carry of runner/spec_carry.py (tokens per KV page: page_size).
+    carry of runner/spec_carry.py (tokens per KV page: page_size). arena: the runner's param_arena.Arena (the step
+    then takes its params packed: param_arena.pack), or None (the flat list).
 
     With a sharding plan (loaded.plan) the shardings are fixed once: weights keep the shardings they were loaded
     with, the KV cache `kv_shardings` (list of (k, v) per layer), and the batch, sampled tokens and final hidden
@@ -93,7 +95,7 @@ def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int, kv_shardings
 
     def step(params, kv_caches, ints, floats, prev_tokens, penalty_table, bucket, greedy_only=False):
         batch = unflatten_batch(ints, floats, bucket)
-        model = loaded.module(params)
+        model = loaded.module(param_arena.unpack(params, arena))
         batch, input_ids = apply_carry(batch, prev_tokens, bucket, page_size)
         hidden, kv_caches = model(input_ids, kv_caches, _metadata(batch), opts)
         S, R, K = bucket.num_seqs, bucket.spec_rows, bucket.spec_len

@@ -1,0 +1,63 @@
+"""runner/param_arena.py: the step's 1-D weights packed one buffer a dtype, unpacked inside the step."""
+import numpy as np
+import jax
+import jax.numpy as jnp
+
+import jaxinfer
+from jaxinfer import SamplingParams
+from jaxinfer.runner import param_arena
+
+
+def _params():
+    rng = np.random.default_rng(0)
+    return [jnp.asarray(rng.standard_normal(s), d) for s, d in
+            [((4, 3), jnp.float32), ((5,), jnp.float32), ((2,), jnp.bfloat16), ((7,), jnp.float32),
+             ((3, 3), jnp.bfloat16), ((1,), jnp.bfloat16)]]
+
+
+def test_unpack_of_pack_is_the_params():
+    params = _params()
+    arena = param_arena.plan(params)
+    assert arena.big == (0, 4) and [dt for dt, _ in arena.groups] == ["float32", "bfloat16"]
+    packed = param_arena.pack(params, arena)
+    assert len(packed[0]) == 2 and [a.shape for a in packed[1]] == [(12,), (3,)]
+    out = jax.jit(lambda p: param_arena.unpack(p, arena))(packed)
+    assert len(out) == len(params)
+    for a, b in zip(out, params):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+def test_abstract_params_give_abstract_arenas_and_nothing_to_pack_gives_none():
+    params = _params()
+    arena = param_arena.plan(params)
+    abstract = [jax.ShapeDtypeStruct(p.shape, p.dtype) for p in params]
+    big, arenas = param_arena.pack(abstract, arena)
+    assert all(isinstance(a, jax.ShapeDtypeStruct) for a in arenas) and arenas[0].shape == (12,)
+    assert param_arena.plan([params[0], params[1]]) is None  # one vector: nothing to gain
+    assert param_arena.pack(params[:2], None) is not None and param_arena.unpack(params[:2], None) == params[:2]
+
+
+def test_engine_step_takes_the_packed_weights_and_decodes_the_same(tiny_llama_dir):
+    """The step program's arguments hold one buffer for the 1-D weights (5 norms of the 2-layer model -> 1), and the
+    engine's greedy tokens equal those of a runner without the arena (the flat list)."""
+    llm = jaxinfer.LLM(tiny_llama_dir, num_pages=64, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=4,
+                       warmup=False, progress=False)
+    r = llm.runner
+    n_vec = sum(len(p.shape) == 1 for p in r.loaded.params)
+    assert n_vec == 5 and r._arena is not None
+    assert len(jax.tree.leaves(r.step_params)) == len(r.loaded.params) - n_vec + 1
+    assert r.step_params is r.step_params  # packed once
+    prompts = [[5, 6, 7], list(range(10, 40))]
+    sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
+    flat = jaxinfer.LLM(tiny_llama_dir, num_pages=64, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=4,
+                        warmup=False, progress=False)
+    fr = flat.runner
+    fr._arena = None
+    fr._step_params_src = None
+    from jaxinfer.runner.step import make_step_fn
+    fr._step = make_step_fn(fr.loaded, fr.attention_options, 4, carry_width=fr.carry_width, page_size=fr.page_size)
+    assert len(jax.tree.leaves(fr.step_params)) == len(fr.loaded.params)
+    want = [o.outputs[0].token_ids for o in flat.generate(prompts, sp, use_tqdm=False)]
+    assert got == want
