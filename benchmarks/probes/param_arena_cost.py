@@ -1,4 +1,4 @@
-"""Host time of the step's call with the 1-D weights packed into one buffer a dtype (runner/param_arena.py) against
+"""Host time of the step's call with the norm scales packed into one buffer a dtype (runner/param_arena.py) against
 the flat list of weights, same model, same bucket, alternating rounds in one process.
 
 `--model tiny32` (default) is the tiny-llama preset with 32 layers: the 8B's number of argument buffers (195 weight

@@ -172,9 +172,10 @@ class ModelRunner:
         # Speculation on: steps pass each other the carry of runner/spec_carry.py (pipelined verification).
         spec = config.speculative
         self.carry_width = carry_width(spec.num_speculative_tokens) if spec is not None else 0
-        # The step takes the 1-D weights (norm scales, biases) as one buffer a dtype, not one each: host time per
-        # argument buffer (runner/param_arena.py). Sharded plans keep their per-weight shardings.
-        self._arena = param_arena.plan(loaded.params) if plan is None else None
+        # The step takes the norm scales as one buffer a dtype, not one each: host time per argument buffer
+        # (runner/param_arena.py). Sharded plans keep their per-weight shardings.
+        self._arena = (param_arena.plan(loaded.params, param_arena.norm_scales(loaded.treedef, loaded.params))
+                       if plan is None else None)
         self._step_params_src = self._step_params = None
         self._step = make_step_fn(loaded, opts, config.scheduler.max_num_seqs, kv_shardings,
                                   carry_width=self.carry_width, page_size=self.page_size, arena=self._arena)

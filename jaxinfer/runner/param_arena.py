@@ -6,7 +6,8 @@ step is called once per engine step. An 8B Llama's step takes 195 weight matrice
 RMSNorm scales a layer and the final norm's; Qwen adds q/k/v biases or q/k norms). `pack` concatenates the vectors
 of each dtype into one arena outside the step; `unpack`, at the start of the traced step, slices them back out.
 Static slices of a parameter are read in place by their consumers' fusions (the norms), so the step takes 1 buffer
-where it took 65, with no copies and no extra kernels.
+where it took 65, with no copies and no extra kernels. Only norm scales are packed: other vectors (int8
+per-channel scales, biases) feed kernels whose operands XLA would copy out of the arena first.
 
   Arena.big      indices (into the flat params list) passed as they are
   Arena.groups   per dtype: (dtype name, ((param index, offset, size), ...)) of the vectors packed in that arena
@@ -17,6 +18,7 @@ A sharded runner (tensor / data parallel plans) does not pack: its weights keep 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -30,10 +32,21 @@ class Arena:
     groups: tuple[tuple[str, tuple[tuple[int, int, int], ...]], ...]
 
 
-def plan(params) -> Arena | None:
-    """The arena layout of a flat params list (arrays or ShapeDtypeStructs), or None when fewer than two vectors
-    would be packed (nothing to gain)."""
-    vectors = [i for i, p in enumerate(params) if len(p.shape) == 1]
+_NORM_SCALE = re.compile(r"\['\w*norm'\]\['weight'\]")  # e.g. ['layers'][3]['attn_norm']['weight'].value
+
+
+def norm_scales(treedef, params) -> list[bool]:
+    """Which of the flat params (the leaves of an nnx State under `treedef`) are norm scales (1-D)."""
+    state = jax.tree.unflatten(treedef, list(params))
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+    return [len(p.shape) == 1 and bool(_NORM_SCALE.search(k)) for k, p in zip(paths, params)]
+
+
+def plan(params, packable=None) -> Arena | None:
+    """The arena layout of a flat params list (arrays or ShapeDtypeStructs); packable: bool per param (default:
+    every 1-D one). None when fewer than two vectors would be packed (nothing to gain)."""
+    packable = packable if packable is not None else [len(p.shape) == 1 for p in params]
+    vectors = [i for i, (p, ok) in enumerate(zip(params, packable)) if ok and len(p.shape) == 1]
     if len(vectors) < 2:
         return None
     by_dtype: dict[str, list[tuple[int, int, int]]] = {}

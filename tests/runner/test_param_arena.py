@@ -35,6 +35,7 @@ def test_abstract_params_give_abstract_arenas_and_nothing_to_pack_gives_none():
     big, arenas = param_arena.pack(abstract, arena)
     assert all(isinstance(a, jax.ShapeDtypeStruct) for a in arenas) and arenas[0].shape == (12,)
     assert param_arena.plan([params[0], params[1]]) is None  # one vector: nothing to gain
+    assert param_arena.plan(params, [False] * len(params)) is None
     assert param_arena.pack(params[:2], None) is not None and param_arena.unpack(params[:2], None) == params[:2]
 
 
@@ -61,3 +62,15 @@ def test_engine_step_takes_the_packed_weights_and_decodes_the_same(tiny_llama_di
     assert len(jax.tree.leaves(fr.step_params)) == len(fr.loaded.params)
     want = [o.outputs[0].token_ids for o in flat.generate(prompts, sp, use_tqdm=False)]
     assert got == want
+
+
+def test_only_norm_scales_are_packed():
+    """An int8 model's per-channel scales are 1-D too, but they feed the quantized-matmul kernels (XLA would copy
+    them out of an arena): only the norms' scales are packed."""
+    llm = jaxinfer.LLM(model="tiny-llama", load_format="dummy", quantization="int8", warmup=False, progress=False)
+    r = llm.runner
+    state = jax.tree.unflatten(r.loaded.treedef, r.loaded.params)
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+    packed = {i for _, items in r._arena.groups for i, _, _ in items}
+    assert sorted(paths[i] for i in packed) == sorted(k for k in paths if "norm']['weight']" in k)
+    assert any("['scale']" in k and len(r.loaded.params[i].shape) == 1 for i, k in enumerate(paths))
