@@ -1,9 +1,9 @@
-"""The step's one-dimensional weights in one buffer a dtype (single-device runners).
+"""The step's norm scales in one buffer a dtype (single-device runners).
 
 Every call of a compiled program costs host time per argument buffer: ~1.5 µs each on the H100 / H200 hosts
 (benchmarks/probes/call_overhead.py, 2026-12-02: 512 buffers 0.78 ms, the same bytes as one buffer 32 µs), and the
-step is called once per engine step. An 8B Llama's step takes 195 weight matrices, 64 KV pools and 65 vectors (two
-RMSNorm scales a layer and the final norm's; Qwen adds q/k/v biases or q/k norms). `pack` concatenates the vectors
+step is called once per engine step. An 8B Llama's step takes 130 weight matrices, 64 KV pools and 65 vectors (two
+RMSNorm scales a layer and the final norm's; Qwen3 adds q / k norms, Qwen2 q / k / v biases). `pack` concatenates the vectors
 of each dtype into one arena outside the step; `unpack`, at the start of the traced step, slices them back out.
 Static slices of a parameter are read in place by their consumers' fusions (the norms), so the step takes 1 buffer
 where it took 65, with no copies and no extra kernels. Only norm scales are packed: other vectors (int8
@@ -74,7 +74,7 @@ def pack(params, arena: Arena | None):
     for dt, items in arena.groups:
         parts = [params[i] for i, _, _ in items]
         if any(isinstance(p, jax.ShapeDtypeStruct) for p in parts):
-            arenas.append(jax.ShapeDtypeStruct((sum(s for _, _, s in items),), np.dtype(dt)))
+            arenas.append(jax.ShapeDtypeStruct((sum(s for _, _, s in items),), jnp.dtype(dt)))
         else:
             arenas.append(jnp.concatenate(parts))
     return big, arenas
