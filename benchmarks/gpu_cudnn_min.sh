@@ -13,7 +13,8 @@ timeout 100 $PY benchmarks/probes/cudnn_paged_attention.py --tag probe --configs
   --prefill 2x512x512 > "$OUT_DIR/probe.log" 2>&1
 echo "probe rc=$?" >> "$OUT_DIR/run.log"
 cp benchmarks/results/cudnn-paged-attention-probe-2026-12-0*.json "$OUT_DIR"/ 2>/dev/null
-timeout 75 $PY -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py > "$OUT_DIR/tests.log" 2>&1
+timeout 75 $PY -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_cudnn_paged.py \
+  tests/test_cudnn_attention_gpu.py > "$OUT_DIR/tests.log" 2>&1
 echo "gpu tests rc=$?" >> "$OUT_DIR/run.log"
 for be in cudnn pallas; do
   timeout 110 $PY benchmarks/latency.py --batch 256 --no-peer --attention-backend $be --tag attn-$be \

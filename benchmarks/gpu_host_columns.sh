@@ -16,9 +16,11 @@ PY=${PYTHON:-python3}
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT_DIR/gpu.txt" 2>&1
 HSC="benchmarks/probes/host_step_cost.py --model llama3-8b --no-tokenizer --batch 1 64 256 --steps 40"
 for r in 1 2; do  # (the first process compiles; the later ones read the compilation cache)
-  timeout $([ $r = 1 ] && echo 170 || echo 110) $PY $HSC --no-early-host-copy --tag columns$r > "$OUT_DIR/hsc-columns$r.log" 2>&1
+  timeout $([ $r = 1 ] && echo 170 || echo 110) $PY $HSC --no-early-host-copy --tag columns$r \
+    > "$OUT_DIR/hsc-columns$r.log" 2>&1
   echo "hsc columns $r rc=$?" >> "$OUT_DIR/run.log"
-  timeout 110 $PY $HSC --general-loop --device-put-inputs --no-early-host-copy --tag before$r > "$OUT_DIR/hsc-before$r.log" 2>&1
+  timeout 110 $PY $HSC --general-loop --device-put-inputs --no-early-host-copy --tag before$r \
+    > "$OUT_DIR/hsc-before$r.log" 2>&1
   echo "hsc before $r rc=$?" >> "$OUT_DIR/run.log"
   timeout 110 $PY $HSC --early-host-copy --tag earlycopy$r > "$OUT_DIR/hsc-earlycopy$r.log" 2>&1
   echo "hsc early copy $r rc=$?" >> "$OUT_DIR/run.log"

@@ -2,9 +2,10 @@
 
 Every call of a compiled program costs host time per argument buffer: ~1.5 µs each on the H100 / H200 hosts
 (benchmarks/probes/call_overhead.py, 2026-12-02: 512 buffers 0.78 ms, the same bytes as one buffer 32 µs), and the
-step is called once per engine step. An 8B Llama's step takes 130 weight matrices, 64 KV pools and 65 vectors (two
-RMSNorm scales a layer and the final norm's; Qwen3 adds q / k norms, Qwen2 q / k / v biases). `pack` concatenates the vectors
-of each dtype into one arena outside the step; `unpack`, at the start of the traced step, slices them back out.
+step is called once per engine step. An 8B Llama's step takes 130 weight matrices, 64 KV pools and 65 vectors
+(two RMSNorm scales a layer and the final norm's; Qwen3 adds q / k norms, Qwen2 q / k / v biases). `pack`
+concatenates the norm scales of each dtype into one arena outside the step; `unpack`, at the start of the traced
+step, slices them back out.
 Static slices of a parameter are read in place by their consumers' fusions (the norms), so the step takes 1 buffer
 where it took 65, with no copies and no extra kernels. Only norm scales are packed: other vectors (int8
 per-channel scales, biases) feed kernels whose operands XLA would copy out of the arena first.
