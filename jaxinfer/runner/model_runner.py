@@ -154,16 +154,8 @@ class ModelRunner:
         backend = config.kernels.attention_backend
         if backend == "auto":
             backend = "pallas" if jax.default_backend() == "gpu" else "reference"
-        if backend == "cudnn" and jax.default_backend() != "gpu":
-            raise ValueError(f"attention_backend='cudnn' needs a CUDA GPU (this backend: {jax.default_backend()}); "
-                             "use attention_backend='auto'")
-        if backend == "cudnn" and jnp.dtype(loaded.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-            raise ValueError(f"attention_backend='cudnn' computes in bf16 / fp16, the model is {loaded.dtype}; "
-                             "use dtype='bfloat16' or attention_backend='pallas'")
-        if backend == "cudnn" and (config.cache.kv_cache_dtype != "auto" or cfg.sliding_window is not None):
-            raise ValueError("attention_backend='cudnn' takes bf16 / fp16 KV pages without a sliding window (got "
-                             f"kv_cache_dtype={config.cache.kv_cache_dtype!r}, sliding_window={cfg.sliding_window}); "
-                             "use attention_backend='pallas'")
+        if backend == "cudnn":
+            _check_cudnn_attention(loaded, config)
         opts = AttentionOptions(kv_chunk, static, backend, interpret=jax.default_backend() == "cpu",
                                 mesh=plan.mesh if plan is not None and plan.tp > 1 else None,
                                 num_sms=device_num_sms())
@@ -558,6 +550,21 @@ class InFlight:
     # The carry the next step reads (runner/spec_carry.py); None: out.carry. A device draft source replaces it with
     # one whose draft columns it filled.
     carry: Any = None
+
+
+def _check_cudnn_attention(loaded: LoadedModel, config: EngineConfig) -> None:
+    """attention_backend='cudnn' (models/attention.py): a CUDA GPU, a bf16 / fp16 model and KV cache, no sliding
+    window; otherwise a ValueError naming what to use instead."""
+    if jax.default_backend() != "gpu":
+        raise ValueError(f"attention_backend='cudnn' needs a CUDA GPU (this backend: {jax.default_backend()}); "
+                         "use attention_backend='auto'")
+    if jnp.dtype(loaded.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        raise ValueError(f"attention_backend='cudnn' computes in bf16 / fp16, the model is {loaded.dtype}; "
+                         "use dtype='bfloat16' or attention_backend='pallas'")
+    kv, window = config.cache.kv_cache_dtype, loaded.cfg.sliding_window
+    if kv != "auto" or window is not None:
+        raise ValueError("attention_backend='cudnn' takes bf16 / fp16 KV pages without a sliding window (got "
+                         f"kv_cache_dtype={kv!r}, sliding_window={window}); use attention_backend='pallas'")
 
 
 def _spec_ladder_args(config: EngineConfig) -> dict:
