@@ -16,7 +16,7 @@ DUMP=/tmp/hlo-dump
 XLA_FLAGS="--xla_dump_to=$DUMP --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*step.*" \
   timeout 120 $PY $LAT --tag draft1b-base > "$OUT_DIR/lat-base.log" 2>&1
 echo "latency 1B base (with dump) rc=$?" >> "$OUT_DIR/run.log"
-(cd $DUMP && ls | grep -E "after_optimizations.txt$|buffer-assignment" | head -40 | tar czf "$OUT_DIR/hlo.tar.gz" -T -)
+(cd $DUMP && ls | grep -E "after_optimizations.txt$" | head -24 | tar czf "$OUT_DIR/hlo.tar.gz" -T -)
 ls $DUMP | head -60 > "$OUT_DIR/dump-files.txt"
 XLA_FLAGS="--xla_gpu_triton_gemm_any=true" timeout 100 $PY $LAT --tag draft1b-gemmany > "$OUT_DIR/lat-gemmany.log" 2>&1
 echo "latency 1B triton_gemm_any rc=$?" >> "$OUT_DIR/run.log"
