@@ -199,7 +199,8 @@ def host_profiled_run(llm, prompts, new_tokens, tag, top=25):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--drafts", nargs="+", default=["none", "llama3.2-1b"],
-                    help="'none' (free oracle drafts), a preset (draft model of that shape), or layer_skip:N")
+                    help="'none' (free oracle drafts), a preset (draft model of that shape; PRESET@int8 / @int4: its "
+                         "weights quantized, draft_quantization), or layer_skip:N")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8, 16, 32])
     ap.add_argument("--accept", type=float, nargs="+", default=[0.5, 0.7, 0.9])
     ap.add_argument("--k", type=int, default=4)
@@ -241,7 +242,9 @@ def main(argv=None):
         if d.startswith("layer_skip:"):
             sc = SpeculativeConfig(method="layer_skip", num_draft_layers=int(d.split(":")[1]))
         else:
-            sc = SpeculativeConfig(method="draft", draft_model=d, draft_load_format="dummy")
+            name, _, quant = d.partition("@")  # llama3.2-1b@int8: the draft quantized on load (draft_quantization)
+            sc = SpeculativeConfig(method="draft", draft_model=name, draft_load_format="dummy",
+                                   draft_quantization=quant or None)
         prop = build_model_proposer(sc, spec_llm.model, spec_llm.config, spec_llm.max_model_len, a.num_pages,
                                     progress=False)
         if a.per_step_drafts:

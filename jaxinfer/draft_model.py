@@ -13,6 +13,7 @@ import jax
 from flax import nnx
 
 from jaxinfer.config import EngineConfig, SpeculativeConfig
+from jaxinfer.config.quantization import parse_quantization
 from jaxinfer.engine.kv_cache import KVCacheManager
 from jaxinfer.weights.loader import LoadedModel, load_model, resolve_model
 from jaxinfer.runner.draft_proposer import ModelProposer
@@ -51,8 +52,10 @@ def build_model_proposer(sc: SpeculativeConfig, target: LoadedModel, config: Eng
         n = sc.num_draft_layers or max(1, target.cfg.num_layers // 4)
         draft = layer_skip_model(target, n)
     elif sc.method == "draft":
+        backend = config.kernels.quantized_matmul
         draft = load_model(resolve_model(sc.draft_model, sc.draft_load_format), target.dtype, seed=config.seed + 1,
-                           progress=progress)
+                           progress=progress, matmul_backend=backend,
+                           quantization=parse_quantization(sc.draft_quantization, backend=backend))
         if draft.cfg.vocab_size != target.cfg.vocab_size:
             raise ValueError(f"draft model {sc.draft_model!r} has vocab_size {draft.cfg.vocab_size} but the target "
                              f"has {target.cfg.vocab_size}; the draft must share the target's tokenizer")

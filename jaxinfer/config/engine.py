@@ -28,6 +28,10 @@ class SpeculativeConfig:
         faster than plain decoding at batch 1-64 (1.76x at 1, 1.24x at 64) and slower at 128 (0.95x).
     ngram_min_n / ngram_max_n: n-gram sizes matched, longest first.
     draft_model / draft_load_format: the draft checkpoint (path, GGUF, preset with load_format="dummy").
+    draft_quantization: method "draft" only: quantize the draft model's weights on load ("int8", "int4[-gN]",
+        "fp8", as the target's `quantization`; the engine's quantized_matmul backend). Drafts only propose: the
+        target verifies every token, so output stays exactly the target's; a quantized draft streams fewer bytes
+        per draft step (a 1B draft at batch 1 is ~1/3 of its step in weight streaming, issue 21).
     num_draft_layers: layer_skip draft depth (default: a quarter of the target's layers, at least 1).
     draft_num_pages: KV pages of the draft's own cache (default: as many as the target's).
     pipelined: verification step n+1 is dispatched before step n's accepted counts are read (engine/spec_pipeline.py,
@@ -52,6 +56,7 @@ class SpeculativeConfig:
     ngram_max_n: int = 4
     draft_model: str | None = None
     draft_load_format: str = "auto"
+    draft_quantization: str | None = None
     num_draft_layers: int | None = None
     draft_num_pages: int | None = None
     pipelined: bool = True
@@ -75,6 +80,12 @@ class SpeculativeConfig:
         if self.method != "draft" and self.draft_model:
             raise ConfigError(f"draft_model={self.draft_model!r} is only used by method 'draft', not "
                               f"{self.method!r}")
+        if self.draft_quantization is not None:
+            if self.method != "draft":
+                raise ConfigError(f"draft_quantization={self.draft_quantization!r} is only used by method 'draft' "
+                                  f"(a separate draft checkpoint), not {self.method!r}; a layer_skip draft shares "
+                                  "the target's weights, quantized with the target's `quantization`")
+            parse_quantization(self.draft_quantization)  # a QuantizationError naming the valid methods
         if self.num_draft_layers is not None and self.num_draft_layers < 1:
             raise ConfigError(f"num_draft_layers={self.num_draft_layers} must be >= 1")
         if self.draft_num_pages is not None and self.draft_num_pages < 2:

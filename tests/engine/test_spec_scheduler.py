@@ -240,7 +240,9 @@ def test_speculative_config_errors_name_the_value():
     assert EngineConfig.from_options(speculative_config={"method": "ngram"}).speculative == SpeculativeConfig("ngram")
     for bad, words in (({"method": "medusa"}, "'medusa'"), ({"methd": "ngram"}, "'methd'"),
                        ({"num_speculative_tokens": 0}, "num_speculative_tokens=0"),
-                       ({"method": "draft"}, "draft_model=PATH"), ({"max_batch_size": 0}, "max_batch_size=0")):
+                       ({"method": "draft"}, "draft_model=PATH"), ({"max_batch_size": 0}, "max_batch_size=0"),
+                       ({"method": "layer_skip", "draft_quantization": "int8"}, "only used by method 'draft'"),
+                       ({"method": "draft", "draft_model": "m", "draft_quantization": "int3"}, "'int3'")):
         with pytest.raises(ConfigError, match=words):
             EngineConfig.from_options(speculative_config=bad)
 
