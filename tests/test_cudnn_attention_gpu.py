@@ -1,7 +1,12 @@
 """The engine with attention_backend='cudnn' (decode-shaped buckets through cuDNN's paged attention, the rest through
-the Pallas kernel) against the Pallas kernel alone, on the GPU: the tiny random checkpoint in bfloat16, a mix of
-prompt lengths decoded greedily together (so steps of 12 decodes run in decode-shaped buckets), and the log-prob of
-every sampled token. Run with `python benchmarks/gpu_tests.py tests/test_cudnn_attention_gpu.py`."""
+the Pallas kernel) against the engine with the jnp reference attention, beside the Pallas kernel, all in bfloat16 on
+the GPU: the tiny random checkpoint, a mix of prompt lengths decoded greedily together (so steps of 12 decodes run in
+decode-shaped buckets), and the log-prob of every sampled token. cuDNN must be as close to the reference as the
+Pallas kernel is: bf16 implementations differ by rounding alone, which can flip a near-tie and move later log-probs
+(12-06 on an H100 one log-prob of 384 differed by 0.06 between cuDNN and Pallas; bf16 against float32 on the CPU,
+both with the reference attention, agree on only 109 of 384 tokens before the first flip, so float32 is no
+reference here). Run with `python benchmarks/gpu_tests.py
+tests/test_cudnn_attention_gpu.py`."""
 import numpy as np
 import pytest
 import jax
@@ -24,12 +29,20 @@ def _run(path, backend):
     return toks, lps
 
 
-def test_cudnn_backend_decodes_like_the_pallas_kernel(tiny_llama_dir):
-    want_toks, want_lps = _run(tiny_llama_dir, "pallas")
-    got_toks, got_lps = _run(tiny_llama_dir, "cudnn")
-    # bf16 attention in two implementations: a near-tie may flip one greedy token; the peaked tiny model has few
-    same = [g == w for g, w in zip(got_toks, want_toks)]
-    assert sum(same) >= len(same) - 1, (got_toks, want_toks)
-    for g, w, ok in zip(got_lps, want_lps, same):
-        if ok:
-            np.testing.assert_allclose(g, w, atol=0.05)
+def _error(got, ref):
+    """(tokens equal to the reference's before the first difference, largest |log-prob error| over those)."""
+    n, worst = 0, 0.0
+    for gt, gl, rt, rl in zip(*got, *ref):
+        k = next((i for i, (a, b) in enumerate(zip(gt, rt)) if a != b), len(rt))
+        n += k
+        if k:
+            worst = max(worst, float(np.max(np.abs(np.asarray(gl[:k]) - np.asarray(rl[:k])))))
+    return n, worst
+
+
+def test_cudnn_backend_is_as_close_to_the_reference_as_the_pallas_kernel(tiny_llama_dir):
+    ref = _run(tiny_llama_dir, "reference")
+    n_pallas, e_pallas = _error(_run(tiny_llama_dir, "pallas"), ref)
+    n_cudnn, e_cudnn = _error(_run(tiny_llama_dir, "cudnn"), ref)
+    assert n_cudnn >= 0.8 * n_pallas - 8, (n_cudnn, n_pallas, sum(len(t) for t in ref[0]))
+    assert e_cudnn <= 2 * e_pallas + 0.02, (e_cudnn, e_pallas)

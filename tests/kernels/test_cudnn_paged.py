@@ -1,8 +1,8 @@
 """cuDNN paged attention (pallas_kernels/paged_attention/cudnn_paged.py) against the jnp reference.
 
-CPU: the wrapper's algebra (one batch row a token, the query heads of a KV head folded into the row's query length,
-KV length = position + 1, each token's sequence's page table, padding tokens) with a jnp stand-in for the cuDNN call
-that implements its contract with a dense softmax, independent of the reference's online-softmax loop. GPU (`pytest
+CPU: the wrapper's algebra (one batch row a token with its H query heads on the KV heads (GQA), KV length =
+position + 1, each token's sequence's page table, padding tokens) with a jnp stand-in for the cuDNN call that
+implements its contract with a dense softmax, independent of the reference's online-softmax loop. GPU (`pytest
 -m gpu`): the real cuDNN call at the 8B attention shape, decode and mixed steps, against the reference.
 """
 import numpy as np
