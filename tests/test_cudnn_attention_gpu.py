@@ -5,8 +5,8 @@ decode-shaped buckets), and the log-prob of every sampled token. cuDNN must be a
 Pallas kernel is: bf16 implementations differ by rounding alone, which can flip a near-tie and move later log-probs
 (12-06 on an H100 one log-prob of 384 differed by 0.06 between cuDNN and Pallas; bf16 against float32 on the CPU,
 both with the reference attention, agree on only 109 of 384 tokens before the first flip, so float32 is no
-reference here). Run with `python benchmarks/gpu_tests.py
-tests/test_cudnn_attention_gpu.py`."""
+reference here).
+Run with `python benchmarks/gpu_tests.py tests/test_cudnn_attention_gpu.py`."""
 import numpy as np
 import pytest
 import jax
