@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 
 import jaxinfer  # noqa: E402
 from benchmarks.common import write_result  # noqa: E402
-from jaxinfer.runner.step import make_step_fn  # noqa: E402
+from jaxinfer.runner.model_runner import ModelRunner  # noqa: E402
 from jaxinfer.weights import presets  # noqa: E402
 
 presets.PRESETS.setdefault("tiny32", {**presets.PRESETS["tiny-llama"], "num_hidden_layers": 32})
@@ -31,13 +31,14 @@ presets.PRESETS.setdefault("tiny32", {**presets.PRESETS["tiny-llama"], "num_hidd
 
 def runner(model: str, arena: bool, memory_fraction: float):
     """memory_fraction: gpu_memory_utilization, which counts everything the process holds (the second of two
-    8B engines needs ~0.45 more than the first)."""
-    llm = jaxinfer.LLM(model=model, load_format="dummy", max_num_seqs=8, max_model_len=256, warmup=False,
-                       progress=False, gpu_memory_utilization=memory_fraction)
+    8B engines needs ~0.45 more than the first). arena False: the step as before the arena (the flat weights list)."""
+    ModelRunner.pack_norm_scales = arena
+    try:
+        llm = jaxinfer.LLM(model=model, load_format="dummy", max_num_seqs=8, max_model_len=256, warmup=False,
+                           progress=False, gpu_memory_utilization=memory_fraction)
+    finally:
+        ModelRunner.pack_norm_scales = True
     r = llm.runner
-    if not arena:  # the step as before the arena: the flat weights list
-        r._arena, r._step_params_src = None, None
-        r._step = make_step_fn(r.loaded, r.attention_options, 8, carry_width=r.carry_width, page_size=r.page_size)
     bucket = r.ladder.buckets[0]
     ints, floats = r.placeholder_batch(bucket)
     return llm, r, r.compile_step(bucket, greedy_only=True), ints, floats

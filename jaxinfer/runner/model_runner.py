@@ -91,6 +91,9 @@ class ModelRunner:
     # 45-47 µs a step at batch 1 / 64 / 256, host per step at batch 256 2,065-2,182 -> 2,019-2,025 µs. (CPU probe:
     # no change, fetch ~100 µs either way.) False: the copy starts in fetch (the A/B's other side).
     early_host_copy = True
+    # Pack the step's norm scales into one buffer a dtype (runner/param_arena.py; single-device runners). False: the
+    # flat weights list (the A/B side of benchmarks/probes/param_arena_cost.py and the arena's engine test).
+    pack_norm_scales = True
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int,
                  num_pages: int | None = None, small_buckets: bool = True, greedy_programs: bool | None = None):
@@ -167,7 +170,7 @@ class ModelRunner:
         # The step takes the norm scales as one buffer a dtype, not one each: host time per argument buffer
         # (runner/param_arena.py). Sharded plans keep their per-weight shardings.
         self._arena = (param_arena.plan(loaded.params, param_arena.norm_scales(loaded.treedef, loaded.params))
-                       if plan is None else None)
+                       if plan is None and self.pack_norm_scales else None)
         self._step_params_src = self._step_params = None
         self._step = make_step_fn(loaded, opts, config.scheduler.max_num_seqs, kv_shardings,
                                   carry_width=self.carry_width, page_size=self.page_size, arena=self._arena)

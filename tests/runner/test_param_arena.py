@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import jaxinfer
 from jaxinfer import SamplingParams
 from jaxinfer.runner import param_arena
+from jaxinfer.runner.model_runner import ModelRunner
 
 
 def _params():
@@ -39,7 +40,7 @@ def test_abstract_params_give_abstract_arenas_and_nothing_to_pack_gives_none():
     assert param_arena.pack(params[:2], None) is not None and param_arena.unpack(params[:2], None) == params[:2]
 
 
-def test_engine_step_takes_the_packed_weights_and_decodes_the_same(tiny_llama_dir):
+def test_engine_step_takes_the_packed_weights_and_decodes_the_same(tiny_llama_dir, monkeypatch):
     """The step program's arguments hold one buffer for the 1-D weights (5 norms of the 2-layer model -> 1), and the
     engine's greedy tokens equal those of a runner without the arena (the flat list)."""
     llm = jaxinfer.LLM(tiny_llama_dir, num_pages=64, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=4,
@@ -52,14 +53,10 @@ def test_engine_step_takes_the_packed_weights_and_decodes_the_same(tiny_llama_di
     prompts = [[5, 6, 7], list(range(10, 40))]
     sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
+    monkeypatch.setattr(ModelRunner, "pack_norm_scales", False)
     flat = jaxinfer.LLM(tiny_llama_dir, num_pages=64, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=4,
                         warmup=False, progress=False)
-    fr = flat.runner
-    fr._arena = None
-    fr._step_params_src = None
-    from jaxinfer.runner.step import make_step_fn
-    fr._step = make_step_fn(fr.loaded, fr.attention_options, 4, carry_width=fr.carry_width, page_size=fr.page_size)
-    assert len(jax.tree.leaves(fr.step_params)) == len(fr.loaded.params)
+    assert len(jax.tree.leaves(flat.runner.step_params)) == len(flat.runner.loaded.params)
     want = [o.outputs[0].token_ids for o in flat.generate(prompts, sp, use_tqdm=False)]
     assert got == want
 
