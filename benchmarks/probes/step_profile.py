@@ -24,6 +24,7 @@ import argparse
 import collections
 import glob
 import os
+import re
 import sys
 import tempfile
 import time
@@ -63,6 +64,17 @@ def device_op_times(trace_dir: str, steps: int) -> tuple[dict[str, float], list[
     return dict(tot), seen
 
 
+def op_kinds(ops: dict[str, float]) -> dict[str, tuple[float, int]]:
+    """{op kind: (µs a step, ops a step)}, largest first; the kind is the op name with its digits dropped, so
+    the 16 or 32 layers' copies of one fusion (fusion.12, fusion.57, ...) add up to one row."""
+    kinds: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
+    for name, us in ops.items():
+        k = kinds[re.sub(r"[0-9]+", "#", name)]
+        k[0] += us
+        k[1] += 1
+    return {k: (round(v[0], 1), v[1]) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1][0])}
+
+
 def op_family(name: str) -> str:
     """Coarse family of an XLA op name, for the summary line."""
     n = name.lower()
@@ -81,6 +93,7 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--top", type=int, default=14)
     ap.add_argument("--no-trace", action="store_true")
+    ap.add_argument("--tag", default="", help="label of this run in the result file's name")
     add_engine_flags(ap, model="llama3-8b", load_format="dummy", max_model_len=2048, max_num_batched_tokens=2048,
                      max_num_seqs=256, gpu_memory_utilization=0.85)
     a = ap.parse_args()
@@ -162,6 +175,7 @@ def main():
             row["device_us_per_step"] = sum(ops.values())
             row["families_us"] = dict(fam.most_common())
             row["top_ops_us"] = dict(collections.Counter(ops).most_common(a.top))
+            row["op_kinds"] = op_kinds(ops)
         rows.append(row)
         print(f"--- {name}: bucket {hb.bucket}")
         print(f"  step {device_ms:.3f} ms back to back ({step_ms:.3f} ms call+wait) = {row['pct_matmul_rate']:.0f}% of the matmul rate, {row['pct_hbm']:.0f}% of HBM;"
@@ -174,7 +188,10 @@ def main():
                   + ", ".join(f"{k} {v:.0f}" for k, v in row["families_us"].items()))
             for k, v in row["top_ops_us"].items():
                 print(f"    {v:9.1f} µs  {k[:110]}")
-    write_result("step-profile", dict(model=a.model, matmul_tflops=rate / 1e12, hbm_tbps=hbm / 1e12,
+            print("  by kind (the op name without its numbers: one kind a layer repeats): µs a step, ops a step")
+            for k, (us, n) in row["op_kinds"].items():
+                print(f"    {us:9.1f} µs  {n:4d}  {k[:100]}")
+    write_result("step-profile", tag=a.tag, payload=dict(model=a.model, matmul_tflops=rate / 1e12, hbm_tbps=hbm / 1e12,
                                       weight_gb=weight_bytes / 1e9, rows=rows))
 
 
