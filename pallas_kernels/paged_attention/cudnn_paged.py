@@ -43,11 +43,31 @@ def cudnn_sdpa(q, k_pages, v_pages, q_len, kv_len, table, *, scale: float, causa
               layout=fa.AttentionLayout.BTNH.value, sliding_window_length=None,
               cudnn_version=fa.check_cudnn_version(), return_residual=False)
     params = inspect.signature(fa._dot_product_attention_fwd).parameters
-    missing = [p for p, v in params.items() if p not in kw and v.default is inspect.Parameter.empty]
+    missing = _missing_parameters(params, kw)
     if missing:  # a jax whose private signature moved on (parameters with defaults keep them)
         raise NotImplementedError(f"jax {__import__('jax').__version__}'s cuDNN attention wants {missing}; use "
                                   "attention_backend='pallas'")
     return fa._dot_product_attention_fwd(**{p: kw[p] for p in params if p in kw})
+
+
+_OUR_KEYWORDS = ("query", "key", "value", "bias", "q_seqlen", "kv_seqlen", "q_offsets", "kv_offsets", "page_table_k",
+                 "page_table_v", "scale", "seed", "dropout_rate", "variadic_args", "mask_type", "layout",
+                 "sliding_window_length", "cudnn_version", "return_residual")
+
+
+def _missing_parameters(params, kw) -> list[str]:
+    return [p for p, v in params.items() if p not in kw and v.default is inspect.Parameter.empty]
+
+
+def available() -> bool:
+    """Whether this jax's private cuDNN attention takes the call cudnn_sdpa makes (the 'auto' backend asks before
+    choosing cuDNN; an explicit attention_backend='cudnn' gets cudnn_sdpa's error instead)."""
+    try:
+        from jax._src.cudnn import fused_attention_stablehlo as fa
+        params = inspect.signature(fa._dot_product_attention_fwd).parameters
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return False
+    return not _missing_parameters(params, dict.fromkeys(_OUR_KEYWORDS))
 
 
 def cudnn_paged_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, tile_kv_len, page_tables, *,

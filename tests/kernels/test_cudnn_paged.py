@@ -114,6 +114,21 @@ def test_engine_option_on_cpu_says_what_to_use():
                      progress=False)
 
 
+def test_this_jax_takes_our_call_to_its_private_cudnn_attention():
+    """cudnn_paged.available() reads the private function's signature (the 'auto' backend asks it before choosing
+    cuDNN): on this jax the call cudnn_sdpa makes must still fit, else the GPU would silently lose the backend."""
+    from pallas_kernels.paged_attention import cudnn_paged
+    assert cudnn_paged.available()
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="the CPU's choice")
+def test_auto_backend_is_the_reference_off_the_gpu(monkeypatch):
+    from jaxinfer.config import EngineConfig
+    from jaxinfer.runner import model_runner
+    monkeypatch.setattr(model_runner, "AUTO_CUDNN", True)
+    assert model_runner.auto_attention_backend(None, EngineConfig()) == "reference"
+
+
 @pytest.mark.parametrize("decode_shaped", [True, False])
 def test_engine_attention_picks_cudnn_for_decode_shaped_buckets(monkeypatch, decode_shaped):
     """models/attention.py with backend 'cudnn': buckets of no more tokens than sequences go through cuDNN (here its
