@@ -93,11 +93,15 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--top", type=int, default=14)
     ap.add_argument("--no-trace", action="store_true")
+    ap.add_argument("--fold-norms", action="store_true", help="models/llama.DecoderLayer.fold_norms (speed only)")
     ap.add_argument("--tag", default="", help="label of this run in the result file's name")
     add_engine_flags(ap, model="llama3-8b", load_format="dummy", max_model_len=2048, max_num_batched_tokens=2048,
                      max_num_seqs=256, gpu_memory_utilization=0.85)
     a = ap.parse_args()
     gpu = jax.default_backend() == "gpu"
+    if a.fold_norms:
+        from jaxinfer.models.llama import DecoderLayer
+        DecoderLayer.fold_norms = True
     rate = measure_matmul_rate()
     hbm = measure_hbm_bandwidth()
     llm = LLM(config=engine_config(a), warmup=False)   # each shape compiles its own bucket on first use

@@ -32,11 +32,12 @@ class Attention(nnx.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def __call__(self, x, cos, sin, k_pages, v_pages, md: AttentionMetadata, opts: AttentionOptions):
+    def __call__(self, x, cos, sin, k_pages, v_pages, md: AttentionMetadata, opts: AttentionOptions, row_scale=None):
+        """row_scale: f32[T, 1] or None: x @ w scaled per token (DecoderLayer.fold_norms: x is un-normalised)."""
         cfg = self.cfg
         T = x.shape[0]
         g = cfg.q_per_kv
-        qkv = self.qkv(x).reshape(T, cfg.num_kv_heads, g + 2, cfg.head_dim)
+        qkv = _scaled(self.qkv(x), row_scale).reshape(T, cfg.num_kv_heads, g + 2, cfg.head_dim)
         q = qkv[:, :, :g].reshape(T, cfg.num_heads, cfg.head_dim)  # [T, H, D]
         k = qkv[:, :, g]  # [T, KVH, D]
         v = qkv[:, :, g + 1]
@@ -59,14 +60,25 @@ class MLP(nnx.Module):
                               axes=("embed", "mlp"))
         self.down = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, dtype=dtype, axes=("mlp", "embed"))
 
-    def __call__(self, x):
+    def __call__(self, x, row_scale=None):
         T, two_i = x.shape[0], 2 * self.intermediate_size
-        y = self.gate_up(x).reshape(T, self.blocks, 2, two_i // (2 * self.blocks))  # [T, blocks, 2, I/blocks]
+        y = _scaled(self.gate_up(x), row_scale).reshape(T, self.blocks, 2, two_i // (2 * self.blocks))  # [T, blocks, 2, I/blocks]
         gate, up = y[:, :, 0].reshape(T, two_i // 2), y[:, :, 1].reshape(T, two_i // 2)
         return self.down(jax.nn.silu(gate) * up)
 
 
+def _scaled(y, row_scale):
+    """y [T, N] * row_scale [T, 1] in float32, back in y's dtype (None: y)."""
+    return y if row_scale is None else (y.astype(jnp.float32) * row_scale).astype(y.dtype)
+
+
 class DecoderLayer(nnx.Module):
+    # EXPERIMENT (benchmarks/probes/step_profile.py --fold-norms; speed only, numerics need the weights folded):
+    # RMSNorm(x) @ W = rsqrt(mean(x^2) + eps) * (x @ (diag(g) W)), so the norm's scale g can live in W's rows and
+    # the per-token rsqrt on the dot's output, where XLA can fuse it into the matmul's epilogue, and the sum of
+    # squares beside the residual add that makes x. Kernels a layer of the small-M steps are what this tests.
+    fold_norms = False
+
     def __init__(self, cfg: ModelConfig, dtype, mlp_blocks: int = 1):
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.attn = Attention(cfg, dtype)
@@ -74,10 +86,21 @@ class DecoderLayer(nnx.Module):
         self.mlp = MLP(cfg, dtype, mlp_blocks)
 
     def __call__(self, x, cos, sin, k_pages, v_pages, md, opts):
+        if self.fold_norms:
+            eps = self.attn_norm.eps
+            h, k_pages, v_pages = self.attn(x, cos, sin, k_pages, v_pages, md, opts, row_scale=_rms_rsqrt(x, eps))
+            x = x + h
+            return x + self.mlp(x, row_scale=_rms_rsqrt(x, eps)), k_pages, v_pages
         h, k_pages, v_pages = self.attn(self.attn_norm(x), cos, sin, k_pages, v_pages, md, opts)
         x = x + h
         x = x + self.mlp(self.mlp_norm(x))
         return x, k_pages, v_pages
+
+
+def _rms_rsqrt(x, eps):
+    """x [T, H] -> f32[T, 1]: 1 / sqrt(mean(x^2) + eps) (RMSNorm's per-token factor)."""
+    x32 = x.astype(jnp.float32)
+    return jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
 
 
 class LlamaForCausalLM(nnx.Module):
