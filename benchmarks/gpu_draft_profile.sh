@@ -2,8 +2,9 @@
 # One short device call (< 4 min) for issue 21: where the 1B-shaped draft's step time goes, per kernel (a
 # jax.profiler trace of the engine's own step program, probes/step_profile.py), in the 1-token bucket (batch-1
 # decode of the 1B) and in the 16-token bucket the draft runs in (speculation has no 1-token bucket), bf16 and
-# int8 weights, and with the norms folded (models/llama.DecoderLayer.fold_norms, an experiment). The 1B step is ~1.8x its weight-streaming floor with ~15-17 kernels a layer (the optimized HLO,
-# 12-06): this says which kernels hold the excess before a fused one is written.
+# int8 weights, and with the norms folded (models/llama.DecoderLayer.fold_norms, an experiment). The 1B step is
+# ~1.8x its weight-streaming floor with ~15-17 kernels a layer (the optimized HLO, 12-06): this says which kernels
+# hold the excess before a fused one is written.
 #   JAXINFER_COMMIT=<sha> bash benchmarks/gpu_draft_profile.sh        # logs + JSONs into $OUT
 set -u
 cd "$(dirname "$0")/.."
