@@ -192,6 +192,9 @@ def main():
     ap.add_argument("--early-host-copy", action=argparse.BooleanOptionalAction, default=True,
                     help="start the copy of a step's results to the host at dispatch, not in fetch "
                          "(ModelRunner.early_host_copy: on by default since 2026-12-05 e; --no-early-host-copy: A/B)")
+    ap.add_argument("--stage-inputs", action=argparse.BooleanOptionalAction, default=True,
+                    help="the step copies its inputs into donated fixed-address buffers (ModelRunner.stage_inputs, "
+                         "runner/step.stage_inputs; on by default since 2026-12-06; --no-stage-inputs: A/B)")
     # --model: on a GPU, llama3-8b shows the host sections beside the real device time ('wait')
     add_engine_flags(ap, model="tiny-llama", load_format="dummy", max_num_batched_tokens=512)
     a = ap.parse_args()
@@ -208,6 +211,7 @@ def main():
         return
     a.batch = a.batch or [1, 64, 256]
 
+    model_runner_mod.ModelRunner.stage_inputs = a.stage_inputs  # (read when a runner builds its step)
     max_len = max(128, a.prompt_len + a.steps + 64)
     config = engine_config(a, max_model_len=max_len, max_num_seqs=max(a.batch))
     llms = {"offline": LLM(config=config, progress=False)}
@@ -263,7 +267,7 @@ def main():
                   f"(batch {lo} -> {hi})")
     path = write_result("host-step-cost", dict(model=f"{a.model} ({a.load_format})", prompt_len=a.prompt_len,
                                                general_loop=a.general_loop, device_put_inputs=a.device_put_inputs,
-                                               early_host_copy=a.early_host_copy,
+                                               early_host_copy=a.early_host_copy, stage_inputs=a.stage_inputs,
                                                marginal_us_per_req=marginal,
                                                max_model_len=max_len, page_size=16, rows=rows), tag=a.tag)
     print("wrote", path)

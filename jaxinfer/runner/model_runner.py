@@ -33,7 +33,7 @@ from jaxinfer.runner.program_cache import ProgramCache, abstract_signature, prog
 from jaxinfer.runner.sampler import GREEDY_EPS
 from jaxinfer.runner.spec_carry import carry_width
 from jaxinfer.models.attention import AttentionOptions, device_num_sms
-from jaxinfer.runner.step import make_prompt_logprobs_fn, make_step_fn, unpack_host_outputs
+from jaxinfer.runner.step import make_prompt_logprobs_fn, make_step_fn, stage_shapes, unpack_host_outputs
 from pallas_kernels.paged_attention import cudnn_paged, kv_quant
 
 log = logging.getLogger("jaxinfer")
@@ -94,6 +94,10 @@ class ModelRunner:
     # Pack the step's norm scales into one buffer a dtype (runner/param_arena.py; single-device runners). False: the
     # flat weights list (the A/B side of benchmarks/probes/param_arena_cost.py and the arena's engine test).
     pack_norm_scales = True
+    # Copy the step's packed inputs into donated fixed-address buffers inside the step program and read them there
+    # (runner/step.stage_inputs: fewer CUDA-graph commands to update a call). Single-device runners. False: the
+    # step reads the transferred inputs themselves (the A/B side of benchmarks/probes/host_step_cost.py).
+    stage_inputs = True
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int,
                  num_pages: int | None = None, small_buckets: bool = True, greedy_programs: bool | None = None):
@@ -172,8 +176,12 @@ class ModelRunner:
         self._arena = (param_arena.plan(loaded.params, param_arena.norm_scales(loaded.treedef, loaded.params))
                        if plan is None and self.pack_norm_scales else None)
         self._step_params_src = self._step_params = None
-        self._step = make_step_fn(loaded, opts, config.scheduler.max_num_seqs, kv_shardings,
-                                  carry_width=self.carry_width, page_size=self.page_size, arena=self._arena)
+        step_args = (loaded, opts, config.scheduler.max_num_seqs, kv_shardings)
+        step_kw = dict(carry_width=self.carry_width, page_size=self.page_size, arena=self._arena)
+        self._step = make_step_fn(*step_args, **step_kw)  # (the form the draft programs inline)
+        self.staged = self.stage_inputs and plan is None
+        self._run_step = make_step_fn(*step_args, **step_kw, staged=True) if self.staged else self._step
+        self._stages: dict = {}  # (len(ints), len(floats)) -> the stage buffers (step.stage_inputs), when staged
         M = config.scheduler.max_num_seqs
         self._no_prev = jax.device_put(np.zeros((M, self.carry_width) if self.carry_width else (M,), np.int32),
                                        self._replicated)
@@ -287,9 +295,22 @@ class ModelRunner:
     def run_compiled(self, step, ints, floats, prev_tokens=None):
         """Run one compiled step program on packed device buffers, threading the runner's donated state (KV cache,
         penalty counts). Returns (StepOutput, hidden). Used by warm-up and the benchmarks' device-only timings."""
-        prev = self._no_prev if prev_tokens is None else prev_tokens
-        self.kv_caches, out, hidden, self.penalty_table = step(self.step_params, self.kv_caches, ints, floats,
-                                                               prev, self.penalty_table)
+        return self._call(step, ints, floats, self._no_prev if prev_tokens is None else prev_tokens)
+
+    def _call(self, step, ints, floats, prev_tokens):
+        """One call of a compiled step program, threading the donated state (KV cache, penalty counts and, when
+        staged, the stage buffers of this input length). Returns (StepOutput, hidden)."""
+        if not self.staged:
+            self.kv_caches, out, hidden, self.penalty_table = step(self.step_params, self.kv_caches, ints, floats,
+                                                                   prev_tokens, self.penalty_table)
+            return out, hidden
+        key = (ints.shape[0], floats.shape[0])
+        stage = self._stages.pop(key, None)
+        if stage is None:
+            stage = tuple(jax.device_put(np.zeros(shape, dtype), self._replicated)
+                          for shape, dtype in stage_shapes(*key))
+        self.kv_caches, out, hidden, self.penalty_table, self._stages[key] = step(
+            self.step_params, self.kv_caches, ints, floats, prev_tokens, self.penalty_table, stage)
         return out, hidden
 
     def placeholder_batch(self, bucket) -> tuple[np.ndarray, np.ndarray]:
@@ -305,9 +326,12 @@ class ModelRunner:
         spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self._replicated)  # noqa: E731
         kv, table = state_specs or (self.kv_caches, self.penalty_table)
         args = (self.step_params, kv, spec(ints), spec(floats), self._no_prev, table)
+        if self.staged:
+            args += (tuple(spec(jax.ShapeDtypeStruct(shape, dtype)) for shape, dtype in
+                           stage_shapes(ints.shape[0], floats.shape[0])),)
 
         def build():
-            lowered = self._step.lower(*args, bucket=bucket, greedy_only=greedy_only)
+            lowered = self._run_step.lower(*args, bucket=bucket, greedy_only=greedy_only)
             return compile_lowered(lowered, compiler_options)
 
         if self.program_cache is None:
@@ -485,8 +509,7 @@ class ModelRunner:
         if self.device_put_inputs:  # the former transfer (benchmarks/probes/host_step_cost.py --device-put-inputs)
             ints, floats = jax.device_put((ints, floats), self._replicated)
         prev_tokens = (prev.carry if prev.carry is not None else prev.out.carry) if prev is not None else self._no_prev
-        self.kv_caches, out, hidden, self.penalty_table = step(self.step_params, self.kv_caches, ints, floats,
-                                                               prev_tokens, self.penalty_table)
+        out, hidden = self._call(step, ints, floats, prev_tokens)
         if self.early_host_copy:
             out.host.copy_to_host_async()
         prompt = None

@@ -79,12 +79,37 @@ def unflatten_batch(ints, floats, bucket) -> dict:
     return out
 
 
+def stage_inputs(ints, floats, stage):
+    """Copy this step's packed inputs into the donated stage buffers and read them from there: (ints, floats,
+    stage'). ints i32[n], floats f32[m]; stage (i32[n + 1], f32[m + 1]), one element longer than the inputs, so
+    XLA keeps the write an in-place update of the donated buffer (a write of the whole buffer is replaced by the
+    new array, which the consumers would then read: XLA:CPU's optimized HLO, benchmarks/README.md 2026-12-04 d),
+    and behind an optimization barrier, so the slices below are not simplified back to the inputs.
+
+    Why (H200, probes/call_trace.py, 2026-12-04 d): the step runs as a CUDA graph (XLA command buffers), and
+    every command whose buffers moved since the last call is updated before the launch. The inputs are a fresh
+    transfer every step, and the commands reading them (every layer's attention and KV writes) cost 0.5-0.8 ms
+    of `command_buffer::update` a call; the same inputs at fixed addresses made the call 1.2-1.35 ms instead of
+    2.6-2.9. Read from the stage, only this copy's command moves."""
+    si = jax.lax.dynamic_update_slice(stage[0], ints, (0,))
+    sf = jax.lax.dynamic_update_slice(stage[1], floats, (0,))
+    si, sf = jax.lax.optimization_barrier((si, sf))
+    return si[: ints.shape[0]], sf[: floats.shape[0]], (si, sf)
+
+
+def stage_shapes(num_ints: int, num_floats: int):
+    """The stage buffers' (shape, dtype) pairs for packed inputs of these lengths (stage_inputs)."""
+    return ((num_ints + 1,), jnp.int32), ((num_floats + 1,), jnp.float32)
+
+
 def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int, kv_shardings=None, donate: bool = True,
-                 carry_width: int = 0, page_size: int = 0, arena=None):
+                 carry_width: int = 0, page_size: int = 0, arena=None, staged: bool = False):
     """Build the jitted step for a LoadedModel. The graphdef/treedef are closed over (static); so is the bucket,
     which fixes the layout of the two transfer buffers. carry_width > 0 (speculation): steps pass each other the
     carry of runner/spec_carry.py (tokens per KV page: page_size). arena: the runner's param_arena.Arena (the step
-    then takes its params packed: param_arena.pack), or None (the flat list).
+    then takes its params packed: param_arena.pack), or None (the flat list). staged (single device only): the
+    jitted function takes one more donated argument after penalty_table, the stage buffers (stage_inputs), and
+    returns their next value last; the unstaged form is the one other programs inline (runner/draft_*.py).
 
     With a sharding plan (loaded.plan) the shardings are fixed once: weights keep the shardings they were loaded
     with, the KV cache `kv_shardings` (list of (k, v) per layer), and the batch, sampled tokens and final hidden
@@ -129,6 +154,16 @@ def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int, kv_shardings
                 hidden, penalty_table)
 
     donated = (1, 5) if donate else ()  # donate=False: probes only (the KV cache is then copied every step)
+    if staged:
+        if loaded.plan is not None:
+            raise ValueError("staged step inputs are for single-device runners")
+
+        def staged_step(params, kv_caches, ints, floats, prev_tokens, penalty_table, stage, bucket,
+                        greedy_only=False):
+            ints, floats, stage = stage_inputs(ints, floats, stage)
+            return (*step(params, kv_caches, ints, floats, prev_tokens, penalty_table, bucket, greedy_only), stage)
+
+        return jax.jit(staged_step, donate_argnums=donated + (6,), static_argnames=("bucket", "greedy_only"))
     if loaded.plan is None:
         return jax.jit(step, donate_argnums=donated, static_argnames=("bucket", "greedy_only"))
     # Input shardings are those of the arguments (weights as loaded, the cache as allocated, the batch placed

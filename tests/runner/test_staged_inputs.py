@@ -1,0 +1,73 @@
+"""runner/step.stage_inputs: the step copies its packed inputs into donated stage buffers and reads them there, so
+on the GPU only that copy's command moves between calls (the CUDA graph's other commands keep their addresses).
+
+Structure (XLA:CPU's optimized HLO of a real step program; the GPU compiler shares these passes): the transferred
+inputs have the in-place update as their only user, the update's result feeds the step, and the stage parameters
+are aliased to outputs (donated, so the next call gets the same buffers). Exactness: an engine with the stage
+and one without produce the same tokens, across buckets of different input lengths, a stage per length."""
+import re
+
+import jax
+import numpy as np
+import pytest
+
+import jaxinfer
+from jaxinfer import SamplingParams
+from jaxinfer.runner.model_runner import ModelRunner
+from jaxinfer.runner.step import stage_inputs
+
+
+def _entry(txt: str) -> str:
+    return txt[txt.index("ENTRY"):]
+
+
+def test_step_reads_its_inputs_from_the_donated_stage():
+    llm = jaxinfer.LLM(model="tiny-llama", load_format="dummy", warmup=False, progress=False, max_model_len=256)
+    r = llm.runner
+    assert r.staged
+    txt = r.compile_step(r.ladder.buckets[0]).as_text()
+    entry = _entry(txt)
+    params = dict(re.findall(r"%(\S+) = \S+ parameter\((\d+)\)", entry))
+    ints, floats = next(n for n in params if n.startswith("ints")), next(n for n in params if n.startswith("floats"))
+    stage = sorted((n for n in params if n.startswith("stage")), key=lambda n: int(params[n]))
+    assert len(stage) == 2
+    for name in (ints, floats):
+        users = [line for line in entry.splitlines() if re.search(rf"%{re.escape(name)}\b", line)
+                 and "parameter(" not in line]
+        assert len(users) == 1 and "dynamic-update-slice(" in users[0], users  # its only reader: the copy
+        dus = re.match(r"\s*(?:ROOT )?%(\S+) =", users[0]).group(1)
+        assert re.search(rf"%{re.escape(dus)}\b.*{re.escape(stage[0] if name == ints else stage[1])}|"
+                         rf"{re.escape(stage[0] if name == ints else stage[1])}.*%{re.escape(dus)}", users[0])
+        readers = [line for line in entry.splitlines() if re.search(rf"%{re.escape(dus)}\b", line)
+                   and not line.strip().startswith(f"%{dus} =")]
+        assert len(readers) > 3  # the step's slices of the batch read the stage, not the transfer
+    aliased = {int(p) for p in re.findall(r"\{\d+\}: \((\d+), \{\}", txt[txt.index("input_output_alias"):
+                                                                        txt.index("entry_computation_layout")])}
+    assert {int(params[s]) for s in stage} <= aliased
+
+
+def test_stage_inputs_returns_the_inputs():
+    ints = np.arange(7, dtype=np.int32)
+    floats = np.linspace(0, 1, 3).astype(np.float32)
+    stage = (np.full(8, -1, np.int32), np.full(4, -1, np.float32))
+    i, f, (si, sf) = jax.jit(stage_inputs)(ints, floats, stage)
+    np.testing.assert_array_equal(i, ints)
+    np.testing.assert_array_equal(f, floats)
+    np.testing.assert_array_equal(si[:7], ints)
+    assert si[7] == -1 and sf[3] == -1  # the extra element is left alone
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_engine_tokens_are_those_of_the_unstaged_step(tiny_llama_dir, monkeypatch, greedy):
+    prompts = [[5, 6, 7], list(range(10, 40)), list(range(3, 70)), [9]]
+    sp = SamplingParams(temperature=0.0 if greedy else 0.8, seed=3, max_tokens=14, ignore_eos=True)
+    opts = dict(num_pages=64, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=4, warmup=False,
+                progress=False)
+    llm = jaxinfer.LLM(tiny_llama_dir, **opts)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
+    assert llm.runner.staged and len(llm.runner._stages) >= 2  # prefill and decode lengths: a stage each
+    monkeypatch.setattr(ModelRunner, "stage_inputs", False)
+    plain = jaxinfer.LLM(tiny_llama_dir, **opts)
+    assert not plain.runner.staged
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, sp, use_tqdm=False)]
+    assert got == want
