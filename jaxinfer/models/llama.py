@@ -37,7 +37,7 @@ class Attention(nnx.Module):
         cfg = self.cfg
         T = x.shape[0]
         g = cfg.q_per_kv
-        qkv = _scaled(self.qkv(x), row_scale).reshape(T, cfg.num_kv_heads, g + 2, cfg.head_dim)
+        qkv = self.qkv(x, row_scale=row_scale).reshape(T, cfg.num_kv_heads, g + 2, cfg.head_dim)
         q = qkv[:, :, :g].reshape(T, cfg.num_heads, cfg.head_dim)  # [T, H, D]
         k = qkv[:, :, g]  # [T, KVH, D]
         v = qkv[:, :, g + 1]
@@ -62,21 +62,18 @@ class MLP(nnx.Module):
 
     def __call__(self, x, row_scale=None):
         T, two_i = x.shape[0], 2 * self.intermediate_size
-        y = _scaled(self.gate_up(x), row_scale).reshape(T, self.blocks, 2, two_i // (2 * self.blocks))  # [T, blocks, 2, I/blocks]
+        y = self.gate_up(x, row_scale=row_scale).reshape(T, self.blocks, 2, two_i // (2 * self.blocks))  # [T, blocks, 2, I/blocks]
         gate, up = y[:, :, 0].reshape(T, two_i // 2), y[:, :, 1].reshape(T, two_i // 2)
         return self.down(jax.nn.silu(gate) * up)
 
 
-def _scaled(y, row_scale):
-    """y [T, N] * row_scale [T, 1] in float32, back in y's dtype (None: y)."""
-    return y if row_scale is None else (y.astype(jnp.float32) * row_scale).astype(y.dtype)
-
-
 class DecoderLayer(nnx.Module):
-    # EXPERIMENT (benchmarks/probes/step_profile.py --fold-norms; speed only, numerics need the weights folded):
-    # RMSNorm(x) @ W = rsqrt(mean(x^2) + eps) * (x @ (diag(g) W)), so the norm's scale g can live in W's rows and
-    # the per-token rsqrt on the dot's output, where XLA can fuse it into the matmul's epilogue, and the sum of
-    # squares beside the residual add that makes x. Kernels a layer of the small-M steps are what this tests.
+    # RMSNorm(x) @ W = rsqrt(mean(x^2) + eps) * ((x * g) @ W): the per-token rsqrt moves to the dot's output, where
+    # XLA can fuse it into the matmul's epilogue, x * g is an elementwise producer XLA can fuse into the matmul's
+    # prologue or the residual add that makes x, and the sum of squares is a reduce beside that add. Fewer kernels
+    # a layer is the aim (the 1B draft's small-M steps are launch-bound). Rounding differs from the
+    # normalise-then-cast order (HF's) by bf16 rounding steps. Off by default until measured on the GPU
+    # (benchmarks/probes/step_profile.py --fold-norms); A/B switch of the probes.
     fold_norms = False
 
     def __init__(self, cfg: ModelConfig, dtype, mlp_blocks: int = 1):
@@ -87,10 +84,11 @@ class DecoderLayer(nnx.Module):
 
     def __call__(self, x, cos, sin, k_pages, v_pages, md, opts):
         if self.fold_norms:
-            eps = self.attn_norm.eps
-            h, k_pages, v_pages = self.attn(x, cos, sin, k_pages, v_pages, md, opts, row_scale=_rms_rsqrt(x, eps))
+            an, mn = self.attn_norm, self.mlp_norm
+            h, k_pages, v_pages = self.attn(x * an.weight[...], cos, sin, k_pages, v_pages, md, opts,
+                                            row_scale=_rms_rsqrt(x, an.eps))
             x = x + h
-            return x + self.mlp(x, row_scale=_rms_rsqrt(x, eps)), k_pages, v_pages
+            return x + self.mlp(x * mn.weight[...], row_scale=_rms_rsqrt(x, mn.eps)), k_pages, v_pages
         h, k_pages, v_pages = self.attn(self.attn_norm(x), cos, sin, k_pages, v_pages, md, opts)
         x = x + h
         x = x + self.mlp(self.mlp_norm(x))
