@@ -28,7 +28,6 @@ CPU smoke:   python benchmarks/spec_speed.py --model tiny-llama --drafts none ti
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 import time
@@ -37,7 +36,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from benchmarks.common import add_engine_flags, engine_config, write_result  # noqa: E402
+from benchmarks.common import (add_engine_flags, add_fold_norms_arg, apply_fold_norms, engine_config,  # noqa: E402
+                               write_result)
 from jaxinfer import LLM, SamplingParams  # noqa: E402
 from jaxinfer.config import SpeculativeConfig  # noqa: E402
 from jaxinfer.engine.spec_control import SpecControl  # noqa: E402
@@ -210,6 +210,7 @@ def main(argv=None):
     ap.add_argument("--unpipelined", action="store_true",
                     help="free drafts from the host (each speculative step finished before the next; the old path)")
     ap.add_argument("--tag", default="", help="appended to the result file's name")
+    add_fold_norms_arg(ap)
     ap.add_argument("--per-step-drafts", action="store_true",
                     help="draft models dispatch their k steps one by one (not fused into one program)")
     ap.add_argument("--profile", default=None, metavar="DIR",
@@ -220,6 +221,7 @@ def main(argv=None):
                          "cProfile; the functions with the most host time per token go into the row")
     add_engine_flags(ap, model="llama3-8b", load_format="dummy", num_pages=2048, max_num_batched_tokens=512)
     a = ap.parse_args(argv)
+    apply_fold_norms(a)
 
     max_batch = max(a.batch)
     common = dict(max_model_len=a.prompt_len + a.new_tokens + 64, max_num_seqs=max(max_batch, 8))
@@ -262,7 +264,8 @@ def main(argv=None):
 
     def save():  # after every batch: a run cut by a time limit keeps what it measured
         return write_result("spec-speed-per-step-drafts" if a.per_step_drafts else "spec-speed", dict(
-            model=a.model, drafts=a.drafts, k=a.k, prompt_len=a.prompt_len, new_tokens=a.new_tokens, setup_s=round(setup_s, 1),
+            model=a.model, drafts=a.drafts, k=a.k, prompt_len=a.prompt_len, new_tokens=a.new_tokens,
+            setup_s=round(setup_s, 1),
             fused_draft_steps=not a.per_step_drafts,
             method="oracle drafts: true greedy continuation with probability a per position, else a random token; "
                    "the continuation is the fixed point of the speculative run's own greedy outputs (module "
