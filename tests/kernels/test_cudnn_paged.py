@@ -15,6 +15,14 @@ from pallas_kernels.paged_attention.reference import ragged_paged_attention_refe
 from tests.kernels.paged_cases import build, cases, kernel_args, rel_err, unreferenced
 
 
+@pytest.fixture(autouse=True)
+def _float32_matmuls():
+    """IEEE float32 dots in the references and stand-ins: on the GPU XLA's default for float32 dots is TF32, ~1e-3
+    off (an H100 run failed the 2e-5 bounds below at 1.3e-3, 12-06), which would hide the algebra these check."""
+    with jax.default_matmul_precision("highest"):
+        yield
+
+
 def dense_sdpa(q, k_pages, v_pages, q_len, kv_len, table, *, scale, causal=False):
     """cuDNN's paged contract in plain jnp, dense softmax: q [B, L, H, D]; row b's keys are its table's pages in
     order; key j is visible to query i when j < kv_len[b] (and, causal, j <= kv_len[b] - q_len[b] + i)."""
