@@ -19,7 +19,10 @@ timeout 100 $PY $SP --min-bucket-tokens 16 --tag draft1b-t16 > "$OUT_DIR/prof-t1
 echo "profile 16-token rc=$?" >> "$OUT_DIR/run.log"
 timeout 100 $PY $SP --min-bucket-tokens 16 --fold-norms --tag draft1b-t16-fold > "$OUT_DIR/prof-t16-fold.log" 2>&1
 echo "profile 16-token, norms folded rc=$?" >> "$OUT_DIR/run.log"
-timeout 100 $PY $SP --min-bucket-tokens 16 --quantization int8 --tag draft1b-t16-int8 > "$OUT_DIR/prof-t16-int8.log" 2>&1
+timeout 100 $PY $SP --min-bucket-tokens 16 --quantization int8 --tag draft1b-t16-int8 \
+  > "$OUT_DIR/prof-t16-int8.log" 2>&1
 echo "profile 16-token int8 rc=$?" >> "$OUT_DIR/run.log"
 cat "$OUT_DIR/run.log"
-for f in prof-t1 prof-t16 prof-t16-fold prof-t16-int8; do echo "== $f"; grep -vE "^\s*$|Warning|warn" "$OUT_DIR/$f.log" | tail -40 | cut -c1-200; done
+for f in prof-t1 prof-t16 prof-t16-fold prof-t16-int8; do
+  echo "== $f"; grep -vE "^\s*$|Warning|warn" "$OUT_DIR/$f.log" | tail -40 | cut -c1-200
+done

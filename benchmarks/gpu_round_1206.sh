@@ -21,7 +21,8 @@ for side in stage-inputs no-stage-inputs; do
   timeout 110 $PY $HSC --$side --tag $side > "$OUT_DIR/hsc-$side.log" 2>&1
   echo "== host_step_cost $side rc=$?"; grep -E "scenario|^offline|^stream" "$OUT_DIR/hsc-$side.log" | cut -c1-200
 done
-SP="benchmarks/probes/step_profile.py --model llama3.2-1b --shapes decode-b1 --top 12 --max-num-seqs 16 --min-bucket-tokens 16"
+SP="benchmarks/probes/step_profile.py --model llama3.2-1b --shapes decode-b1 --top 12 --max-num-seqs 16"
+SP="$SP --min-bucket-tokens 16"
 for v in "" "--fold-norms"; do
   [ $((BUDGET - SECONDS)) -ge 110 ] || { echo "skipped step_profile $v (budget)"; continue; }
   timeout 100 $PY $SP $v --tag draft1b-t16${v:+-fold} > "$OUT_DIR/prof$v.log" 2>&1

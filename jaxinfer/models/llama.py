@@ -62,7 +62,8 @@ class MLP(nnx.Module):
 
     def __call__(self, x, row_scale=None):
         T, two_i = x.shape[0], 2 * self.intermediate_size
-        y = self.gate_up(x, row_scale=row_scale).reshape(T, self.blocks, 2, two_i // (2 * self.blocks))  # [T, blocks, 2, I/blocks]
+        y = self.gate_up(x, row_scale=row_scale)
+        y = y.reshape(T, self.blocks, 2, two_i // (2 * self.blocks))  # [T, blocks, 2, I/blocks]
         gate, up = y[:, :, 0].reshape(T, two_i // 2), y[:, :, 1].reshape(T, two_i // 2)
         return self.down(jax.nn.silu(gate) * up)
 

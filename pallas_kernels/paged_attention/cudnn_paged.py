@@ -42,6 +42,7 @@ def cudnn_sdpa(q, k_pages, v_pages, q_len, kv_len, table, *, scale: float, causa
               mask_type=fa.MaskType.PADDING_CAUSAL if causal else fa.MaskType.PADDING,
               layout=fa.AttentionLayout.BTNH.value, sliding_window_length=None,
               cudnn_version=fa.check_cudnn_version(), return_residual=False)
+    assert set(kw) == set(_OUR_KEYWORDS)  # (available() checks this jax against the same names)
     params = inspect.signature(fa._dot_product_attention_fwd).parameters
     missing = _missing_parameters(params, kw)
     if missing:  # a jax whose private signature moved on (parameters with defaults keep them)
