@@ -22,7 +22,7 @@ import numpy as np
 from jaxinfer.config import EngineConfig
 from jaxinfer.weights.loader import LoadedModel
 from jaxinfer.outputs import RunnerOutput, SeqInput, StepBatch
-from jaxinfer.runner import param_arena
+from jaxinfer.runner import attention_backend, param_arena
 from jaxinfer.runner.batch import _TOKEN_IDS, pack, pack_step
 from jaxinfer.runner.buckets import BucketLadder
 from jaxinfer.runner.cpu_defaults import cpu_kv_pages, ladder_args
@@ -34,7 +34,7 @@ from jaxinfer.runner.sampler import GREEDY_EPS
 from jaxinfer.runner.spec_carry import carry_width
 from jaxinfer.models.attention import AttentionOptions, device_num_sms
 from jaxinfer.runner.step import make_prompt_logprobs_fn, make_step_fn, stage_shapes, unpack_host_outputs
-from pallas_kernels.paged_attention import cudnn_paged, kv_quant
+from pallas_kernels.paged_attention import kv_quant
 
 log = logging.getLogger("jaxinfer")
 
@@ -156,13 +156,7 @@ class ModelRunner:
         # cold start-up pays no compile for it: until its programs are ready a 1-token step runs in the next
         # bucket up (dispatch), as it did before the bucket existed.
         self._background_tokens = frozenset(backend_ladder.get("small_buckets", ()))
-        backend = config.kernels.attention_backend
-        if backend == "auto":
-            backend = auto_attention_backend(loaded, config, single_device=plan is None)
-        if backend == "cudnn":
-            problem = cudnn_attention_problem(loaded, config)
-            if problem:
-                raise ValueError(problem)
+        backend = attention_backend.resolve(loaded, config, single_device=plan is None)
         opts = AttentionOptions(kv_chunk, static, backend, interpret=jax.default_backend() == "cpu",
                                 mesh=plan.mesh if plan is not None and plan.tp > 1 else None,
                                 num_sms=device_num_sms())
@@ -576,39 +570,6 @@ class InFlight:
     # The carry the next step reads (runner/spec_carry.py); None: out.carry. A device draft source replaces it with
     # one whose draft columns it filled.
     carry: Any = None
-
-
-# 'auto' picks cuDNN's paged attention for the decode-shaped buckets where it applies (cudnn_attention_problem is
-# None, one device). Off until the engine measures it faster than the Pallas kernel end to end: per op on an H100 its
-# GQA form is 13% faster at 256 x 512 and 2% at 64 x 4k (benchmarks/README.md, 2026-12-06).
-AUTO_CUDNN = False
-
-
-def auto_attention_backend(loaded: LoadedModel, config: EngineConfig, single_device: bool = True) -> str:
-    """The backend attention_backend='auto' means here: on a GPU the Pallas kernel (faster than the jnp reference
-    everywhere it was measured on the H200: benchmarks/results/step-breakdown-*.json, throughput-*.json), or cuDNN
-    in decode-shaped buckets under AUTO_CUDNN; the jnp reference elsewhere."""
-    if jax.default_backend() != "gpu":
-        return "reference"
-    if AUTO_CUDNN and single_device and cudnn_paged.available() and cudnn_attention_problem(loaded, config) is None:
-        return "cudnn"
-    return "pallas"
-
-
-def cudnn_attention_problem(loaded: LoadedModel, config: EngineConfig) -> str | None:
-    """What keeps attention_backend='cudnn' (models/attention.py) from this engine, as the error to raise naming
-    what to use instead; None: it applies (a CUDA GPU, a bf16 / fp16 model and KV cache, no sliding window)."""
-    if jax.default_backend() != "gpu":
-        return (f"attention_backend='cudnn' needs a CUDA GPU (this backend: {jax.default_backend()}); "
-                "use attention_backend='auto'")
-    if jnp.dtype(loaded.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-        return (f"attention_backend='cudnn' computes in bf16 / fp16, the model is {loaded.dtype}; "
-                "use dtype='bfloat16' or attention_backend='pallas'")
-    kv, window = config.cache.kv_cache_dtype, loaded.cfg.sliding_window
-    if kv != "auto" or window is not None:
-        return ("attention_backend='cudnn' takes bf16 / fp16 KV pages without a sliding window (got "
-                f"kv_cache_dtype={kv!r}, sliding_window={window}); use attention_backend='pallas'")
-    return None
 
 
 def _spec_ladder_args(config: EngineConfig) -> dict:

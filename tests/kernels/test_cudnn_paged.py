@@ -132,9 +132,9 @@ def test_this_jax_takes_our_call_to_its_private_cudnn_attention():
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="the CPU's choice")
 def test_auto_backend_is_the_reference_off_the_gpu(monkeypatch):
     from jaxinfer.config import EngineConfig
-    from jaxinfer.runner import model_runner
-    monkeypatch.setattr(model_runner, "AUTO_CUDNN", True)
-    assert model_runner.auto_attention_backend(None, EngineConfig()) == "reference"
+    from jaxinfer.runner import attention_backend
+    monkeypatch.setattr(attention_backend, "AUTO_CUDNN", True)
+    assert attention_backend.auto_attention_backend(None, EngineConfig()) == "reference"
 
 
 @pytest.mark.parametrize("decode_shaped", [True, False])

@@ -1,0 +1,56 @@
+"""Which attention backend a runner's steps use (KernelConfig.attention_backend): what 'auto' means on this
+device, and whether cuDNN's paged attention applies to this engine (models/attention.py runs the choice).
+Device-side code: reads jax's backend, never the scheduler."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxinfer.config import EngineConfig
+from jaxinfer.weights.loader import LoadedModel
+from pallas_kernels.paged_attention import cudnn_paged
+
+# 'auto' picks cuDNN's paged attention for the decode-shaped buckets where it applies (cudnn_attention_problem is
+# None, one device). Off until the engine measures it faster than the Pallas kernel end to end: per op on an H100 its
+# GQA form is 13% faster at 256 x 512 and 2% at 64 x 4k (benchmarks/README.md, 2026-12-06).
+AUTO_CUDNN = False
+
+
+def auto_attention_backend(loaded: LoadedModel, config: EngineConfig, single_device: bool = True) -> str:
+    """The backend attention_backend='auto' means here: on a GPU the Pallas kernel (faster than the jnp reference
+    everywhere it was measured on the H200: benchmarks/results/step-breakdown-*.json, throughput-*.json), or cuDNN
+    in decode-shaped buckets under AUTO_CUDNN; the jnp reference elsewhere."""
+    if jax.default_backend() != "gpu":
+        return "reference"
+    if AUTO_CUDNN and single_device and cudnn_paged.available() and cudnn_attention_problem(loaded, config) is None:
+        return "cudnn"
+    return "pallas"
+
+
+def cudnn_attention_problem(loaded: LoadedModel, config: EngineConfig) -> str | None:
+    """What keeps attention_backend='cudnn' (models/attention.py) from this engine, as the error to raise naming
+    what to use instead; None: it applies (a CUDA GPU, a bf16 / fp16 model and KV cache, no sliding window)."""
+    if jax.default_backend() != "gpu":
+        return (f"attention_backend='cudnn' needs a CUDA GPU (this backend: {jax.default_backend()}); "
+                "use attention_backend='auto'")
+    if jnp.dtype(loaded.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return (f"attention_backend='cudnn' computes in bf16 / fp16, the model is {loaded.dtype}; "
+                "use dtype='bfloat16' or attention_backend='pallas'")
+    kv, window = config.cache.kv_cache_dtype, loaded.cfg.sliding_window
+    if kv != "auto" or window is not None:
+        return ("attention_backend='cudnn' takes bf16 / fp16 KV pages without a sliding window (got "
+                f"kv_cache_dtype={kv!r}, sliding_window={window}); use attention_backend='pallas'")
+    return None
+
+
+def resolve(loaded: LoadedModel, config: EngineConfig, single_device: bool = True) -> str:
+    """The configured backend, 'auto' resolved (auto_attention_backend); an explicit 'cudnn' that cannot apply is
+    a ValueError naming what to use instead."""
+    backend = config.kernels.attention_backend
+    if backend == "auto":
+        backend = auto_attention_backend(loaded, config, single_device)
+    if backend == "cudnn":
+        problem = cudnn_attention_problem(loaded, config)
+        if problem:
+            raise ValueError(problem)
+    return backend
