@@ -35,8 +35,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.common import (add_engine_flags, engine_config, measure_hbm_bandwidth, measure_matmul_rate,  # noqa: E402
-                               write_result)
+from benchmarks.common import (add_engine_flags, add_fold_norms_arg, apply_fold_norms, engine_config,  # noqa: E402
+                               measure_hbm_bandwidth, measure_matmul_rate, write_result)
 from jaxinfer import LLM  # noqa: E402
 from jaxinfer.outputs import SeqInput  # noqa: E402
 from jaxinfer.runner.batch import pack  # noqa: E402
@@ -93,15 +93,13 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--top", type=int, default=14)
     ap.add_argument("--no-trace", action="store_true")
-    ap.add_argument("--fold-norms", action="store_true", help="models/llama.DecoderLayer.fold_norms (speed only)")
+    add_fold_norms_arg(ap)
     ap.add_argument("--tag", default="", help="label of this run in the result file's name")
     add_engine_flags(ap, model="llama3-8b", load_format="dummy", max_model_len=2048, max_num_batched_tokens=2048,
                      max_num_seqs=256, gpu_memory_utilization=0.85)
     a = ap.parse_args()
     gpu = jax.default_backend() == "gpu"
-    if a.fold_norms:
-        from jaxinfer.models.llama import DecoderLayer
-        DecoderLayer.fold_norms = True
+    apply_fold_norms(a)
     rate = measure_matmul_rate()
     hbm = measure_hbm_bandwidth()
     llm = LLM(config=engine_config(a), warmup=False)   # each shape compiles its own bucket on first use
@@ -195,8 +193,8 @@ def main():
             print("  by kind (the op name without its numbers: one kind a layer repeats): µs a step, ops a step")
             for k, (us, n) in row["op_kinds"].items():
                 print(f"    {us:9.1f} µs  {n:4d}  {k[:100]}")
-    write_result("step-profile", tag=a.tag, payload=dict(model=a.model, matmul_tflops=rate / 1e12, hbm_tbps=hbm / 1e12,
-                                      weight_gb=weight_bytes / 1e9, rows=rows))
+    write_result("step-profile", tag=a.tag, payload=dict(model=a.model, matmul_tflops=rate / 1e12,
+                                                         hbm_tbps=hbm / 1e12, weight_gb=weight_bytes / 1e9, rows=rows))
 
 
 if __name__ == "__main__":
