@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Device calls for the questions the 12-06 b lease left open, most important first; BUDGET=<s> skips a part that
+# would not finish within it (a part runs only if its own timeout still fits), PARTS picks the parts:
+#   small  the 1B shape's batch-1 decode (issue 21's draft step): as compiled, without XLA's dot strength reduction
+#          (o projection as multiply + reduce, 3x its weight's bytes), with the norms folded, and both
+#   cudnn  the engine's attention through cuDNN's GQA form vs the Pallas kernel, latency at batch 64 / 256 (8B)
+#   spec   the 1B int8 draft at batch 1, accept 0.7: as compiled vs strength reduction off + norms folded
+#   tp     offline 1000 x 512/256 with cuDNN's attention vs the Pallas kernel (issue 17's >= 10,000 tok/s)
+#   tests  cuDNN's GPU tests (stand-ins now at float32 'highest' precision) and the staged inputs' tests
+#   JAXINFER_COMMIT=<sha> BUDGET=540 PARTS="small cudnn spec" bash benchmarks/gpu_round_1206c.sh   # into $OUT
+set -u
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+OUT_DIR=${OUT:-/tmp/gpu-round-1206c}; mkdir -p "$OUT_DIR"
+PY=${PYTHON:-python3}
+BUDGET=${BUDGET:-540}
+PARTS=${PARTS:-small cudnn spec tp tests}
+nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT_DIR/gpu.txt"
+SRO="--xla_gpu_enable_dot_strength_reduction=false"
+# run NAME TIMEOUT [ENV=..] CMD...: one process, its log in $OUT_DIR/NAME.log, skipped when its timeout won't fit
+run() {
+  local name=$1 limit=$2; shift 2
+  if [ $((BUDGET - SECONDS)) -lt "$limit" ]; then echo "== $name skipped (budget)"; return; fi
+  env "$@" > "$OUT_DIR/$name.log" 2>&1
+  echo "== $name rc=$? t=${SECONDS}s"
+  grep -hE "tok/s|device-only|roofline|passed|failed|Error" "$OUT_DIR/$name.log" | grep -v Warning | tail -6 | cut -c1-220
+}
+LAT1="benchmarks/latency.py --model llama3.2-1b --batch 1 --no-peer --max-num-seqs 16"
+LAT8="benchmarks/latency.py --batch 64 256 --no-peer"
+SPEC="benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 --accept 0.7"
+for part in $PARTS; do case $part in
+  small)
+    run lat1b-base 70 timeout 70 $PY $LAT1 --tag draft1b-base
+    run lat1b-sr-off 70 XLA_FLAGS=$SRO timeout 70 $PY $LAT1 --tag draft1b-sr-off
+    run lat1b-fold 70 timeout 70 $PY $LAT1 --fold-norms --tag draft1b-fold
+    run lat1b-sr-off-fold 70 XLA_FLAGS=$SRO timeout 70 $PY $LAT1 --fold-norms --tag draft1b-sr-off-fold ;;
+  cudnn)
+    for be in cudnn pallas; do run lat8b-$be 110 timeout 110 $PY $LAT8 --attention-backend $be --tag attn-$be; done ;;
+  spec)
+    run spec-base 170 timeout 170 $PY $SPEC --tag draft-int8-base
+    run spec-sr-off-fold 170 XLA_FLAGS=$SRO timeout 170 $PY $SPEC --fold-norms --tag draft-int8-sr-off-fold ;;
+  tp)
+    for be in cudnn pallas; do
+      run tp-$be 170 timeout 170 $PY benchmarks/throughput.py --workload fixed --attention-backend $be
+    done ;;
+  tests)
+    run tests 120 timeout 120 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
+      tests/runner/test_staged_inputs.py tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py ;;
+esac; done
+ls "$OUT_DIR"
