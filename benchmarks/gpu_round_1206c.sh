@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Device calls for the questions the 12-06 b lease left open, most important first; BUDGET=<s> skips a part that
 # would not finish within it (a part runs only if its own timeout still fits), PARTS picks the parts:
-#   small  the 1B shape's batch-1 decode (issue 21's draft step): as compiled, without XLA's dot strength reduction
-#          (o projection as multiply + reduce, 3x its weight's bytes), with the norms folded, and both
+#   small  the 1B shape's batch-1 decode (issue 21's draft step): as compiled vs with the norms folded
 #   cudnn  the engine's attention through cuDNN's GQA form vs the Pallas kernel, latency at batch 64 / 256 (8B)
-#   spec   the 1B int8 draft at batch 1, accept 0.7: as compiled vs strength reduction off + norms folded
+#   cudnn1 the same at batch 1
+#   spec   the 1B int8 draft at batch 1, accept 0.7: as compiled vs norms folded
 #   tp     offline 1000 x 512/256 with cuDNN's attention vs the Pallas kernel (issue 17's >= 10,000 tok/s)
 #   tests  cuDNN's GPU tests (stand-ins now at float32 'highest' precision) and the staged inputs' tests
 #   JAXINFER_COMMIT=<sha> BUDGET=540 PARTS="small cudnn spec" bash benchmarks/gpu_round_1206c.sh   # into $OUT
@@ -16,7 +16,6 @@ PY=${PYTHON:-python3}
 BUDGET=${BUDGET:-540}
 PARTS=${PARTS:-small cudnn spec tp tests}
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT_DIR/gpu.txt"
-SRO="--xla_gpu_enable_dot_strength_reduction=false"
 # run NAME TIMEOUT [ENV=..] CMD...: one process, its log in $OUT_DIR/NAME.log, skipped when its timeout won't fit
 run() {
   local name=$1 limit=$2; shift 2
@@ -30,15 +29,19 @@ LAT8="benchmarks/latency.py --batch 64 256 --no-peer"
 SPEC="benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 --accept 0.7"
 for part in $PARTS; do case $part in
   small)
-    run lat1b-base 70 timeout 70 $PY $LAT1 --tag draft1b-base
-    run lat1b-sr-off 70 XLA_FLAGS=$SRO timeout 70 $PY $LAT1 --tag draft1b-sr-off
-    run lat1b-fold 70 timeout 70 $PY $LAT1 --fold-norms --tag draft1b-fold
-    run lat1b-sr-off-fold 70 XLA_FLAGS=$SRO timeout 70 $PY $LAT1 --fold-norms --tag draft1b-sr-off-fold ;;
+    # jax 0.11.2's XLA has no --xla_gpu_enable_dot_strength_reduction (12-06 c: "Unknown flag"): fold A/B only
+    run lat1b-base 100 timeout 100 $PY $LAT1 --tag draft1b-base
+    run lat1b-fold 100 timeout 100 $PY $LAT1 --fold-norms --tag draft1b-fold ;;
+  cudnn1)
+    for be in cudnn pallas; do
+      run lat8b-b1-$be 100 timeout 100 $PY benchmarks/latency.py --batch 1 --no-peer --attention-backend $be \
+        --tag b1-attn-$be
+    done ;;
   cudnn)
     for be in cudnn pallas; do run lat8b-$be 110 timeout 110 $PY $LAT8 --attention-backend $be --tag attn-$be; done ;;
   spec)
     run spec-base 170 timeout 170 $PY $SPEC --tag draft-int8-base
-    run spec-sr-off-fold 170 XLA_FLAGS=$SRO timeout 170 $PY $SPEC --fold-norms --tag draft-int8-sr-off-fold ;;
+    run spec-fold 170 timeout 170 $PY $SPEC --fold-norms --tag draft-int8-fold ;;
   tp)
     for be in cudnn pallas; do
       run tp-$be 170 timeout 170 $PY benchmarks/throughput.py --workload fixed --attention-backend $be
