@@ -6,7 +6,9 @@
 #   cudnn1 the same at batch 1
 #   spec   the 1B int8 draft at batch 1, accept 0.7: as compiled vs norms folded
 #   tp     offline 1000 x 512/256 with cuDNN's attention vs the Pallas kernel (issue 17's >= 10,000 tok/s)
-#   tests  cuDNN's GPU tests (stand-ins now at float32 'highest' precision) and the staged inputs' tests
+#   auto   the defaults ('auto' attention): latency batch 64 / 256, offline
+#   tests  cuDNN's GPU tests (stand-ins now at float32 'highest' precision), the staged inputs' tests, the engine's
+#          GPU tests of stable addresses and startup caches (with 'auto' attention)
 #   JAXINFER_COMMIT=<sha> BUDGET=540 PARTS="small cudnn spec" bash benchmarks/gpu_round_1206c.sh   # into $OUT
 set -u
 cd "$(dirname "$0")/.."
@@ -46,8 +48,13 @@ for part in $PARTS; do case $part in
     for be in cudnn pallas; do
       run tp-$be 170 timeout 170 $PY benchmarks/throughput.py --workload fixed --attention-backend $be
     done ;;
+  auto)  # the defaults (attention_backend='auto'): latency batch 64 / 256 and offline
+    run lat8b-auto 110 timeout 110 $PY $LAT8 --tag attn-auto
+    run tp-auto 170 timeout 170 $PY benchmarks/throughput.py --workload fixed ;;
   tests)
-    run tests 120 timeout 120 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
-      tests/runner/test_staged_inputs.py tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py ;;
+    run tests 180 timeout 180 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
+      tests/runner/test_staged_inputs.py tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py \
+      tests/test_stable_addresses_gpu.py tests/test_startup_caches_gpu.py ;;
 esac; done
-ls "$OUT_DIR"
+# the device tool returns a handful of files: everything in one archive
+(cd "$OUT_DIR" && tar czf ../round-1206c.tgz . && rm -rf ./* && mv ../round-1206c.tgz .)
