@@ -61,10 +61,12 @@ class AttentionOptions(NamedTuple):
     kv_chunk_pages: int       # reference: KV pages per loop iteration
     static_kv_loop: bool      # reference: unrolled loop over the whole page-table width (GPU) vs while loop (CPU)
     backend: str = "reference"  # "reference" (jnp), "pallas" (pallas_kernels/paged_attention/kernel.py) or "cudnn"
-                                # (cudnn_paged.py in buckets of no more tokens than sequences, pallas in the others)
+                                # (cudnn_paged.py in buckets of no more tokens than sequences and at
+                                # least cudnn_min_tokens, pallas in the others)
     interpret: bool = False   # pallas on CPU: run the kernel body in interpret mode (tests)
     mesh: Any = None          # tensor parallelism: a Mesh with a "model" axis; attention runs per KV-head shard
     num_sms: int = 132        # pallas: streaming multiprocessors of the GPU (decode_kv_splits); H100 / H200: 132
+    cudnn_min_tokens: int = 1  # cudnn: the fewest tokens a decode-shaped bucket needs to run through cuDNN
 
 
 class AttentionMetadata(NamedTuple):
@@ -104,7 +106,8 @@ def _paged_attention_local(q, k, v, k_pages, v_pages, md, opts, sm_scale, slidin
         if scales or sliding_window is not None:
             raise ValueError("attention_backend='cudnn' takes bf16 / fp16 KV pages without a sliding window; use "
                              "attention_backend='pallas' for quantized KV caches and sliding-window models")
-        if q.shape[0] <= md.page_tables.shape[0] - 1:  # a decode-shaped bucket (tokens <= sequences): cuDNN
+        # a decode-shaped bucket (tokens <= sequences) of at least cudnn_min_tokens: cuDNN
+        if opts.cudnn_min_tokens <= q.shape[0] <= md.page_tables.shape[0] - 1:
             out = cudnn_paged_attention(q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len,
                                         md.page_tables, sm_scale=sm_scale)
             return out, k_pages, v_pages

@@ -10,22 +10,34 @@ from jaxinfer.config import EngineConfig
 from jaxinfer.weights.loader import LoadedModel
 from pallas_kernels.paged_attention import cudnn_paged
 
-# 'auto' picks cuDNN's paged attention for the decode-shaped buckets where it applies (cudnn_attention_problem is
-# None, one device). Measured in the engine on an H100 (12-06 c, 8B shape, one call, cuDNN vs the Pallas kernel,
-# benchmarks/README.md): latency batch 256 16,983 vs 13,790 tok/s, batch 64 7,735 vs 7,541, batch 1 175.2 vs 175.6
-# (equal); offline 1000 x 512/256 8,910 vs 8,607 output tok/s.
+# 'auto' picks cuDNN's paged attention for the decode-shaped buckets of at least AUTO_CUDNN_MIN_TOKENS tokens where
+# it applies (cudnn_attention_problem is None, one device, no speculation). Measured in the engine on an H100 (12-06 c,
+# 8B shape, cuDNN vs the Pallas kernel in one call each, benchmarks/README.md): latency batch 256 16,983 vs 13,790
+# tok/s, batch 64 7,735 vs 7,541, batch 1 175.2 vs 175.6 (equal); offline 1000 x 512/256 8,910 vs 8,607 output
+# tok/s. Not for speculation: with cuDNN in every decode-shaped bucket the 1B int8 draft's speed-up at batch 1 fell
+# to 1.23x (1.54x with the Pallas kernel, an earlier call), and a verification bucket's k + 1 tokens a sequence would
+# each re-read the sequence's KV as a row of their own.
 AUTO_CUDNN = True
+AUTO_CUDNN_MIN_TOKENS = 64
 
 
 def auto_attention_backend(loaded: LoadedModel, config: EngineConfig, single_device: bool = True) -> str:
     """The backend attention_backend='auto' means here: on a GPU the Pallas kernel (faster than the jnp reference
     everywhere it was measured on the H200: benchmarks/results/step-breakdown-*.json, throughput-*.json), or cuDNN
-    in decode-shaped buckets under AUTO_CUDNN; the jnp reference elsewhere."""
+    (its decode-shaped buckets of >= cudnn_min_tokens) under AUTO_CUDNN without speculation; the jnp reference
+    elsewhere."""
     if jax.default_backend() != "gpu":
         return "reference"
-    if AUTO_CUDNN and single_device and cudnn_paged.available() and cudnn_attention_problem(loaded, config) is None:
+    if (AUTO_CUDNN and single_device and config.speculative is None and cudnn_paged.available()
+            and cudnn_attention_problem(loaded, config) is None):
         return "cudnn"
     return "pallas"
+
+
+def cudnn_min_tokens(config: EngineConfig) -> int:
+    """The fewest tokens a bucket needs for cuDNN to run its attention (AttentionOptions.cudnn_min_tokens): an
+    explicit attention_backend='cudnn' takes every decode-shaped bucket, 'auto' those where it measured faster."""
+    return AUTO_CUDNN_MIN_TOKENS if config.kernels.attention_backend == "auto" else 1
 
 
 def cudnn_attention_problem(loaded: LoadedModel, config: EngineConfig) -> str | None:

@@ -5,6 +5,8 @@ position + 1, each token's sequence's page table, padding tokens) with a jnp sta
 implements its contract with a dense softmax, independent of the reference's online-softmax loop. GPU (`pytest
 -m gpu`): the real cuDNN call at the 8B attention shape, decode and mixed steps, against the reference.
 """
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import jax
@@ -137,10 +139,12 @@ def test_auto_backend_is_the_reference_off_the_gpu(monkeypatch):
     assert attention_backend.auto_attention_backend(None, EngineConfig()) == "reference"
 
 
-@pytest.mark.parametrize("decode_shaped", [True, False])
-def test_engine_attention_picks_cudnn_for_decode_shaped_buckets(monkeypatch, decode_shaped):
-    """models/attention.py with backend 'cudnn': buckets of no more tokens than sequences go through cuDNN (here its
-    stand-in), the others through the Pallas kernel (interpret mode on CPU); both match the reference."""
+@pytest.mark.parametrize("decode_shaped,below_min", [(True, False), (True, True), (False, False)])
+def test_engine_attention_picks_cudnn_for_decode_shaped_buckets(monkeypatch, decode_shaped, below_min):
+    """models/attention.py with backend 'cudnn': buckets of no more tokens than sequences and at least
+    cudnn_min_tokens go through cuDNN (here its stand-in), the others (prefill-shaped, or below the minimum: 'auto'
+    keeps small buckets on the Pallas kernel) through the Pallas kernel (interpret mode on CPU); both match the
+    reference."""
     from jaxinfer.models import attention as attn
 
     calls = []
@@ -158,10 +162,27 @@ def test_engine_attention_picks_cudnn_for_decode_shaped_buckets(monkeypatch, dec
     a = d["a"]
     md = attn.AttentionMetadata(*(jnp.asarray(a[n]) for n in ("positions", "slot_mapping", "tile_tokens",
                                                              "tile_seq", "tile_kv_len", "page_tables")))
-    opts = attn.AttentionOptions(2, False, "cudnn", interpret=True)
+    opts = attn.AttentionOptions(2, False, "cudnn", interpret=True, cudnn_min_tokens=T + 1 if below_min else T)
     zeros = jnp.zeros((T, KVH, D), jnp.float32)
     slotless = md._replace(slot_mapping=jnp.full((T,), -1, jnp.int32))  # K/V already in the pages (build)
     out, _, _ = attn.paged_attention(d["q"], zeros, zeros, d["kp"], d["vp"], slotless, opts, sm_scale=D ** -0.5)
     ref = ragged_paged_attention_reference(*kernel_args(d), sm_scale=D ** -0.5, kv_chunk_pages=2)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-5, atol=2e-5)
-    assert calls == ([T] if decode_shaped else [])
+    assert calls == ([T] if decode_shaped and not below_min else [])
+
+
+@pytest.mark.parametrize("backend,speculative,expected", [
+    ("auto", False, ("cudnn", 64)), ("auto", True, ("pallas", 64)), ("cudnn", True, ("cudnn", 1)),
+    ("pallas", False, ("pallas", 1))])
+def test_auto_attention_policy_on_a_gpu(monkeypatch, backend, speculative, expected):
+    """What runner/attention_backend.py chooses on a GPU (the device and jax's private cuDNN call stood in for): 'auto'
+    takes cuDNN without speculation (the 1B draft lost speed-up with it, 12-06 c) and only in buckets of >= 64
+    tokens; an explicit backend is kept, an explicit 'cudnn' in every decode-shaped bucket."""
+    from jaxinfer.config import EngineConfig, KernelConfig, SpeculativeConfig
+    from jaxinfer.runner import attention_backend
+    monkeypatch.setattr(attention_backend.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(attention_backend.cudnn_paged, "available", lambda: True)
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=4) if speculative else None
+    config = EngineConfig(kernels=KernelConfig(attention_backend=backend), speculative=spec)
+    loaded = SimpleNamespace(cfg=SimpleNamespace(sliding_window=None), dtype=jnp.bfloat16)  # what it reads
+    assert (attention_backend.resolve(loaded, config), attention_backend.cudnn_min_tokens(config)) == expected
