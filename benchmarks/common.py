@@ -152,18 +152,6 @@ def add_engine_flags(ap, **defaults) -> None:
     add_engine_args(ap, **defaults)
 
 
-def add_fold_norms_arg(ap) -> None:
-    """--fold-norms: models/llama.DecoderLayer.fold_norms for every model of the run (an A/B of the experiment)."""
-    ap.add_argument("--fold-norms", action="store_true",
-                    help="the norms' rsqrt on the dots' outputs (models/llama.DecoderLayer.fold_norms), every model")
-
-
-def apply_fold_norms(a) -> None:
-    if getattr(a, "fold_norms", False):
-        from jaxinfer.models.llama import DecoderLayer
-        DecoderLayer.fold_norms = True
-
-
 def engine_config(a, **overrides):
     """The EngineConfig of the parsed flags, with the options a script fixes per run (e.g. max_num_seqs=64)."""
     from jaxinfer.cli_args import config_from_args

@@ -3,7 +3,7 @@
 # still returns the first ones):
 #   1. the staged step inputs' GPU tests (tests/runner/test_staged_inputs.py) and cuDNN's (kernel + engine, GQA form)
 #   2. host_step_cost.py at batch 64 / 256 on the 8B shape, staged inputs vs not (one process each)
-#   3. the 1B draft's step per kernel in its 16-token bucket, as it is and with the norms folded (step_profile.py)
+#   3. the 1B draft's step per kernel in its 16-token bucket (step_profile.py; the folded-norms variant: removed)
 # BUDGET=<s>: skip what would not finish within it (each later part runs only with >= 110 s left).
 #   JAXINFER_COMMIT=<sha> [BUDGET=540] bash benchmarks/gpu_round_1206.sh        # logs + JSONs into $OUT
 set -u
@@ -23,7 +23,7 @@ for side in stage-inputs no-stage-inputs; do
 done
 SP="benchmarks/probes/step_profile.py --model llama3.2-1b --shapes decode-b1 --top 12 --max-num-seqs 16"
 SP="$SP --min-bucket-tokens 16"
-for v in "" "--fold-norms"; do
+for v in ""; do  # (--fold-norms: removed, 12-06 c)
   [ $((BUDGET - SECONDS)) -ge 110 ] || { echo "skipped step_profile $v (budget)"; continue; }
   timeout 100 $PY $SP $v --tag draft1b-t16${v:+-fold} > "$OUT_DIR/prof$v.log" 2>&1
   echo "== step_profile 1B t16 $v rc=$?"; grep -vE "^\s*$|Warning|warn" "$OUT_DIR/prof$v.log" | tail -34 | cut -c1-170

@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.common import (add_fold_norms_arg, apply_fold_norms, compilation_cache_entries,  # noqa: E402
+from benchmarks.common import (compilation_cache_entries,  # noqa: E402
                                maybe_profile, measure_hbm_bandwidth, write_result)
 from jaxinfer import LLM, SamplingParams  # noqa: E402
 from jaxinfer.config.engine import ATTENTION_BACKENDS  # noqa: E402
@@ -171,7 +171,6 @@ def main():
     ap.add_argument("--min-bucket-tokens", type=int, default=None,
                     help="KernelConfig.min_bucket_tokens: tokens of the smallest step shape (batch 1 pads to it)")
     ap.add_argument("--tag", default="", help="appended to the result file's name")
-    add_fold_norms_arg(ap)
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--device-only-context", type=int, default=None,
                     help="also time the device-only step of every batch at this context (e.g. 704, issue 17's "
@@ -180,7 +179,6 @@ def main():
     ap.add_argument("--host-profile", action="store_true",
                     help="cProfile the host side of the largest batch's run and print where host time goes")
     a = ap.parse_args()
-    apply_fold_norms(a)
     if a.max_num_seqs < max(a.batch):
         raise SystemExit(f"--max-num-seqs {a.max_num_seqs} is below the largest --batch {max(a.batch)}; raise it")
     for b in a.batch:

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from benchmarks.common import (add_engine_flags, add_fold_norms_arg, apply_fold_norms, engine_config,  # noqa: E402
+from benchmarks.common import (add_engine_flags, engine_config,  # noqa: E402
                                write_result)
 from jaxinfer import LLM, SamplingParams  # noqa: E402
 from jaxinfer.config import SpeculativeConfig  # noqa: E402
@@ -210,7 +210,6 @@ def main(argv=None):
     ap.add_argument("--unpipelined", action="store_true",
                     help="free drafts from the host (each speculative step finished before the next; the old path)")
     ap.add_argument("--tag", default="", help="appended to the result file's name")
-    add_fold_norms_arg(ap)
     ap.add_argument("--per-step-drafts", action="store_true",
                     help="draft models dispatch their k steps one by one (not fused into one program)")
     ap.add_argument("--profile", default=None, metavar="DIR",
@@ -221,7 +220,6 @@ def main(argv=None):
                          "cProfile; the functions with the most host time per token go into the row")
     add_engine_flags(ap, model="llama3-8b", load_format="dummy", num_pages=2048, max_num_batched_tokens=512)
     a = ap.parse_args(argv)
-    apply_fold_norms(a)
 
     max_batch = max(a.batch)
     common = dict(max_model_len=a.prompt_len + a.new_tokens + 64, max_num_seqs=max(max_batch, 8))

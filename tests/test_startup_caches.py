@@ -65,19 +65,6 @@ def test_program_cache_misses_on_a_changed_config_and_can_be_disabled(cache, mon
     assert jaxinfer.LLM("tiny-llama", **TINY).runner.program_cache is None
 
 
-def test_program_cache_misses_when_the_norms_are_folded(cache, monkeypatch):
-    """models/llama.DecoderLayer.fold_norms changes the traced step, not its signature: a program compiled
-    without it must not be loaded with it (the A/B of benchmarks/probes/step_profile.py --fold-norms)."""
-    from jaxinfer.models.llama import DecoderLayer
-
-    base = jaxinfer.LLM("tiny-llama", **TINY).runner
-    base.compile_step(base.ladder.buckets[0])
-    monkeypatch.setattr(DecoderLayer, "fold_norms", True)
-    folded = jaxinfer.LLM("tiny-llama", **TINY).runner
-    folded.compile_step(folded.ladder.buckets[0])
-    assert folded.program_cache.hits == 0 and folded.program_cache.misses == 1
-
-
 def test_program_key_covers_name_and_parts():
     from jaxinfer.runner.program_cache import abstract_signature, program_key
 

@@ -35,7 +35,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.common import (add_engine_flags, add_fold_norms_arg, apply_fold_norms, engine_config,  # noqa: E402
+from benchmarks.common import (add_engine_flags, engine_config,  # noqa: E402
                                measure_hbm_bandwidth, measure_matmul_rate, write_result)
 from jaxinfer import LLM  # noqa: E402
 from jaxinfer.outputs import SeqInput  # noqa: E402
@@ -93,13 +93,11 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--top", type=int, default=14)
     ap.add_argument("--no-trace", action="store_true")
-    add_fold_norms_arg(ap)
     ap.add_argument("--tag", default="", help="label of this run in the result file's name")
     add_engine_flags(ap, model="llama3-8b", load_format="dummy", max_model_len=2048, max_num_batched_tokens=2048,
                      max_num_seqs=256, gpu_memory_utilization=0.85)
     a = ap.parse_args()
     gpu = jax.default_backend() == "gpu"
-    apply_fold_norms(a)
     rate = measure_matmul_rate()
     hbm = measure_hbm_bandwidth()
     llm = LLM(config=engine_config(a), warmup=False)   # each shape compiles its own bucket on first use

@@ -28,18 +28,11 @@ class Linear(nnx.Module):
         self.w = nnx.Param(_empty((in_features, out_features), dtype), logical_axes=tuple(axes))
         self.b = nnx.Param(_empty((out_features,), dtype), logical_axes=(axes[1],)) if bias else None
 
-    def __call__(self, x, row_scale=None):
-        """row_scale: f32[T, 1] or None: x @ w scaled per token (in float32) before the bias (models/llama.py's
-        folded norm: x is then un-normalised and row_scale its RMSNorm factor)."""
-        y = scale_rows(jnp.dot(x, self.w[...]), row_scale)
+    def __call__(self, x):
+        y = jnp.dot(x, self.w[...])
         if self.b is not None:
             y = y + self.b[...]
         return y
-
-
-def scale_rows(y, row_scale):
-    """y [T, N] * row_scale [T, 1] in float32, back in y's dtype (None: y unchanged)."""
-    return y if row_scale is None else (y.astype(jnp.float32) * row_scale).astype(y.dtype)
 
 
 class RMSNorm(nnx.Module):

@@ -32,12 +32,11 @@ class Attention(nnx.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def __call__(self, x, cos, sin, k_pages, v_pages, md: AttentionMetadata, opts: AttentionOptions, row_scale=None):
-        """row_scale: f32[T, 1] or None: x @ w scaled per token (DecoderLayer.fold_norms: x is un-normalised)."""
+    def __call__(self, x, cos, sin, k_pages, v_pages, md: AttentionMetadata, opts: AttentionOptions):
         cfg = self.cfg
         T = x.shape[0]
         g = cfg.q_per_kv
-        qkv = self.qkv(x, row_scale=row_scale).reshape(T, cfg.num_kv_heads, g + 2, cfg.head_dim)
+        qkv = self.qkv(x).reshape(T, cfg.num_kv_heads, g + 2, cfg.head_dim)
         q = qkv[:, :, :g].reshape(T, cfg.num_heads, cfg.head_dim)  # [T, H, D]
         k = qkv[:, :, g]  # [T, KVH, D]
         v = qkv[:, :, g + 1]
@@ -60,22 +59,17 @@ class MLP(nnx.Module):
                               axes=("embed", "mlp"))
         self.down = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, dtype=dtype, axes=("mlp", "embed"))
 
-    def __call__(self, x, row_scale=None):
+    def __call__(self, x):
         T, two_i = x.shape[0], 2 * self.intermediate_size
-        y = self.gate_up(x, row_scale=row_scale)
+        y = self.gate_up(x)
         y = y.reshape(T, self.blocks, 2, two_i // (2 * self.blocks))  # [T, blocks, 2, I/blocks]
         gate, up = y[:, :, 0].reshape(T, two_i // 2), y[:, :, 1].reshape(T, two_i // 2)
         return self.down(jax.nn.silu(gate) * up)
 
 
 class DecoderLayer(nnx.Module):
-    # RMSNorm(x) @ W = rsqrt(mean(x^2) + eps) * ((x * g) @ W): the per-token rsqrt moves to the dot's output, where
-    # XLA can fuse it into the matmul's epilogue, x * g is an elementwise producer XLA can fuse into the matmul's
-    # prologue or the residual add that makes x, and the sum of squares is a reduce beside that add. Fewer kernels
-    # a layer is the aim (the 1B draft's small-M steps are launch-bound). Rounding differs from the
-    # normalise-then-cast order (HF's) by bf16 rounding steps. Off by default until measured on the GPU
-    # (benchmarks/probes/step_profile.py --fold-norms); A/B switch of the probes.
-    fold_norms = False
+    # (Folding the norms into the matmuls, the per-token rsqrt on the dots' outputs, measured slower on an H100:
+    # the 1B shape's batch-1 step 1.65 vs 1.53 ms; removed, benchmarks/README.md 2026-12-06 c.)
 
     def __init__(self, cfg: ModelConfig, dtype, mlp_blocks: int = 1):
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
@@ -84,22 +78,10 @@ class DecoderLayer(nnx.Module):
         self.mlp = MLP(cfg, dtype, mlp_blocks)
 
     def __call__(self, x, cos, sin, k_pages, v_pages, md, opts):
-        if self.fold_norms:
-            an, mn = self.attn_norm, self.mlp_norm
-            h, k_pages, v_pages = self.attn(x * an.weight[...], cos, sin, k_pages, v_pages, md, opts,
-                                            row_scale=_rms_rsqrt(x, an.eps))
-            x = x + h
-            return x + self.mlp(x * mn.weight[...], row_scale=_rms_rsqrt(x, mn.eps)), k_pages, v_pages
         h, k_pages, v_pages = self.attn(self.attn_norm(x), cos, sin, k_pages, v_pages, md, opts)
         x = x + h
         x = x + self.mlp(self.mlp_norm(x))
         return x, k_pages, v_pages
-
-
-def _rms_rsqrt(x, eps):
-    """x [T, H] -> f32[T, 1]: 1 / sqrt(mean(x^2) + eps) (RMSNorm's per-token factor)."""
-    x32 = x.astype(jnp.float32)
-    return jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
 
 
 class LlamaForCausalLM(nnx.Module):

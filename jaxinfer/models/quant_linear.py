@@ -16,7 +16,6 @@ from flax import nnx
 
 from jaxinfer.config import QuantizationError, QuantSpec
 from jaxinfer.models import quant_paths
-from jaxinfer.models.layers import scale_rows
 from jaxinfer.models.quant_paths import quantized_matmul
 from pallas_kernels.quantized_matmul import kernel as qmm_kernel
 from pallas_kernels.quantized_matmul import mosaic_int4 as qmm_mosaic
@@ -130,13 +129,11 @@ class QuantLinear(nnx.Module):
             self.offset = None
         self.b = nnx.Param(jnp.zeros((N,), dtype), logical_axes=(ax_out,)) if bias else None
 
-    def __call__(self, x, preferred_element_type=None, row_scale=None):
-        """row_scale: f32[T, 1] or None: x @ W scaled per token before the bias (layers.Linear)."""
+    def __call__(self, x, preferred_element_type=None):
         y = quantized_matmul(x, self.method, self.q[...], self.scale[...],
                              None if self.offset is None else self.offset[...], group_size=self.group_size,
                              backend=self.backend, out_dtype=preferred_element_type or x.dtype,
                              kernels=self.kernels)
-        y = scale_rows(y, row_scale)
         if self.b is not None:
             y = y + self.b[...]
         return y

@@ -33,7 +33,6 @@ from jaxinfer.runner.program_cache import ProgramCache, abstract_signature, prog
 from jaxinfer.runner.sampler import GREEDY_EPS
 from jaxinfer.runner.spec_carry import carry_width
 from jaxinfer.models.attention import AttentionOptions, device_num_sms
-from jaxinfer.models.llama import DecoderLayer
 from jaxinfer.runner.step import make_prompt_logprobs_fn, make_step_fn, stage_shapes, unpack_host_outputs
 from pallas_kernels.paged_attention import kv_quant
 
@@ -203,8 +202,7 @@ class ModelRunner:
         self._after_first_step: set = set()  # the (Bucket, greedy_only) keys of those programs
         self.program_wait_s = 0.0  # seconds callers waited for a program (compile, cache load, or a background one)
         self._program_parts = (repr(config), repr(cfg), str(jnp.dtype(loaded.dtype)), repr(loaded.quantization),
-                               repr(opts), max_model_len, self.num_pages, self._device.id,
-                               f"fold_norms={DecoderLayer.fold_norms}")  # (a class switch the trace reads)
+                               repr(opts), max_model_len, self.num_pages, self._device.id)
 
     # ---- memory -------------------------------------------------------------------------------------------
     @property
