@@ -13,13 +13,9 @@ from ..sampling_params import RequestOutputKind
 _DELTA, _FINAL_ONLY = RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY
 
 
-def cum_logprob(ib: InputBatch, st: SeqState) -> float:
-    """The sequence's sum of sampled-token logprobs: its InputBatch slot's while it holds one, else its own."""
-    s = ib.slot(st.request.request_id)
-    return float(ib.cum_logprob[s]) if s is not None and ib.owner[s] is st else st.cumulative_logprob
-
-
 def add_logprob(ib: InputBatch, st: SeqState, lp: float) -> None:
+    """Add lp to the sequence's sum of sampled-token logprobs: its InputBatch slot's while it holds one (the slot is
+    then the value build_outputs reports), else its own."""
     s = ib.slot(st.request.request_id)
     if s is not None and ib.owner[s] is st:
         ib.cum_logprob[s] += lp
@@ -63,6 +59,8 @@ def build_outputs(seqs: dict[str, SeqState], groups: dict[str, Group], ib: Input
         if g.kind is not _FINAL_ONLY or sid in finished:
             gids.add(g.request_id)
     outs = []
+    cums = None  # the InputBatch's logprob sums as floats, converted once a call (not one numpy scalar a request)
+    slot_of, owner = ib.slot, ib.owner
     for gid in sorted(gids, key=key.__getitem__):
         g = all_groups[gid]
         kind = g.kind
@@ -93,8 +91,15 @@ def build_outputs(seqs: dict[str, SeqState], groups: dict[str, Group], ib: Input
             if lps is not None:
                 lps = lps[k:] if kind is _DELTA else list(lps)
             st.finish_reported = fin
+            s = slot_of(sid)
+            if s is not None and owner[s] is st:  # (cum_logprob, for a whole step's requests)
+                if cums is None:
+                    cums = ib.cum_logprob.tolist()
+                cum = cums[s]
+            else:
+                cum = st.cumulative_logprob
             comps.append(CompletionOutput(
-                idx, text, new_ids if kind is _DELTA else list(ids), cum_logprob(ib, st), lps,
+                idx, text, new_ids if kind is _DELTA else list(ids), cum, lps,
                 r.finish_reason if fin else None, r.stop_reason if fin else None, delta_text, new_ids))
         if not comps:
             continue
@@ -107,9 +112,7 @@ def build_outputs(seqs: dict[str, SeqState], groups: dict[str, Group], ib: Input
                    "finished_time": now if done else None}
         if spec is not None:
             metrics.update(spec.request_metrics(g.seq_ids))
-        outs.append(RequestOutput(
-            request_id=gid, prompt=g.prompt, prompt_token_ids=g.prompt_token_ids,
-            prompt_logprobs=prompt_lps, outputs=comps, finished=done, metrics=metrics))
+        outs.append(RequestOutput(gid, g.prompt, g.prompt_token_ids, prompt_lps, comps, done, metrics))
         if done:
             for sid in g.seq_ids:
                 seqs.pop(sid, None)
