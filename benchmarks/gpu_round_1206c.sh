@@ -10,22 +10,9 @@
 #   tests  cuDNN's GPU tests (stand-ins now at float32 'highest' precision), the staged inputs' tests, the engine's
 #          GPU tests of stable addresses and startup caches (with 'auto' attention)
 #   JAXINFER_COMMIT=<sha> BUDGET=540 PARTS="small cudnn spec" bash benchmarks/gpu_round_1206c.sh   # into $OUT
-set -u
-cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-OUT_DIR=${OUT:-/tmp/gpu-round-1206c}; mkdir -p "$OUT_DIR"
-PY=${PYTHON:-python3}
-BUDGET=${BUDGET:-540}
+GPU_ROUND=gpu-round-1206c
+source "$(dirname "$0")/gpu_lib.sh"
 PARTS=${PARTS:-small cudnn spec tp tests}
-nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT_DIR/gpu.txt"
-# run NAME TIMEOUT [ENV=..] CMD...: one process, its log in $OUT_DIR/NAME.log, skipped when its timeout won't fit
-run() {
-  local name=$1 limit=$2; shift 2
-  if [ $((BUDGET - SECONDS)) -lt "$limit" ]; then echo "== $name skipped (budget)"; return; fi
-  env "$@" > "$OUT_DIR/$name.log" 2>&1
-  echo "== $name rc=$? t=${SECONDS}s"
-  grep -hE "tok/s|device-only|roofline|passed|failed|Error" "$OUT_DIR/$name.log" | grep -v Warning | tail -6 | cut -c1-220
-}
 LAT1="benchmarks/latency.py --model llama3.2-1b --batch 1 --no-peer --max-num-seqs 16"
 LAT8="benchmarks/latency.py --batch 64 256 --no-peer"
 SPEC="benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 --accept 0.7"
@@ -55,5 +42,4 @@ for part in $PARTS; do case $part in
       tests/runner/test_staged_inputs.py tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py \
       tests/test_stable_addresses_gpu.py tests/test_startup_caches_gpu.py ;;
 esac; done
-# the device tool returns a handful of files: everything in one archive
-(cd "$OUT_DIR" && tar czf ../round-1206c.tgz . && rm -rf ./* && mv ../round-1206c.tgz .)
+pack round-1206c

@@ -106,6 +106,7 @@ def main():
     ap.add_argument("--hf-baseline", action="store_true")
     ap.add_argument("--hf-batch", type=int, default=64)
     ap.add_argument("--profile", default=None)
+    ap.add_argument("--tag", default="", help="appended to the result file's name (one side of an A/B)")
     from benchmarks.common import add_engine_flags, engine_config
     add_engine_flags(ap, model="llama3-8b", load_format="dummy", max_model_len=2048)
     a = ap.parse_args()
@@ -153,13 +154,11 @@ def main():
               f"{r['compute_bound_output_tok_per_s']:.0f} output tok/s -> {r['pct_compute_bound']:.0f}% | "
               f"{target}{peer}", flush=True)
         # written after every workload, so a run cut short still leaves its finished figures
-        path = write_result("throughput", dict(model=a.model, startup_s=startup, background_compile_s=background_s, hbm_TBps=bw / 1e12,
-                                               matmul_TFLOPs=flops / 1e12, flop_per_token=flop_per_token,
-                                               compilation_cache_entries_before=cache_before,
-                                               compilation_cache_entries_after=cache_after,
-                                               num_pages=llm.runner.num_pages,
-                                               weight_GB=weight_bytes / 1e9, config=vars(a), results=results,
-                                               transformers_baseline=hf))
+        path = write_result("throughput", dict(
+            model=a.model, startup_s=startup, background_compile_s=background_s, hbm_TBps=bw / 1e12,
+            matmul_TFLOPs=flops / 1e12, flop_per_token=flop_per_token, compilation_cache_entries_before=cache_before,
+            compilation_cache_entries_after=cache_after, num_pages=llm.runner.num_pages,
+            weight_GB=weight_bytes / 1e9, config=vars(a), results=results, transformers_baseline=hf), tag=a.tag)
         print("wrote", path)
 
 

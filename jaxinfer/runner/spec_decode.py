@@ -69,7 +69,8 @@ def rejection_sample(p: jax.Array, q: jax.Array, draft: jax.Array, num_draft: ja
     resid = jnp.where(j1 < num_draft[:, None, None], jnp.maximum(p - q_pad, 0.0), p)
     # A zero residual means p <= q everywhere, i.e. p == q: acceptance was certain; fall back to p (never used).
     resid = jnp.where(jnp.sum(resid, axis=-1, keepdims=True) > 0, resid, p)
-    replacement = jnp.argmax(jnp.log(resid) + gumbel, axis=-1)  # Gumbel-max; log(0) = -inf is never picked.astype(jnp.int32)             # [R, K+1]
+    # Gumbel-max sampling from resid (log(0) = -inf is never picked)
+    replacement = jnp.argmax(jnp.log(resid) + gumbel, axis=-1).astype(jnp.int32)  # [R, K+1]
     draft_pad = jnp.concatenate([d, jnp.zeros_like(d[:, :1])], axis=1)
     tokens = jnp.where(j1[..., 0] < num_accepted[:, None], draft_pad, replacement)
     return tokens.astype(jnp.int32), num_accepted.astype(jnp.int32)

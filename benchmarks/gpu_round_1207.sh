@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Device calls for what 12-06 c left open, most important first (BUDGET / PARTS as in gpu_lib.sh):
+#   spec   the 1B int8 draft at batch 1, accept 0.7 with 'auto' attention (the Pallas kernel under speculation
+#          since fe42d32) and with attention_backend='cudnn' (was cuDNN the cause of 1.23x vs 1.54x?)
+#   auto   the defaults against the Pallas kernel: latency batch 64 / 256 and offline 1000 x 512/256 (the H200's
+#          figures for issue 17's targets; 'auto' = cuDNN in decode buckets of >= 64 tokens)
+#   mid    latency batch 16 / 32, cuDNN vs the Pallas kernel (is 64 the right AUTO_CUDNN_MIN_TOKENS?)
+#   attn   the attention probe per op: cuDNN's GQA form vs the Pallas kernel at 256 x 512 and 64 x 4k (issue 17's
+#          decode attention >= 3.2 TB/s is an H200 figure)
+#   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="spec auto" bash benchmarks/gpu_round_1207.sh   # one archive into $OUT
+GPU_ROUND=gpu-round-1207
+source "$(dirname "$0")/gpu_lib.sh"
+PARTS=${PARTS:-spec auto mid attn}
+LAT8="benchmarks/latency.py --no-peer"
+SPEC="benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 --accept 0.7"
+for part in $PARTS; do case $part in
+  spec)
+    run spec-auto 280 timeout 280 $PY $SPEC --tag draft-int8-auto
+    run spec-cudnn 200 timeout 200 $PY $SPEC --attention-backend cudnn --tag draft-int8-cudnn ;;
+  auto)
+    for be in auto pallas; do run lat-$be 130 timeout 130 $PY $LAT8 --batch 64 256 --attention-backend $be --tag $be; done
+    for be in auto pallas; do
+      run tp-$be 170 timeout 170 $PY benchmarks/throughput.py --workload fixed --attention-backend $be --tag $be
+    done ;;
+  mid)
+    for be in cudnn pallas; do
+      run mid-$be 120 timeout 120 $PY $LAT8 --batch 16 32 --attention-backend $be --tag mid-$be
+    done ;;
+  attn)
+    run attn 90 timeout 90 $PY benchmarks/probes/cudnn_paged_attention.py --tag gqa --configs 256x512 64x4096 \
+      --prefill 2x512x512 ;;
+esac; done
+pack round-1207
