@@ -4,13 +4,15 @@
 #          since fe42d32) and with attention_backend='cudnn' (was cuDNN the cause of 1.23x vs 1.54x?)
 #   auto   the defaults against the Pallas kernel: latency batch 64 / 256 and offline 1000 x 512/256 (the H200's
 #          figures for issue 17's targets; 'auto' = cuDNN in decode buckets of >= 64 tokens)
+#   tp512  offline with 512 sequences, 'auto' vs the Pallas kernel (9,421 with the kernel on the H200, 12-04: cuDNN's
+#          attention, 1.23x at batch 256, may carry it past 10,000)
 #   mid    latency batch 16 / 32, cuDNN vs the Pallas kernel (is 64 the right AUTO_CUDNN_MIN_TOKENS?)
 #   attn   the attention probe per op: cuDNN's GQA form vs the Pallas kernel at 256 x 512 and 64 x 4k (issue 17's
 #          decode attention >= 3.2 TB/s is an H200 figure)
 #   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="spec auto" bash benchmarks/gpu_round_1207.sh   # one archive into $OUT
 GPU_ROUND=gpu-round-1207
 source "$(dirname "$0")/gpu_lib.sh"
-PARTS=${PARTS:-spec auto mid attn}
+PARTS=${PARTS:-auto tp512 spec mid attn}
 LAT8="benchmarks/latency.py --no-peer"
 SPEC="benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 --accept 0.7"
 for part in $PARTS; do case $part in
@@ -21,6 +23,11 @@ for part in $PARTS; do case $part in
     for be in auto pallas; do run lat-$be 130 timeout 130 $PY $LAT8 --batch 64 256 --attention-backend $be --tag $be; done
     for be in auto pallas; do
       run tp-$be 170 timeout 170 $PY benchmarks/throughput.py --workload fixed --attention-backend $be --tag $be
+    done ;;
+  tp512)
+    for be in auto pallas; do
+      run tp512-$be 180 timeout 180 $PY benchmarks/throughput.py --workload fixed --max-num-seqs 512 \
+        --attention-backend $be --tag s512-$be
     done ;;
   mid)
     for be in cudnn pallas; do
