@@ -6,13 +6,16 @@
 #          figures for issue 17's targets; 'auto' = cuDNN in decode buckets of >= 64 tokens)
 #   tp512  offline with 512 sequences, 'auto' vs the Pallas kernel (9,421 with the kernel on the H200, 12-04: cuDNN's
 #          attention, 1.23x at batch 256, may carry it past 10,000)
+#   serve  online serving, ShareGPT-like mix at 16 / 32 req/s, 'auto' vs the Pallas kernel: mixed steps of <= 256
+#          tokens (decodes beside a prompt chunk) run through cuDNN under 'auto', one cuDNN row per prompt token
+#          reading its whole context (the Pallas kernel reads it once per 16-token tile); is that a loss?
 #   mid    latency batch 16 / 32, cuDNN vs the Pallas kernel (is 64 the right AUTO_CUDNN_MIN_TOKENS?)
 #   attn   the attention probe per op: cuDNN's GQA form vs the Pallas kernel at 256 x 512 and 64 x 4k (issue 17's
 #          decode attention >= 3.2 TB/s is an H200 figure)
 #   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="spec auto" bash benchmarks/gpu_round_1207.sh   # one archive into $OUT
 GPU_ROUND=gpu-round-1207
 source "$(dirname "$0")/gpu_lib.sh"
-PARTS=${PARTS:-auto tp512 spec mid attn}
+PARTS=${PARTS:-auto serve tp512 spec mid attn}
 LAT8="benchmarks/latency.py --no-peer"
 SPEC="benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 --accept 0.7"
 for part in $PARTS; do case $part in
@@ -20,7 +23,9 @@ for part in $PARTS; do case $part in
     run spec-auto 280 timeout 280 $PY $SPEC --tag draft-int8-auto
     run spec-cudnn 200 timeout 200 $PY $SPEC --attention-backend cudnn --tag draft-int8-cudnn ;;
   auto)
-    for be in auto pallas; do run lat-$be 130 timeout 130 $PY $LAT8 --batch 64 256 --attention-backend $be --tag $be; done
+    for be in auto pallas; do
+      run lat-$be 130 timeout 130 $PY $LAT8 --batch 64 256 --attention-backend $be --tag $be
+    done
     for be in auto pallas; do
       run tp-$be 170 timeout 170 $PY benchmarks/throughput.py --workload fixed --attention-backend $be --tag $be
     done ;;
@@ -28,6 +33,11 @@ for part in $PARTS; do case $part in
     for be in auto pallas; do
       run tp512-$be 180 timeout 180 $PY benchmarks/throughput.py --workload fixed --max-num-seqs 512 \
         --attention-backend $be --tag s512-$be
+    done ;;
+  serve)
+    for be in auto pallas; do
+      run serve-$be 270 timeout 270 $PY benchmarks/serving_sweep.py --rates 16 32 --num-prompts 500 \
+        --attention-backend $be --tag $be
     done ;;
   mid)
     for be in cudnn pallas; do

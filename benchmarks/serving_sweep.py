@@ -199,6 +199,8 @@ def main():
     ap.add_argument("--peer-model", default=None, help="checkpoint for `transformers serve` (optional)")
     ap.add_argument("--profile", default=None, metavar="DIR", help="the server writes a jax.profiler trace here")
     ap.add_argument("--log-dir", default=os.environ.get("OUT") or "/tmp")
+    ap.add_argument("--attention-backend", default=None, help="passed to the server (default: its own, 'auto')")
+    ap.add_argument("--tag", default="", help="appended to the result file's name (one side of an A/B)")
     a = ap.parse_args()
 
     from jaxinfer.weights.presets import PRESETS
@@ -218,7 +220,8 @@ def main():
            "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
            "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--gpu-memory-utilization",
            str(a.gpu_memory_utilization), "--served-model-name", a.model] + (
-               ["--profile", a.profile] if a.profile else [])
+               ["--profile", a.profile] if a.profile else []) + (
+               ["--attention-backend", a.attention_backend] if a.attention_backend else [])
     log_path = os.path.join(a.log_dir, "jaxinfer-serve.log")
     rows, ready_s, metrics, interrupted = [], None, "", None
     commit = os.environ.get("JAXINFER_COMMIT")
@@ -264,7 +267,7 @@ def main():
         peer_transformers_serve=peer,
         published_peer="vLLM v0.6, H100, ShareGPT-500 (its blog): ~14 ms TPOT at 32 QPS, ~37 req/s at saturation",
         requests_total_metric=[l for l in metrics.splitlines() if l.startswith("jaxinfer_requests_total")],
-        jax_backend=jax.default_backend()))
+        jax_backend=jax.default_backend()), tag=a.tag)
     png = plot(rows, os.path.join(RESULTS_DIR, os.path.basename(path).replace(".json", ".png")),
                peer.get("rows"))
     out = os.environ.get("OUT")
