@@ -9,13 +9,16 @@
 #   serve  online serving, ShareGPT-like mix at 16 / 32 req/s, 'auto' vs the Pallas kernel: mixed steps of <= 256
 #          tokens (decodes beside a prompt chunk) run through cuDNN under 'auto', one cuDNN row per prompt token
 #          reading its whole context (the Pallas kernel reads it once per 16-token tile); is that a loss?
+#   split  'auto' with JAXINFER_CUDNN_SPLIT=1 (cuDNN for the one-token sequences only, the Pallas kernel for the
+#          rest of its buckets): latency batch 64 / 256 and serving at 16 / 32 req/s, against the parts above
+#   tests  the cuDNN GPU tests (the split's engine test among them)
 #   mid    latency batch 16 / 32, cuDNN vs the Pallas kernel (is 64 the right AUTO_CUDNN_MIN_TOKENS?)
 #   attn   the attention probe per op: cuDNN's GQA form vs the Pallas kernel at 256 x 512 and 64 x 4k (issue 17's
 #          decode attention >= 3.2 TB/s is an H200 figure)
 #   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="spec auto" bash benchmarks/gpu_round_1207.sh   # one archive into $OUT
 GPU_ROUND=gpu-round-1207
 source "$(dirname "$0")/gpu_lib.sh"
-PARTS=${PARTS:-auto serve tp512 spec mid attn}
+PARTS=${PARTS:-tests auto serve split tp512 spec mid attn}
 LAT8="benchmarks/latency.py --no-peer"
 SPEC="benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 --accept 0.7"
 for part in $PARTS; do case $part in
@@ -39,6 +42,13 @@ for part in $PARTS; do case $part in
       run serve-$be 270 timeout 270 $PY benchmarks/serving_sweep.py --rates 16 32 --num-prompts 500 \
         --attention-backend $be --tag $be
     done ;;
+  split)
+    run lat-split 130 JAXINFER_CUDNN_SPLIT=1 timeout 130 $PY $LAT8 --batch 64 256 --tag split
+    run serve-split 270 JAXINFER_CUDNN_SPLIT=1 timeout 270 $PY benchmarks/serving_sweep.py --rates 16 32 \
+      --num-prompts 500 --tag split ;;
+  tests)
+    run tests 150 timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
+      tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py ;;
   mid)
     for be in cudnn pallas; do
       run mid-$be 120 timeout 120 $PY $LAT8 --batch 16 32 --attention-backend $be --tag mid-$be

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from pallas_kernels.paged_attention.cudnn_paged import cudnn_paged_attention
@@ -67,6 +68,8 @@ class AttentionOptions(NamedTuple):
     mesh: Any = None          # tensor parallelism: a Mesh with a "model" axis; attention runs per KV-head shard
     num_sms: int = 132        # pallas: streaming multiprocessors of the GPU (decode_kv_splits); H100 / H200: 132
     cudnn_min_tokens: int = 1  # cudnn: the fewest tokens a decode-shaped bucket needs to run through cuDNN
+    cudnn_split: bool = False  # cudnn: in those buckets cuDNN takes only the sequences with one token in the step,
+                               # the Pallas kernel the others (prompt chunks, verification), per token
 
 
 class AttentionMetadata(NamedTuple):
@@ -97,8 +100,23 @@ def paged_attention(q, k, v, k_pages, v_pages, md: AttentionMetadata, opts: Atte
                          out_specs=(heads, pages, pages), check_vma=False)(q, k, v, k_pages, v_pages, md)
 
 
-def _paged_attention_local(q, k, v, k_pages, v_pages, md, opts, sm_scale, sliding_window):
-    k_pages, v_pages = write_kv_pages(k_pages, v_pages, k, v, md.slot_mapping)
+def single_token_sequences(tile_tokens, tile_seq, tile_kv_len, rows: int, T: int):
+    """Which tokens (bool[T]) and tiles (bool[NT]) belong to a sequence with exactly one token in this step (a
+    decode): tile_tokens i32[NT, Bq] (T = empty slot), tile_seq i32[NT], tile_kv_len i32[NT] (0 = empty tile),
+    rows = S + 1 rows of the page tables."""
+    live = tile_kv_len > 0
+    per_tile = jnp.sum(tile_tokens < T, axis=1) * live                                   # [NT]
+    per_seq = jnp.zeros((rows,), jnp.int32).at[tile_seq].add(per_tile.astype(jnp.int32))  # [S + 1]
+    one_tile = live & (per_seq[tile_seq] == 1)
+    one_tok = jnp.zeros((T + 1,), bool).at[tile_tokens.reshape(-1)].set(
+        jnp.repeat(one_tile, tile_tokens.shape[1]))[:T]                                   # slot T: dropped
+    return one_tok, one_tile
+
+
+def _paged_attention_local(q, k, v, k_pages, v_pages, md, opts, sm_scale, sliding_window, written=False):
+    """written: this step's K / V are already in the pages (the cuDNN split's second call)."""
+    if not written:
+        k_pages, v_pages = write_kv_pages(k_pages, v_pages, k, v, md.slot_mapping)
     kd, vd, scales = k_pages, v_pages, {}
     if isinstance(k_pages, QuantizedPages):
         kd, vd, scales = k_pages.data, v_pages.data, dict(k_scales=k_pages.scale, v_scales=v_pages.scale)
@@ -108,9 +126,21 @@ def _paged_attention_local(q, k, v, k_pages, v_pages, md, opts, sm_scale, slidin
                              "attention_backend='pallas' for quantized KV caches and sliding-window models")
         # a decode-shaped bucket (tokens <= sequences) of at least cudnn_min_tokens: cuDNN
         if opts.cudnn_min_tokens <= q.shape[0] <= md.page_tables.shape[0] - 1:
+            if not opts.cudnn_split:
+                out = cudnn_paged_attention(q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len,
+                                            md.page_tables, sm_scale=sm_scale)
+                return out, k_pages, v_pages
+            # cuDNN for the one-token sequences, the Pallas kernel for the rest (their tiles only: the one-token
+            # sequences' tiles are emptied, kv_len 0), merged per token
+            one_tok, one_tile = single_token_sequences(md.tile_tokens, md.tile_seq, md.tile_kv_len,
+                                                       md.page_tables.shape[0], q.shape[0])
             out = cudnn_paged_attention(q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len,
-                                        md.page_tables, sm_scale=sm_scale)
-            return out, k_pages, v_pages
+                                        md.page_tables, sm_scale=sm_scale, rows=one_tok)
+            md = md._replace(tile_kv_len=jnp.where(one_tile, 0, md.tile_kv_len))
+            rest, k_pages, v_pages = _paged_attention_local(q, k, v, k_pages, v_pages, md,
+                                                            opts._replace(backend="pallas"), sm_scale, sliding_window,
+                                                            written=True)
+            return jnp.where(one_tok[:, None, None], out, rest), k_pages, v_pages
         # (prefill-shaped buckets: the Pallas kernel; cuDNN's one row a token would re-read a chunk's KV per token)
     if opts.backend in ("pallas", "cudnn"):
         splits = kernel_split_options(md.page_tables.shape[0] - 1, kd.shape[2], opts.num_sms)  # rows: S + 1

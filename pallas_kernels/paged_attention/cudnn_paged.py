@@ -72,9 +72,10 @@ def available() -> bool:
 
 
 def cudnn_paged_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, tile_kv_len, page_tables, *,
-                          sm_scale: float, sdpa=cudnn_sdpa):
+                          sm_scale: float, rows=None, sdpa=cudnn_sdpa):
     """q [T, H, D] -> [T, H, D]; arguments as ragged_paged_attention_reference (tile_kv_len unused: a token's
-    visible keys follow from its position)."""
+    visible keys follow from its position). rows: bool[T] or None: only these tokens attend (the others' rows read
+    one key and come back as zeros: models/attention.py's split, where the Pallas kernel computes them)."""
     del tile_kv_len
     T, H, D = q.shape
     S = page_tables.shape[0] - 1                                      # row S: the all-zero row (no sequence)
@@ -83,6 +84,8 @@ def cudnn_paged_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq,
     seq_of = jnp.full((T + 1,), S, jnp.int32).at[tile_tokens.reshape(-1)].set(
         jnp.repeat(tile_seq.astype(jnp.int32), Bq))[:T]
     valid = seq_of < S
+    if rows is not None:
+        valid = valid & rows
     kv_len = jnp.where(valid, positions + 1, 1).astype(jnp.int32)     # [T]
     table = page_tables[seq_of][:, None, :, None]                    # [T, 1, W, 1]
     out = sdpa(q[:, None], k_pages, v_pages, jnp.ones((T,), jnp.int32), kv_len, table, scale=sm_scale)

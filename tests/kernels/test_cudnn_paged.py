@@ -171,6 +171,59 @@ def test_engine_attention_picks_cudnn_for_decode_shaped_buckets(monkeypatch, dec
     assert calls == ([T] if decode_shaped and not below_min else [])
 
 
+MIXED = [(0, 1), (5, 1), (3, 5), (17, 1), (20, 3), (40, 1)]  # decodes beside a prompt chunk and a verification
+
+
+def _mixed_step(rng, H=8, KVH=2, D=32, ps=16):
+    d = build(rng, MIXED, H, KVH, D, ps, max_seqs=16, max_tokens=64, query_tile=4)
+    assert d["batch"].bucket.num_tokens <= d["batch"].bucket.num_seqs, d["batch"].bucket  # decode-shaped bucket
+    return d
+
+
+def test_single_token_sequences_marks_the_decodes():
+    """models/attention.single_token_sequences: the tokens (packed in sequence order) and tiles of the sequences
+    with one token in the step, against the step's own list."""
+    from jaxinfer.models.attention import single_token_sequences
+
+    d = _mixed_step(np.random.default_rng(5))
+    a, T = d["a"], d["batch"].bucket.num_tokens
+    one_tok, one_tile = single_token_sequences(*(jnp.asarray(a[n]) for n in ("tile_tokens", "tile_seq", "tile_kv_len")),
+                                               a["page_tables"].shape[0], T)
+    expected = np.zeros(T, bool)
+    expected[:sum(n for _, n in MIXED)] = np.concatenate([[n == 1] * n for _, n in MIXED])
+    np.testing.assert_array_equal(np.asarray(one_tok), expected)
+    tiles_of_decodes = {int(a["tile_seq"][i]) for i in np.flatnonzero(np.asarray(one_tile))}
+    assert tiles_of_decodes == {i for i, (_, n) in enumerate(MIXED) if n == 1}
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_cudnn_split_matches_the_reference_on_a_mixed_step(monkeypatch, split):
+    """A decode-shaped bucket that mixes decodes with a prompt chunk and a verification: whole through cuDNN (its
+    stand-in), or split (AttentionOptions.cudnn_split: cuDNN's rows only for the one-token sequences, the Pallas
+    kernel in interpret mode for the rest); both match the reference, and the split hands cuDNN only the decodes."""
+    from jaxinfer.models import attention as attn
+
+    rows_given = []
+
+    def standin(*a, rows=None, **kw):
+        rows_given.append(None if rows is None else int(np.asarray(rows).sum()))
+        return cudnn_paged_attention(*a, **kw, rows=rows, sdpa=dense_sdpa)
+    monkeypatch.setattr(attn, "cudnn_paged_attention", standin)
+    D, KVH = 32, 2
+    d = _mixed_step(np.random.default_rng(6), KVH=KVH, D=D)
+    a, T = d["a"], d["batch"].bucket.num_tokens
+    md = attn.AttentionMetadata(*(jnp.asarray(a[n]) for n in ("positions", "slot_mapping", "tile_tokens",
+                                                             "tile_seq", "tile_kv_len", "page_tables")))
+    opts = attn.AttentionOptions(2, False, "cudnn", interpret=True, cudnn_split=split)
+    zeros = jnp.zeros((T, KVH, D), jnp.float32)
+    slotless = md._replace(slot_mapping=jnp.full((T,), -1, jnp.int32))
+    out, _, _ = attn.paged_attention(d["q"], zeros, zeros, d["kp"], d["vp"], slotless, opts, sm_scale=D ** -0.5)
+    ref = ragged_paged_attention_reference(*kernel_args(d), sm_scale=D ** -0.5, kv_chunk_pages=2)
+    n = sum(n for _, n in MIXED)
+    np.testing.assert_allclose(np.asarray(out)[:n], np.asarray(ref)[:n], rtol=2e-5, atol=2e-5)
+    assert rows_given == ([sum(n == 1 for _, n in MIXED)] if split else [None])
+
+
 @pytest.mark.parametrize("backend,speculative,expected", [
     ("auto", False, ("cudnn", 64)), ("auto", True, ("pallas", 64)), ("cudnn", True, ("cudnn", 1)),
     ("pallas", False, ("pallas", 1))])
