@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
-# Device calls for what 12-06 c left open, most important first (BUDGET / PARTS as in gpu_lib.sh):
-#   spec   the 1B int8 draft at batch 1, accept 0.7 with 'auto' attention (the Pallas kernel under speculation
-#          since fe42d32) and with attention_backend='cudnn' (was cuDNN the cause of 1.23x vs 1.54x?)
+# Device calls for what 12-06 c left open (BUDGET / PARTS as in gpu_lib.sh); parts in the default order (~2,800 s in
+# all on a warm machine: more than one session's lease, so pick):
+#   tests  the cuDNN GPU tests (the split's engine test among them)
+#   attn   the attention probe per op: cuDNN's GQA form vs the Pallas kernel at 256 x 512 and 64 x 4k (issue 17's
+#          decode attention >= 3.2 TB/s is an H200 figure)
 #   auto   the defaults against the Pallas kernel: latency batch 64 / 256 and offline 1000 x 512/256 (the H200's
 #          figures for issue 17's targets; 'auto' = cuDNN in decode buckets of >= 64 tokens)
-#   tp512  offline with 512 sequences, 'auto' vs the Pallas kernel (9,421 with the kernel on the H200, 12-04: cuDNN's
-#          attention, 1.23x at batch 256, may carry it past 10,000)
 #   serve  online serving, ShareGPT-like mix at 16 / 32 req/s, 'auto' vs the Pallas kernel: mixed steps of <= 256
 #          tokens (decodes beside a prompt chunk) run through cuDNN under 'auto', one cuDNN row per prompt token
 #          reading its whole context (the Pallas kernel reads it once per 16-token tile); is that a loss?
 #   split  'auto' with JAXINFER_CUDNN_SPLIT=1 (cuDNN for the one-token sequences only, the Pallas kernel for the
 #          rest of its buckets): latency batch 64 / 256 and serving at 16 / 32 req/s, against the parts above
-#   tests  the cuDNN GPU tests (the split's engine test among them)
+#   tp512  offline with 512 sequences, 'auto' vs the Pallas kernel (9,421 with the kernel on the H200, 12-04: cuDNN's
+#          attention, 1.23x at batch 256, may carry it past 10,000)
+#   spec   the 1B int8 draft at batch 1, accept 0.7 with 'auto' attention (the Pallas kernel under speculation
+#          since fe42d32) and with attention_backend='cudnn' (was cuDNN the cause of 1.23x vs 1.54x?)
 #   mid    latency batch 16 / 32, cuDNN vs the Pallas kernel (is 64 the right AUTO_CUDNN_MIN_TOKENS?)
-#   attn   the attention probe per op: cuDNN's GQA form vs the Pallas kernel at 256 x 512 and 64 x 4k (issue 17's
-#          decode attention >= 3.2 TB/s is an H200 figure)
-#   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="spec auto" bash benchmarks/gpu_round_1207.sh   # one archive into $OUT
+#   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="tests attn auto" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
 GPU_ROUND=gpu-round-1207
 source "$(dirname "$0")/gpu_lib.sh"
-PARTS=${PARTS:-tests auto serve split tp512 spec mid attn}
+PARTS=${PARTS:-tests attn auto serve split tp512 spec mid}
 LAT8="benchmarks/latency.py --no-peer"
 SPEC="benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 --accept 0.7"
 for part in $PARTS; do case $part in
