@@ -14,7 +14,10 @@ needed while a request stays in consecutive cycles (runner/draft_proposer.py doe
 
 Packing: both batches are packed on the host at the worst-case positions (runner/batch.pack: step 1 in bucket
 pick(2n, n), steps 2..k in pick(n, n)) and corrected on the device by s: positions, slots (from the page table)
-and query-tile KV lengths. Programs: one per n-bucket pair for exactly num_steps = k_max steps, compiled at warm-up.
+and query-tile KV lengths. They travel as one int32 and one float32 array ([step 1's | steps 2..k's + rows + k]),
+copied into the runner's donated stage buffers first when it stages its inputs (runner/step.stage_inputs: the
+cycle's k steps are one CUDA graph, whose commands then keep their input addresses from call to call).
+Programs: one per n-bucket pair for exactly num_steps = k_max steps, compiled at warm-up.
 """
 from __future__ import annotations
 
@@ -26,10 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer.outputs import SeqInput
-from jaxinfer.runner.batch import INT_FIELDS, field_shapes, pack
+from jaxinfer.runner.batch import FLOAT_FIELDS, INT_FIELDS, field_shapes, pack
 from jaxinfer.runner.buckets import Bucket
 from jaxinfer.runner.model_runner import compile_lowered, step_compiler_options
 from jaxinfer.runner.spec_carry import DRAFT, LAST, PREV, SHIFT
+from jaxinfer.runner.step import stage_inputs
 
 
 class _Fields:
@@ -48,6 +52,12 @@ class _Fields:
     def put(self, ints, name, value):
         o, shape = self.off[name]
         return ints.at[o:o + math.prod(shape)].set(value.reshape(-1).astype(jnp.int32))
+
+
+def _flat_lengths(bucket: Bucket) -> tuple[int, int]:
+    """Lengths of a bucket's packed (ints, floats) (runner/batch.py HostBatch.flat)."""
+    shapes = field_shapes(bucket)
+    return (sum(math.prod(shapes[n]) for n in INT_FIELDS), sum(math.prod(shapes[n]) for n in FLOAT_FIELDS))
 
 
 def _shifted(ints, f: _Fields, bucket: Bucket, tok_seq, tok_delta, go, ps: int):
@@ -73,7 +83,11 @@ class DraftCycle:
         self.max_seqs = runner.config.scheduler.max_num_seqs
         step_fn, ps, K = runner._step, runner.page_size, num_steps
 
-        def cycle(params, kv_caches, ints1, ints2_ext, floats1, floats2, carry, penalty_table, b1, b2):
+        def cycle(params, kv_caches, ints, floats, carry, penalty_table, b1, b2):
+            """ints i32[n1 + n2 + 2 S2] = [step 1's | steps 2..k's | carry rows | k per sequence]; floats
+            f32[m1 + m2] = [step 1's | steps 2..k's] (runner/batch.py's flat layouts of b1 and b2)."""
+            n1, m1 = _flat_lengths(b1)
+            ints1, ints2_ext, floats1, floats2 = ints[:n1], ints[n1:], floats[:m1], floats[m1:]
             S2, S1, T1, T2 = b2.num_seqs, b1.num_seqs, b1.num_tokens, b2.num_tokens
             ints2, rows, k_row = ints2_ext[:-2 * S2], ints2_ext[-2 * S2:-S2], ints2_ext[-S2:]
             M = carry.shape[0]
@@ -120,7 +134,13 @@ class DraftCycle:
             carry = carry.at[jnp.where(live, rows, M), DRAFT:DRAFT + K].set(d, mode="drop")
             return kv_caches, carry, penalty_table
 
-        self._fn = jax.jit(cycle, donate_argnums=(1, 7), static_argnames=("b1", "b2"))
+        def staged_cycle(params, kv_caches, ints, floats, carry, penalty_table, stage, b1, b2):
+            ints, floats, stage = stage_inputs(ints, floats, stage)
+            return (*cycle(params, kv_caches, ints, floats, carry, penalty_table, b1, b2), stage)
+
+        self.staged = runner.staged
+        self._fn = (jax.jit(staged_cycle, donate_argnums=(1, 5, 6), static_argnames=("b1", "b2")) if self.staged
+                    else jax.jit(cycle, donate_argnums=(1, 5), static_argnames=("b1", "b2")))
         self._compiled: dict = {}
 
     def _buckets(self, n: int) -> tuple[Bucket, Bucket]:
@@ -135,13 +155,13 @@ class DraftCycle:
         prog = self._compiled.get(key)
         if prog is None:
             r = self.runner
-            i1, f1 = r.placeholder_batch(b1)
-            i2, f2 = r.placeholder_batch(b2)
+            n, m = self._input_lengths(b1, b2)
             spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
-            lowered = self._fn.lower(r.step_params, r.kv_caches, spec(i1.shape, np.int32),
-                                     spec((i2.size + 2 * b2.num_seqs,), np.int32), spec(f1.shape, np.float32),
-                                     spec(f2.shape, np.float32), spec(carry_shape, np.int32), r.penalty_table,
-                                     b1=b1, b2=b2)
+            stage = (r.take_stage(n, m),) if self.staged else ()
+            lowered = self._fn.lower(r.step_params, r.kv_caches, spec((n,), np.int32), spec((m,), np.float32),
+                                     spec(carry_shape, np.int32), r.penalty_table, *stage, b1=b1, b2=b2)
+            if stage:
+                r._stages[(n, m)] = stage[0]
             prog = self._compiled[key] = compile_lowered(lowered, step_compiler_options(b1))
         return prog
 
@@ -163,7 +183,19 @@ class DraftCycle:
         ks = np.zeros(b2.num_seqs, np.int32)
         rows[:n] = [row for row, _, _, _ in seqs]
         ks[:n] = [k for _, _, _, k in seqs]
-        args = (i1, np.concatenate([i2, rows, ks]), f1, f2)  # (numpy into the call: see ModelRunner.dispatch)
-        r.kv_caches, carry, r.penalty_table = self._program(b1, b2, tuple(carry.shape))(
-            r.step_params, r.kv_caches, *args, carry, r.penalty_table)
+        ints, floats = np.concatenate([i1, i2, rows, ks]), np.concatenate([f1, f2])  # (numpy into the call:
+        prog = self._program(b1, b2, tuple(carry.shape))                             # see ModelRunner.dispatch)
+        if not self.staged:
+            r.kv_caches, carry, r.penalty_table = prog(r.step_params, r.kv_caches, ints, floats, carry,
+                                                       r.penalty_table)
+            return carry
+        key = (ints.shape[0], floats.shape[0])
+        r.kv_caches, carry, r.penalty_table, r._stages[key] = prog(r.step_params, r.kv_caches, ints, floats, carry,
+                                                                   r.penalty_table, r.take_stage(*key))
         return carry
+
+    @staticmethod
+    def _input_lengths(b1: Bucket, b2: Bucket) -> tuple[int, int]:
+        """Lengths of the cycle's two packed inputs: ints [b1's | b2's + 2 x b2's sequences], floats [b1's | b2's]."""
+        (n1, m1), (n2, m2) = _flat_lengths(b1), _flat_lengths(b2)
+        return n1 + n2 + 2 * b2.num_seqs, m1 + m2

@@ -300,13 +300,18 @@ class ModelRunner:
                                                                    prev_tokens, self.penalty_table)
             return out, hidden
         key = (ints.shape[0], floats.shape[0])
-        stage = self._stages.pop(key, None)
+        self.kv_caches, out, hidden, self.penalty_table, self._stages[key] = step(
+            self.step_params, self.kv_caches, ints, floats, prev_tokens, self.penalty_table, self.take_stage(*key))
+        return out, hidden
+
+    def take_stage(self, num_ints: int, num_floats: int) -> tuple:
+        """The stage buffers (step.stage_inputs) for packed inputs of these lengths, for a call that donates them:
+        the caller stores what the call returns back in `_stages[(num_ints, num_floats)]`."""
+        stage = self._stages.pop((num_ints, num_floats), None)
         if stage is None:
             stage = tuple(jax.device_put(np.zeros(shape, dtype), self._replicated)
-                          for shape, dtype in stage_shapes(*key))
-        self.kv_caches, out, hidden, self.penalty_table, self._stages[key] = step(
-            self.step_params, self.kv_caches, ints, floats, prev_tokens, self.penalty_table, stage)
-        return out, hidden
+                          for shape, dtype in stage_shapes(num_ints, num_floats))
+        return stage
 
     def placeholder_batch(self, bucket) -> tuple[np.ndarray, np.ndarray]:
         """Packed (ints, floats) of a one-token step in `bucket`: the shapes a bucket's programs are lowered at."""

@@ -3,7 +3,8 @@ on the GPU only that copy's command moves between calls (the CUDA graph's other 
 
 Structure (XLA:CPU's optimized HLO of a real step program; the GPU compiler shares these passes): the transferred
 inputs have the in-place update as their only user, the update's result feeds the step, and the stage parameters
-are aliased to outputs (donated, so the next call gets the same buffers). Exactness: an engine with the stage
+are aliased to outputs (donated, so the next call gets the same buffers); the same for a draft model's cycle
+program (runner/draft_cycle.py). Exactness: an engine with the stage
 and one without produce the same tokens, across buckets of different input lengths, a stage per length."""
 import re
 
@@ -25,7 +26,23 @@ def test_step_reads_its_inputs_from_the_donated_stage():
     llm = jaxinfer.LLM(model="tiny-llama", load_format="dummy", warmup=False, progress=False, max_model_len=256)
     r = llm.runner
     assert r.staged
-    txt = r.compile_step(r.ladder.buckets[0]).as_text()
+    _assert_reads_inputs_from_stage(r.compile_step(r.ladder.buckets[0]).as_text(), many_readers=True)
+
+
+def test_draft_cycle_reads_its_inputs_from_the_donated_stage(tiny_llama_dir):
+    """runner/draft_cycle.py: a draft model's k steps as one program, its two packed inputs staged the same way."""
+    llm = jaxinfer.LLM(tiny_llama_dir, num_pages=32, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=4,
+                       warmup=False, progress=False, speculative_config=dict(
+                           method="draft", draft_model=tiny_llama_dir, num_speculative_tokens=2, batch_policy=False))
+    prop = llm.engine.spec.proposer
+    assert prop.cycle is not None and prop.cycle.staged
+    b1, b2 = prop.cycle.buckets()[0]
+    _assert_reads_inputs_from_stage(prop.cycle._program(b1, b2, prop.carry_shape).as_text(), many_readers=False)
+
+
+def _assert_reads_inputs_from_stage(txt: str, many_readers: bool):
+    """The optimized HLO's transferred ints / floats parameters: their only reader is the copy into their stage
+    parameter, whose result the program reads; the stage parameters are aliased to outputs (donated)."""
     entry = _entry(txt)
     params = dict(re.findall(r"%(\S+) = \S+ parameter\((\d+)\)", entry))
     ints, floats = next(n for n in params if n.startswith("ints")), next(n for n in params if n.startswith("floats"))
@@ -43,7 +60,7 @@ def test_step_reads_its_inputs_from_the_donated_stage():
         readers = [line for line in entry.splitlines() if re.search(rf"%{re.escape(copy)}\b", line)
                    and not line.strip().startswith(f"%{copy} =")]
         assert readers  # the step reads the stage (ints: the batch's slices; floats: the sampling parameters)
-        if name == ints and "fusion-start(" not in users[0]:
+        if many_readers and name == ints and "fusion-start(" not in users[0]:
             assert len(readers) > 3, readers
     aliased = {int(p) for p in re.findall(r"\{\d+\}: \((\d+), \{\}", txt[txt.index("input_output_alias"):
                                                                         txt.index("entry_computation_layout")])}
