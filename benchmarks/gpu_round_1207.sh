@@ -15,11 +15,13 @@
 #          attention, 1.23x at batch 256, may carry it past 10,000)
 #   spec   the 1B int8 draft at batch 1, accept 0.7 with 'auto' attention (the Pallas kernel under speculation
 #          since fe42d32) and with attention_backend='cudnn' (was cuDNN the cause of 1.23x vs 1.54x?)
+#   dprof  the 1B draft's step per kernel in its 16-token bucket, bf16 and int8 (step_profile.py): which of its ~14
+#          kernels a layer hold the excess over its weight-streaming floor (issue 21), before a fused kernel is written
 #   mid    latency batch 16 / 32, cuDNN vs the Pallas kernel (is 64 the right AUTO_CUDNN_MIN_TOKENS?)
 #   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="tests attn auto" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
 GPU_ROUND=gpu-round-1207
 source "$(dirname "$0")/gpu_lib.sh"
-PARTS=${PARTS:-tests attn auto serve split tp512 spec mid}
+PARTS=${PARTS:-tests attn auto serve split tp512 spec dprof mid}
 LAT8="benchmarks/latency.py --no-peer"
 SPEC="benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 --accept 0.7"
 for part in $PARTS; do case $part in
@@ -50,6 +52,10 @@ for part in $PARTS; do case $part in
   tests)
     run tests 150 timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
       tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py ;;
+  dprof)
+    SP="benchmarks/probes/step_profile.py --model llama3.2-1b --shapes decode-b1 --top 40 --max-num-seqs 16"
+    run prof-t16 100 timeout 100 $PY $SP --min-bucket-tokens 16 --tag draft1b-t16
+    run prof-t16-int8 100 timeout 100 $PY $SP --min-bucket-tokens 16 --quantization int8 --tag draft1b-t16-int8 ;;
   mid)
     for be in cudnn pallas; do
       run mid-$be 120 timeout 120 $PY $LAT8 --batch 16 32 --attention-backend $be --tag mid-$be
