@@ -32,6 +32,7 @@ from jaxinfer.outputs import SeqInput
 from jaxinfer.runner.batch import INT_FIELDS, field_shapes, pack
 from jaxinfer.runner.buckets import Bucket
 from jaxinfer.runner.model_runner import compile_lowered, step_compiler_options
+from jaxinfer.runner.step import stage_inputs
 
 
 def _int_offsets(bucket: Bucket) -> dict[str, tuple[int, tuple[int, ...]]]:
@@ -47,7 +48,7 @@ def advance(ints: jax.Array, k_row: jax.Array, j: int, bucket: Bucket, page_size
     """The packed int32 buffer of draft step j from that of step j - 1 (decode-only batch; k_row: i32[S] drafts
     wanted per row, 0 for padding rows)."""
     off = _int_offsets(bucket)
-    T, S, NT = bucket.num_tokens, bucket.num_seqs, bucket.num_tiles
+    T, S = bucket.num_tokens, bucket.num_seqs
 
     def get(name):
         o, shape = off[name]
@@ -98,7 +99,13 @@ class FusedDraftSteps:
                 tokens.append(out.tokens)
             return kv_caches, jnp.stack(tokens), penalty_table  # [num_steps, max_num_seqs]
 
-        self._fn = jax.jit(draft_steps, donate_argnums=(1, 4), static_argnames=("bucket",))
+        def staged_draft_steps(params, kv_caches, ints_ext, floats, penalty_table, stage, bucket):
+            ints_ext, floats, stage = stage_inputs(ints_ext, floats, stage)  # (runner/step.stage_inputs)
+            return (*draft_steps(params, kv_caches, ints_ext, floats, penalty_table, bucket), stage)
+
+        self.staged = runner.staged
+        self._fn = (jax.jit(staged_draft_steps, donate_argnums=(1, 4, 5), static_argnames=("bucket",))
+                    if self.staged else jax.jit(draft_steps, donate_argnums=(1, 4), static_argnames=("bucket",)))
         self._compiled: dict[Bucket, object] = {}
 
     def buckets(self) -> list[Bucket]:
@@ -112,8 +119,12 @@ class FusedDraftSteps:
             r = self.runner
             ints, floats = r.placeholder_batch(bucket)
             spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
-            lowered = self._fn.lower(r.step_params, r.kv_caches, spec((ints.size + bucket.num_seqs,), np.int32),
-                                     spec(floats.shape, np.float32), r.penalty_table, bucket=bucket)
+            key = (ints.size + bucket.num_seqs, floats.size)
+            stage = (r.take_stage(*key),) if self.staged else ()
+            lowered = self._fn.lower(r.step_params, r.kv_caches, spec((key[0],), np.int32),
+                                     spec(floats.shape, np.float32), r.penalty_table, *stage, bucket=bucket)
+            if stage:
+                r._stages[key] = stage[0]
             # the XLA options of the runner's own step of this bucket
             prog = self._compiled[bucket] = compile_lowered(lowered, step_compiler_options(bucket))
         return prog
@@ -136,8 +147,13 @@ class FusedDraftSteps:
         k_row = np.zeros(bucket.num_seqs, np.int32)
         k_row[:n] = ks
         ints_ext = np.concatenate([ints, k_row])  # (numpy into the call: see ModelRunner.dispatch)
-        r.kv_caches, tokens, r.penalty_table = self._program(bucket)(r.step_params, r.kv_caches, ints_ext, floats,
-                                                                     r.penalty_table)
+        prog = self._program(bucket)
+        if not self.staged:
+            r.kv_caches, tokens, r.penalty_table = prog(r.step_params, r.kv_caches, ints_ext, floats, r.penalty_table)
+            return tokens
+        key = (ints_ext.shape[0], floats.shape[0])
+        r.kv_caches, tokens, r.penalty_table, r._stages[key] = prog(r.step_params, r.kv_caches, ints_ext, floats,
+                                                                    r.penalty_table, r.take_stage(*key))
         return tokens
 
     @staticmethod

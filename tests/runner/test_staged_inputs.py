@@ -40,6 +40,16 @@ def test_draft_cycle_reads_its_inputs_from_the_donated_stage(tiny_llama_dir):
     _assert_reads_inputs_from_stage(prop.cycle._program(b1, b2, prop.carry_shape).as_text(), many_readers=False)
 
 
+def test_fused_draft_steps_read_their_inputs_from_the_donated_stage(tiny_llama_dir):
+    """runner/draft_steps.py (the unpipelined proposal: k draft steps in one program): staged the same way."""
+    llm = jaxinfer.LLM(tiny_llama_dir, num_pages=32, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=4,
+                       warmup=False, progress=False, speculative_config=dict(
+                           method="draft", draft_model=tiny_llama_dir, num_speculative_tokens=2, batch_policy=False))
+    fused = llm.engine.spec.proposer.fused
+    assert fused is not None and fused.staged
+    _assert_reads_inputs_from_stage(fused._program(fused.buckets()[0]).as_text(), many_readers=False)
+
+
 def _assert_reads_inputs_from_stage(txt: str, many_readers: bool):
     """The optimized HLO's transferred ints / floats parameters: their only reader is the copy into their stage
     parameter, whose result the program reads; the stage parameters are aliased to outputs (donated)."""
