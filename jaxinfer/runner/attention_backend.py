@@ -63,6 +63,9 @@ def cudnn_attention_problem(loaded: LoadedModel, config: EngineConfig) -> str | 
     if kv != "auto" or window is not None:
         return ("attention_backend='cudnn' takes bf16 / fp16 KV pages without a sliding window (got "
                 f"kv_cache_dtype={kv!r}, sliding_window={window}); use attention_backend='pallas'")
+    problem = cudnn_paged.runtime_problem(loaded.cfg.head_dim)
+    if problem:
+        return f"attention_backend='cudnn': {problem}; use attention_backend='pallas'"
     return None
 
 

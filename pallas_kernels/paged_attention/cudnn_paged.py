@@ -60,6 +60,33 @@ def _missing_parameters(params, kw) -> list[str]:
     return [p for p, v in params.items() if p not in kw and v.default is inspect.Parameter.empty]
 
 
+# cuDNN's SDPA takes paged K / V from cuDNN 9.5.0 (cudnn-frontend 1.8 release notes) on SM 8.0+ GPUs; decode
+# head dims up to 128 on Ampere / Ada (256 on Hopper; 128 is what every Llama-family model here uses).
+MIN_CUDNN_VERSION = 90500
+MAX_HEAD_DIM = 128
+
+
+def runtime_problem(head_dim: int, cudnn_version=None, compute_capability=None) -> str | None:
+    """What keeps this machine's cuDNN from the paged call (None: nothing): no cuDNN, one older than 9.5, a GPU
+    before SM 8.0, a head dim above 128. cudnn_version / compute_capability: as jax reports them (default: ask)."""
+    try:
+        if cudnn_version is None:
+            from jax._src.cudnn import fused_attention_stablehlo as fa
+            cudnn_version = fa.check_cudnn_version()
+        if compute_capability is None:
+            import jax
+            compute_capability = jax.devices()[0].compute_capability
+    except Exception as e:  # (no cuDNN, or a device without a compute capability)
+        return f"cuDNN's attention is not usable here ({type(e).__name__}: {e})"
+    if int(cudnn_version) < MIN_CUDNN_VERSION:
+        return f"cuDNN {cudnn_version} has no paged attention (needs >= {MIN_CUDNN_VERSION}, cuDNN 9.5)"
+    if tuple(int(x) for x in str(compute_capability).split(".")[:2]) < (8, 0):
+        return f"cuDNN's paged attention needs an SM 8.0+ GPU (this one: {compute_capability})"
+    if head_dim > MAX_HEAD_DIM:
+        return f"head dim {head_dim} is above the {MAX_HEAD_DIM} the engine takes cuDNN's decode attention for"
+    return None
+
+
 def available() -> bool:
     """Whether this jax's private cuDNN attention takes the call cudnn_sdpa makes (the 'auto' backend asks before
     choosing cuDNN; an explicit attention_backend='cudnn' gets cudnn_sdpa's error instead)."""

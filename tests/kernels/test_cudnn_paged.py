@@ -235,7 +235,41 @@ def test_auto_attention_policy_on_a_gpu(monkeypatch, backend, speculative, expec
     from jaxinfer.runner import attention_backend
     monkeypatch.setattr(attention_backend.jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(attention_backend.cudnn_paged, "available", lambda: True)
+    monkeypatch.setattr(attention_backend.cudnn_paged, "runtime_problem", lambda head_dim: None)
     spec = SpeculativeConfig(method="ngram", num_speculative_tokens=4) if speculative else None
     config = EngineConfig(kernels=KernelConfig(attention_backend=backend), speculative=spec)
-    loaded = SimpleNamespace(cfg=SimpleNamespace(sliding_window=None), dtype=jnp.bfloat16)  # what it reads
+    loaded = SimpleNamespace(cfg=SimpleNamespace(sliding_window=None, head_dim=128), dtype=jnp.bfloat16)  # (read)
     assert (attention_backend.resolve(loaded, config), attention_backend.cudnn_min_tokens(config)) == expected
+
+
+def test_an_old_cudnn_keeps_auto_on_the_kernel_and_explicit_cudnn_names_it(monkeypatch):
+    """A GPU whose cuDNN cannot take the paged call: 'auto' stays on the Pallas kernel (start-up must not fail
+    where it would work), an explicit 'cudnn' is a ValueError naming the problem and attention_backend='pallas'."""
+    from jaxinfer.config import EngineConfig, KernelConfig
+    from jaxinfer.runner import attention_backend
+    from pallas_kernels.paged_attention import cudnn_paged
+    monkeypatch.setattr(attention_backend.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(attention_backend.cudnn_paged, "available", lambda: True)
+    real = cudnn_paged.runtime_problem
+    monkeypatch.setattr(cudnn_paged, "runtime_problem", lambda head_dim: real(head_dim, 90400, "9.0"))
+    loaded = SimpleNamespace(cfg=SimpleNamespace(sliding_window=None, head_dim=128), dtype=jnp.bfloat16)
+    assert attention_backend.resolve(loaded, EngineConfig()) == "pallas"
+    with pytest.raises(ValueError, match=r"90400.*attention_backend='pallas'"):
+        attention_backend.resolve(loaded, EngineConfig(kernels=KernelConfig(attention_backend="cudnn")))
+
+
+@pytest.mark.parametrize("version,cc,head_dim,problem", [
+    (91000, "9.0", 128, None), (90500, "8.0", 64, None), (90400, "9.0", 128, "9.5"), (91000, "7.5", 128, "SM 8.0"),
+    (91000, "9.0", 256, "head dim 256")])
+def test_cudnn_runtime_problem(version, cc, head_dim, problem):
+    from pallas_kernels.paged_attention import cudnn_paged
+    got = cudnn_paged.runtime_problem(head_dim, version, cc)
+    assert (got is None) if problem is None else (problem in got), got
+
+
+def test_cudnn_runtime_problem_without_cudnn():
+    """On this machine's CPU jax there is no cuDNN: a problem, not an exception."""
+    from pallas_kernels.paged_attention import cudnn_paged
+    if jax.default_backend() == "gpu":
+        pytest.skip("the CPU's answer")
+    assert cudnn_paged.runtime_problem(128) is not None
