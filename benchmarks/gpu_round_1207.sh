@@ -9,8 +9,9 @@
 #   serve  online serving, ShareGPT-like mix at 16 / 32 req/s, 'auto' vs the Pallas kernel: mixed steps of <= 256
 #          tokens (decodes beside a prompt chunk) run through cuDNN under 'auto', one cuDNN row per prompt token
 #          reading its whole context (the Pallas kernel reads it once per 16-token tile); is that a loss?
-#   split  'auto' with JAXINFER_CUDNN_SPLIT=1 (cuDNN for the one-token sequences only, the Pallas kernel for the
-#          rest of its buckets): latency batch 64 / 256 and serving at 16 / 32 req/s, against the parts above
+#   split  'auto' with JAXINFER_CUDNN_SPLIT=1 (in every bucket of >= 64 tokens cuDNN for the decodes only, the
+#          Pallas kernel for the rest, prefill-shaped buckets too): latency batch 64 / 256, serving at 16 / 32 req/s
+#          and offline, against the parts above
 #   tp512  offline with 512 sequences, 'auto' vs the Pallas kernel (9,421 with the kernel on the H200, 12-04: cuDNN's
 #          attention, 1.23x at batch 256, may carry it past 10,000)
 #   spec   the 1B int8 draft at batch 1, accept 0.7 with 'auto' attention (the Pallas kernel under speculation
@@ -47,6 +48,7 @@ for part in $PARTS; do case $part in
     done ;;
   split)
     run lat-split 130 JAXINFER_CUDNN_SPLIT=1 timeout 130 $PY $LAT8 --batch 64 256 --tag split
+    run tp-split 170 JAXINFER_CUDNN_SPLIT=1 timeout 170 $PY benchmarks/throughput.py --workload fixed --tag split
     run serve-split 270 JAXINFER_CUDNN_SPLIT=1 timeout 270 $PY benchmarks/serving_sweep.py --rates 16 32 \
       --num-prompts 500 --tag split ;;
   tests)

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from pallas_kernels.paged_attention.cudnn_paged import cudnn_paged_attention
+from pallas_kernels.paged_attention.cudnn_paged import cudnn_paged_attention, cudnn_rows, token_sequences
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention
 from pallas_kernels.paged_attention.kv_quant import QuantizedPages
 from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference, write_kv_pages
@@ -68,8 +68,8 @@ class AttentionOptions(NamedTuple):
     mesh: Any = None          # tensor parallelism: a Mesh with a "model" axis; attention runs per KV-head shard
     num_sms: int = 132        # pallas: streaming multiprocessors of the GPU (decode_kv_splits); H100 / H200: 132
     cudnn_min_tokens: int = 1  # cudnn: the fewest tokens a decode-shaped bucket needs to run through cuDNN
-    cudnn_split: bool = False  # cudnn: in those buckets cuDNN takes only the sequences with one token in the step,
-                               # the Pallas kernel the others (prompt chunks, verification), per token
+    cudnn_split: bool = False  # cudnn: in every bucket of >= cudnn_min_tokens, cuDNN takes only the sequences
+                               # with one token in the step (compacted to <= S rows), the Pallas kernel the others
 
 
 class AttentionMetadata(NamedTuple):
@@ -113,6 +113,23 @@ def single_token_sequences(tile_tokens, tile_seq, tile_kv_len, rows: int, T: int
     return one_tok, one_tile
 
 
+def _cudnn_split(q, k, v, k_pages, v_pages, kd, vd, md, opts, sm_scale, sliding_window):
+    """AttentionOptions.cudnn_split: the tokens of one-token sequences (decodes; at most one a sequence, so <= S of
+    them) gathered into R = min(T, S) cuDNN rows, the other tokens through the Pallas kernel with the decodes'
+    tiles emptied (kv_len 0), the cuDNN rows scattered over its output. K / V are already written."""
+    T, S = q.shape[0], md.page_tables.shape[0] - 1
+    one_tok, one_tile = single_token_sequences(md.tile_tokens, md.tile_seq, md.tile_kv_len, S + 1, T)
+    idx = jnp.nonzero(one_tok, size=min(T, S), fill_value=T)[0]      # [R] token of each row; T: no token
+    live, tok = idx < T, jnp.minimum(idx, T - 1)
+    seq = jnp.where(live, token_sequences(md.tile_tokens, md.tile_seq, T, S)[tok], S)
+    dec = cudnn_rows(q[tok], kd, vd, jnp.where(live, md.positions[tok] + 1, 1), seq, md.page_tables,
+                     sm_scale=sm_scale)                                 # [R, H, D]
+    rest, k_pages, v_pages = _paged_attention_local(
+        q, k, v, k_pages, v_pages, md._replace(tile_kv_len=jnp.where(one_tile, 0, md.tile_kv_len)),
+        opts._replace(backend="pallas"), sm_scale, sliding_window, written=True)
+    return rest.at[idx].set(dec, mode="drop"), k_pages, v_pages
+
+
 def _paged_attention_local(q, k, v, k_pages, v_pages, md, opts, sm_scale, sliding_window, written=False):
     """written: this step's K / V are already in the pages (the cuDNN split's second call)."""
     if not written:
@@ -124,23 +141,14 @@ def _paged_attention_local(q, k, v, k_pages, v_pages, md, opts, sm_scale, slidin
         if scales or sliding_window is not None:
             raise ValueError("attention_backend='cudnn' takes bf16 / fp16 KV pages without a sliding window; use "
                              "attention_backend='pallas' for quantized KV caches and sliding-window models")
+        T, S = q.shape[0], md.page_tables.shape[0] - 1
+        if opts.cudnn_split and T >= opts.cudnn_min_tokens:
+            return _cudnn_split(q, k, v, k_pages, v_pages, kd, vd, md, opts, sm_scale, sliding_window)
         # a decode-shaped bucket (tokens <= sequences) of at least cudnn_min_tokens: cuDNN
-        if opts.cudnn_min_tokens <= q.shape[0] <= md.page_tables.shape[0] - 1:
-            if not opts.cudnn_split:
-                out = cudnn_paged_attention(q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len,
-                                            md.page_tables, sm_scale=sm_scale)
-                return out, k_pages, v_pages
-            # cuDNN for the one-token sequences, the Pallas kernel for the rest (their tiles only: the one-token
-            # sequences' tiles are emptied, kv_len 0), merged per token
-            one_tok, one_tile = single_token_sequences(md.tile_tokens, md.tile_seq, md.tile_kv_len,
-                                                       md.page_tables.shape[0], q.shape[0])
+        if opts.cudnn_min_tokens <= T <= S:
             out = cudnn_paged_attention(q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len,
-                                        md.page_tables, sm_scale=sm_scale, rows=one_tok)
-            md = md._replace(tile_kv_len=jnp.where(one_tile, 0, md.tile_kv_len))
-            rest, k_pages, v_pages = _paged_attention_local(q, k, v, k_pages, v_pages, md,
-                                                            opts._replace(backend="pallas"), sm_scale, sliding_window,
-                                                            written=True)
-            return jnp.where(one_tok[:, None, None], out, rest), k_pages, v_pages
+                                        md.page_tables, sm_scale=sm_scale)
+            return out, k_pages, v_pages
         # (prefill-shaped buckets: the Pallas kernel; cuDNN's one row a token would re-read a chunk's KV per token)
     if opts.backend in ("pallas", "cudnn"):
         splits = kernel_split_options(md.page_tables.shape[0] - 1, kd.shape[2], opts.num_sms)  # rows: S + 1

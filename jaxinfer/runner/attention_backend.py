@@ -37,10 +37,11 @@ def auto_attention_backend(loaded: LoadedModel, config: EngineConfig, single_dev
 
 
 def cudnn_split() -> bool:
-    """JAXINFER_CUDNN_SPLIT=1: in cuDNN's buckets, cuDNN only for the sequences with one token in the step and the
-    Pallas kernel for the others (AttentionOptions.cudnn_split; models/attention.py). An A/B switch until measured
-    (benchmarks/gpu_round_1207.sh): it keeps a prompt chunk or a verification that lands in a decode-shaped bucket
-    from reading its context once per token, at the price of a second (mostly empty) attention call a layer."""
+    """JAXINFER_CUDNN_SPLIT=1: in every bucket of >= cudnn_min_tokens (prefill-shaped ones too), cuDNN only for the
+    sequences with one token in the step and the Pallas kernel for the others (AttentionOptions.cudnn_split;
+    models/attention.py). An A/B switch until measured (benchmarks/gpu_round_1207.sh): it keeps a prompt chunk or a
+    verification in a decode-shaped bucket from reading its context once per token, and gives the decodes of mixed
+    offline steps cuDNN's speed, at the price of a second (partly empty) attention call a layer."""
     return os.environ.get("JAXINFER_CUDNN_SPLIT", "0") == "1"
 
 

@@ -99,22 +99,31 @@ def available() -> bool:
 
 
 def cudnn_paged_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, tile_kv_len, page_tables, *,
-                          sm_scale: float, rows=None, sdpa=cudnn_sdpa):
+                          sm_scale: float, sdpa=cudnn_sdpa):
     """q [T, H, D] -> [T, H, D]; arguments as ragged_paged_attention_reference (tile_kv_len unused: a token's
-    visible keys follow from its position). rows: bool[T] or None: only these tokens attend (the others' rows read
-    one key and come back as zeros: models/attention.py's split, where the Pallas kernel computes them)."""
+    visible keys follow from its position)."""
     del tile_kv_len
-    T, H, D = q.shape
     S = page_tables.shape[0] - 1                                      # row S: the all-zero row (no sequence)
-    NT, Bq = tile_tokens.shape
-    # each referenced token's sequence (tokens in no tile: S); empty tile slots point at T, dropped by [:T]
-    seq_of = jnp.full((T + 1,), S, jnp.int32).at[tile_tokens.reshape(-1)].set(
-        jnp.repeat(tile_seq.astype(jnp.int32), Bq))[:T]
+    seq_of = token_sequences(tile_tokens, tile_seq, q.shape[0], S)
     valid = seq_of < S
-    if rows is not None:
-        valid = valid & rows
-    kv_len = jnp.where(valid, positions + 1, 1).astype(jnp.int32)     # [T]
-    table = page_tables[seq_of][:, None, :, None]                    # [T, 1, W, 1]
-    out = sdpa(q[:, None], k_pages, v_pages, jnp.ones((T,), jnp.int32), kv_len, table, scale=sm_scale)
-    out = out.reshape(T, H, D).astype(q.dtype)                       # [T, 1, H, D] -> [T, H, D]
+    out = cudnn_rows(q, k_pages, v_pages, jnp.where(valid, positions + 1, 1), seq_of, page_tables,
+                     sm_scale=sm_scale, sdpa=sdpa)
     return jnp.where(valid[:, None, None], out, jnp.zeros((), q.dtype))
+
+
+def token_sequences(tile_tokens, tile_seq, T: int, S: int):
+    """i32[T]: each token's sequence (row of the page tables) from the query tiles; S for tokens in no tile (empty
+    tile slots point at T and are dropped)."""
+    Bq = tile_tokens.shape[1]
+    return jnp.full((T + 1,), S, jnp.int32).at[tile_tokens.reshape(-1)].set(
+        jnp.repeat(tile_seq.astype(jnp.int32), Bq))[:T]
+
+
+def cudnn_rows(q, k_pages, v_pages, kv_len, seq, page_tables, *, sm_scale: float, sdpa=cudnn_sdpa):
+    """One cuDNN batch row per query row: q [R, H, D] sees keys [0, kv_len[r]) of sequence seq[r]'s pages (kv_len
+    >= 1; a dead row: 1 key of the all-zero row S). -> [R, H, D] (dead rows: whatever one key gives)."""
+    R, H, D = q.shape
+    table = page_tables[seq][:, None, :, None]                        # [R, 1, W, 1]
+    out = sdpa(q[:, None], k_pages, v_pages, jnp.ones((R,), jnp.int32), kv_len.astype(jnp.int32), table,
+               scale=sm_scale)
+    return out.reshape(R, H, D).astype(q.dtype)                       # [R, 1, H, D] -> [R, H, D]

@@ -196,22 +196,32 @@ def test_single_token_sequences_marks_the_decodes():
     assert tiles_of_decodes == {i for i, (_, n) in enumerate(MIXED) if n == 1}
 
 
-@pytest.mark.parametrize("split", [False, True])
-def test_cudnn_split_matches_the_reference_on_a_mixed_step(monkeypatch, split):
-    """A decode-shaped bucket that mixes decodes with a prompt chunk and a verification: whole through cuDNN (its
-    stand-in), or split (AttentionOptions.cudnn_split: cuDNN's rows only for the one-token sequences, the Pallas
-    kernel in interpret mode for the rest); both match the reference, and the split hands cuDNN only the decodes."""
+@pytest.mark.parametrize("split,step", [(False, "mixed"), (True, "mixed"), (True, "prefill")])
+def test_cudnn_split_matches_the_reference(monkeypatch, split, step):
+    """Steps whose decodes sit beside a prompt chunk and a verification: in a decode-shaped bucket whole through
+    cuDNN (its stand-in), or split (AttentionOptions.cudnn_split: the decodes gathered into min(T, S) cuDNN rows, the
+    Pallas kernel in interpret mode for the rest), also in a prefill-shaped bucket (more tokens than sequences);
+    every form matches the reference, and the split hands cuDNN exactly the decodes."""
     from jaxinfer.models import attention as attn
+    from pallas_kernels.paged_attention import cudnn_paged
 
-    rows_given = []
+    calls = []
 
-    def standin(*a, rows=None, **kw):
-        rows_given.append(None if rows is None else int(np.asarray(rows).sum()))
-        return cudnn_paged_attention(*a, **kw, rows=rows, sdpa=dense_sdpa)
-    monkeypatch.setattr(attn, "cudnn_paged_attention", standin)
-    D, KVH = 32, 2
-    d = _mixed_step(np.random.default_rng(6), KVH=KVH, D=D)
-    a, T = d["a"], d["batch"].bucket.num_tokens
+    def whole(*a, **kw):
+        calls.append(("whole", a[0].shape[0]))
+        return cudnn_paged_attention(*a, **kw, sdpa=dense_sdpa)
+
+    def rows(q, kp, vp, kv_len, seq, tables, **kw):
+        calls.append(("rows", q.shape[0], int((np.asarray(seq) < tables.shape[0] - 1).sum())))
+        return cudnn_paged.cudnn_rows(q, kp, vp, kv_len, seq, tables, **kw, sdpa=dense_sdpa)
+    monkeypatch.setattr(attn, "cudnn_paged_attention", whole)
+    monkeypatch.setattr(attn, "cudnn_rows", rows)
+    D, KVH, ps = 32, 2, 16
+    steps = MIXED if step == "mixed" else cases(ps)
+    d = (_mixed_step(np.random.default_rng(6), KVH=KVH, D=D) if step == "mixed" else
+         build(np.random.default_rng(7), steps, 8, KVH, D, ps, max_seqs=16, max_tokens=256, query_tile=4))
+    a, T, S = d["a"], d["batch"].bucket.num_tokens, d["batch"].bucket.num_seqs
+    assert (T > S) == (step == "prefill"), d["batch"].bucket
     md = attn.AttentionMetadata(*(jnp.asarray(a[n]) for n in ("positions", "slot_mapping", "tile_tokens",
                                                              "tile_seq", "tile_kv_len", "page_tables")))
     opts = attn.AttentionOptions(2, False, "cudnn", interpret=True, cudnn_split=split)
@@ -219,9 +229,10 @@ def test_cudnn_split_matches_the_reference_on_a_mixed_step(monkeypatch, split):
     slotless = md._replace(slot_mapping=jnp.full((T,), -1, jnp.int32))
     out, _, _ = attn.paged_attention(d["q"], zeros, zeros, d["kp"], d["vp"], slotless, opts, sm_scale=D ** -0.5)
     ref = ragged_paged_attention_reference(*kernel_args(d), sm_scale=D ** -0.5, kv_chunk_pages=2)
-    n = sum(n for _, n in MIXED)
+    n = sum(n for _, n in steps)
     np.testing.assert_allclose(np.asarray(out)[:n], np.asarray(ref)[:n], rtol=2e-5, atol=2e-5)
-    assert rows_given == ([sum(n == 1 for _, n in MIXED)] if split else [None])
+    decodes = sum(n == 1 for _, n in steps)
+    assert calls == ([("rows", min(T, S), decodes)] if split else [("whole", T)])
 
 
 @pytest.mark.parametrize("backend,speculative,expected", [
