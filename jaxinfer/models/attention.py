@@ -67,7 +67,7 @@ class AttentionOptions(NamedTuple):
     interpret: bool = False   # pallas on CPU: run the kernel body in interpret mode (tests)
     mesh: Any = None          # tensor parallelism: a Mesh with a "model" axis; attention runs per KV-head shard
     num_sms: int = 132        # pallas: streaming multiprocessors of the GPU (decode_kv_splits); H100 / H200: 132
-    cudnn_min_tokens: int = 1  # cudnn: the fewest tokens a decode-shaped bucket needs to run through cuDNN
+    cudnn_min_tokens: int = 1  # cudnn: the fewest tokens a bucket needs to run (its decodes) through cuDNN
     cudnn_split: bool = False  # cudnn: in every bucket of >= cudnn_min_tokens, cuDNN takes only the sequences
                                # with one token in the step (compacted to <= S rows), the Pallas kernel the others
 
