@@ -100,16 +100,13 @@ def paged_attention(q, k, v, k_pages, v_pages, md: AttentionMetadata, opts: Atte
                          out_specs=(heads, pages, pages), check_vma=False)(q, k, v, k_pages, v_pages, md)
 
 
-def single_token_sequences(tile_tokens, tile_seq, tile_kv_len, rows: int, T: int):
+def single_token_sequences(seq_of, tile_seq, tile_kv_len, S: int):
     """Which tokens (bool[T]) and tiles (bool[NT]) belong to a sequence with exactly one token in this step (a
-    decode): tile_tokens i32[NT, Bq] (T = empty slot), tile_seq i32[NT], tile_kv_len i32[NT] (0 = empty tile),
-    rows = S + 1 rows of the page tables."""
-    live = tile_kv_len > 0
-    per_tile = jnp.sum(tile_tokens < T, axis=1) * live                                   # [NT]
-    per_seq = jnp.zeros((rows,), jnp.int32).at[tile_seq].add(per_tile.astype(jnp.int32))  # [S + 1]
-    one_tile = live & (per_seq[tile_seq] == 1)
-    one_tok = jnp.zeros((T + 1,), bool).at[tile_tokens.reshape(-1)].set(
-        jnp.repeat(one_tile, tile_tokens.shape[1]))[:T]                                   # slot T: dropped
+    decode): seq_of i32[T] each token's sequence (S: none; cudnn_paged.token_sequences), tile_seq i32[NT],
+    tile_kv_len i32[NT] (0 = empty tile)."""
+    per_seq = jnp.zeros((S + 1,), jnp.int32).at[seq_of].add(1)                             # [S + 1] tokens
+    one_tok = (seq_of < S) & (per_seq[seq_of] == 1)
+    one_tile = (tile_kv_len > 0) & (tile_seq < S) & (per_seq[jnp.minimum(tile_seq, S)] == 1)
     return one_tok, one_tile
 
 
@@ -118,10 +115,11 @@ def _cudnn_split(q, k, v, k_pages, v_pages, kd, vd, md, opts, sm_scale, sliding_
     them) gathered into R = min(T, S) cuDNN rows, the other tokens through the Pallas kernel with the decodes'
     tiles emptied (kv_len 0), the cuDNN rows scattered over its output. K / V are already written."""
     T, S = q.shape[0], md.page_tables.shape[0] - 1
-    one_tok, one_tile = single_token_sequences(md.tile_tokens, md.tile_seq, md.tile_kv_len, S + 1, T)
+    seq_of = token_sequences(md.tile_tokens, md.tile_seq, T, S)
+    one_tok, one_tile = single_token_sequences(seq_of, md.tile_seq, md.tile_kv_len, S)
     idx = jnp.nonzero(one_tok, size=min(T, S), fill_value=T)[0]      # [R] token of each row; T: no token
     live, tok = idx < T, jnp.minimum(idx, T - 1)
-    seq = jnp.where(live, token_sequences(md.tile_tokens, md.tile_seq, T, S)[tok], S)
+    seq = jnp.where(live, seq_of[tok], S)
     dec = cudnn_rows(q[tok], kd, vd, jnp.where(live, md.positions[tok] + 1, 1), seq, md.page_tables,
                      sm_scale=sm_scale)                                 # [R, H, D]
     rest, k_pages, v_pages = _paged_attention_local(

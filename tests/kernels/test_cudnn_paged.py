@@ -184,11 +184,12 @@ def test_single_token_sequences_marks_the_decodes():
     """models/attention.single_token_sequences: the tokens (packed in sequence order) and tiles of the sequences
     with one token in the step, against the step's own list."""
     from jaxinfer.models.attention import single_token_sequences
+    from pallas_kernels.paged_attention.cudnn_paged import token_sequences
 
     d = _mixed_step(np.random.default_rng(5))
-    a, T = d["a"], d["batch"].bucket.num_tokens
-    one_tok, one_tile = single_token_sequences(*(jnp.asarray(a[n]) for n in ("tile_tokens", "tile_seq", "tile_kv_len")),
-                                               a["page_tables"].shape[0], T)
+    a, T, S = d["a"], d["batch"].bucket.num_tokens, d["batch"].bucket.num_seqs
+    tiles, tile_seq, tile_kv_len = (jnp.asarray(a[n]) for n in ("tile_tokens", "tile_seq", "tile_kv_len"))
+    one_tok, one_tile = single_token_sequences(token_sequences(tiles, tile_seq, T, S), tile_seq, tile_kv_len, S)
     expected = np.zeros(T, bool)
     expected[:sum(n for _, n in MIXED)] = np.concatenate([[n == 1] * n for _, n in MIXED])
     np.testing.assert_array_equal(np.asarray(one_tok), expected)
