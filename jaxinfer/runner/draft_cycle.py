@@ -157,11 +157,9 @@ class DraftCycle:
             r = self.runner
             n, m = self._input_lengths(b1, b2)
             spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
-            stage = (r.take_stage(n, m),) if self.staged else ()
+            stage = (r.stage_specs(n, m),) if self.staged else ()
             lowered = self._fn.lower(r.step_params, r.kv_caches, spec((n,), np.int32), spec((m,), np.float32),
                                      spec(carry_shape, np.int32), r.penalty_table, *stage, b1=b1, b2=b2)
-            if stage:
-                r._stages[(n, m)] = stage[0]
             prog = self._compiled[key] = compile_lowered(lowered, step_compiler_options(b1))
         return prog
 
@@ -185,13 +183,8 @@ class DraftCycle:
         ks[:n] = [k for _, _, _, k in seqs]
         ints, floats = np.concatenate([i1, i2, rows, ks]), np.concatenate([f1, f2])  # (numpy into the call:
         prog = self._program(b1, b2, tuple(carry.shape))                             # see ModelRunner.dispatch)
-        if not self.staged:
-            r.kv_caches, carry, r.penalty_table = prog(r.step_params, r.kv_caches, ints, floats, carry,
-                                                       r.penalty_table)
-            return carry
-        key = (ints.shape[0], floats.shape[0])
-        r.kv_caches, carry, r.penalty_table, r._stages[key] = prog(r.step_params, r.kv_caches, ints, floats, carry,
-                                                                   r.penalty_table, r.take_stage(*key))
+        args = (r.step_params, r.kv_caches, ints, floats, carry, r.penalty_table)
+        r.kv_caches, carry, r.penalty_table = r.call_staged(prog, ints, floats, *args) if self.staged else prog(*args)
         return carry
 
     @staticmethod

@@ -172,7 +172,6 @@ class ModelProposer:
         """Compute draft KV for tokens [computed, N-1) of every live sequence, in as many steps as the largest
         bucket needs (results are not waited for: the draft steps that follow run after them on the device)."""
         todo = {rid: (self._computed.get(rid, 0), tokens) for rid, tokens, _ in live}
-        prev = None
         while True:
             inputs, budget = [], self.max_tokens_per_step
             for rid, (c, tokens) in list(todo.items()):
@@ -187,5 +186,5 @@ class ModelProposer:
                     break
             if not inputs:
                 return
-            prev = self.runner.dispatch(inputs, None)
+            self.runner.dispatch(inputs, None)  # (its flight is not waited for)
 

@@ -119,12 +119,10 @@ class FusedDraftSteps:
             r = self.runner
             ints, floats = r.placeholder_batch(bucket)
             spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
-            key = (ints.size + bucket.num_seqs, floats.size)
-            stage = (r.take_stage(*key),) if self.staged else ()
-            lowered = self._fn.lower(r.step_params, r.kv_caches, spec((key[0],), np.int32),
+            n = ints.size + bucket.num_seqs
+            stage = (r.stage_specs(n, floats.size),) if self.staged else ()
+            lowered = self._fn.lower(r.step_params, r.kv_caches, spec((n,), np.int32),
                                      spec(floats.shape, np.float32), r.penalty_table, *stage, bucket=bucket)
-            if stage:
-                r._stages[key] = stage[0]
             # the XLA options of the runner's own step of this bucket
             prog = self._compiled[bucket] = compile_lowered(lowered, step_compiler_options(bucket))
         return prog
@@ -147,13 +145,9 @@ class FusedDraftSteps:
         k_row = np.zeros(bucket.num_seqs, np.int32)
         k_row[:n] = ks
         ints_ext = np.concatenate([ints, k_row])  # (numpy into the call: see ModelRunner.dispatch)
-        prog = self._program(bucket)
-        if not self.staged:
-            r.kv_caches, tokens, r.penalty_table = prog(r.step_params, r.kv_caches, ints_ext, floats, r.penalty_table)
-            return tokens
-        key = (ints_ext.shape[0], floats.shape[0])
-        r.kv_caches, tokens, r.penalty_table, r._stages[key] = prog(r.step_params, r.kv_caches, ints_ext, floats,
-                                                                    r.penalty_table, r.take_stage(*key))
+        prog, args = self._program(bucket), (r.step_params, r.kv_caches, ints_ext, floats, r.penalty_table)
+        r.kv_caches, tokens, r.penalty_table = (r.call_staged(prog, ints_ext, floats, *args) if self.staged
+                                                else prog(*args))
         return tokens
 
     @staticmethod

@@ -299,19 +299,26 @@ class ModelRunner:
             self.kv_caches, out, hidden, self.penalty_table = step(self.step_params, self.kv_caches, ints, floats,
                                                                    prev_tokens, self.penalty_table)
             return out, hidden
-        key = (ints.shape[0], floats.shape[0])
-        self.kv_caches, out, hidden, self.penalty_table, self._stages[key] = step(
-            self.step_params, self.kv_caches, ints, floats, prev_tokens, self.penalty_table, self.take_stage(*key))
+        self.kv_caches, out, hidden, self.penalty_table = self.call_staged(
+            step, ints, floats, self.step_params, self.kv_caches, ints, floats, prev_tokens, self.penalty_table)
         return out, hidden
 
-    def take_stage(self, num_ints: int, num_floats: int) -> tuple:
-        """The stage buffers (step.stage_inputs) for packed inputs of these lengths, for a call that donates them:
-        the caller stores what the call returns back in `_stages[(num_ints, num_floats)]`."""
-        stage = self._stages.pop((num_ints, num_floats), None)
+    def call_staged(self, program, ints, floats, *args):
+        """program(*args, stage) for a program that stages its packed inputs `ints` / `floats` (step.stage_inputs:
+        the target's step, the draft programs): passes the stage buffers of their lengths (made on first use),
+        keeps the ones it returns last for the next call, returns its other outputs."""
+        key = (ints.shape[0], floats.shape[0])
+        stage = self._stages.pop(key, None)
         if stage is None:
             stage = tuple(jax.device_put(np.zeros(shape, dtype), self._replicated)
-                          for shape, dtype in stage_shapes(num_ints, num_floats))
-        return stage
+                          for shape, dtype in stage_shapes(*key))
+        *outs, self._stages[key] = program(*args, stage)
+        return outs
+
+    def stage_specs(self, num_ints: int, num_floats: int) -> tuple:
+        """The stage buffers' shapes, to lower a staged program at."""
+        return tuple(jax.ShapeDtypeStruct(shape, dtype, sharding=self._replicated)
+                     for shape, dtype in stage_shapes(num_ints, num_floats))
 
     def placeholder_batch(self, bucket) -> tuple[np.ndarray, np.ndarray]:
         """Packed (ints, floats) of a one-token step in `bucket`: the shapes a bucket's programs are lowered at."""
@@ -327,8 +334,7 @@ class ModelRunner:
         kv, table = state_specs or (self.kv_caches, self.penalty_table)
         args = (self.step_params, kv, spec(ints), spec(floats), self._no_prev, table)
         if self.staged:
-            args += (tuple(spec(jax.ShapeDtypeStruct(shape, dtype)) for shape, dtype in
-                           stage_shapes(ints.shape[0], floats.shape[0])),)
+            args += (self.stage_specs(ints.shape[0], floats.shape[0]),)
 
         def build():
             lowered = self._run_step.lower(*args, bucket=bucket, greedy_only=greedy_only)
