@@ -218,8 +218,13 @@ def main(argv=None):
     ap.add_argument("--host-profile", action="store_true",
                     help="one more run of plain decoding and of each draft at the first --accept value under "
                          "cProfile; the functions with the most host time per token go into the row")
+    ap.add_argument("--stage-inputs", action=argparse.BooleanOptionalAction, default=True,
+                    help="the step and the draft programs copy their inputs into donated fixed-address buffers "
+                         "(ModelRunner.stage_inputs; --no-stage-inputs: the A/B)")
     add_engine_flags(ap, model="llama3-8b", load_format="dummy", num_pages=2048, max_num_batched_tokens=512)
     a = ap.parse_args(argv)
+    from jaxinfer.runner.model_runner import ModelRunner
+    ModelRunner.stage_inputs = a.stage_inputs  # (read when a runner builds its programs)
 
     max_batch = max(a.batch)
     common = dict(max_model_len=a.prompt_len + a.new_tokens + 64, max_num_seqs=max(max_batch, 8))
