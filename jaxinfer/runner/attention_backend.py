@@ -16,9 +16,10 @@ from pallas_kernels.paged_attention import cudnn_paged
 # it applies (cudnn_attention_problem is None, one device, no speculation). Measured in the engine on an H100 (12-06 c,
 # 8B shape, cuDNN vs the Pallas kernel in one call each, benchmarks/README.md): latency batch 256 16,983 vs 13,790
 # tok/s, batch 64 7,735 vs 7,541, batch 1 175.2 vs 175.6 (equal); offline 1000 x 512/256 8,910 vs 8,607 output
-# tok/s. Not for speculation: with cuDNN in every decode-shaped bucket the 1B int8 draft's speed-up at batch 1 fell
-# to 1.23x (1.54x with the Pallas kernel, an earlier call), and a verification bucket's k + 1 tokens a sequence would
-# each re-read the sequence's KV as a row of their own.
+# tok/s. Not for speculation (a reasoned choice, not measured): a verification bucket of <= max_num_seqs tokens is
+# decode-shaped, and each of a sequence's k + 1 tokens would re-read its KV as a row of its own. (A spec run with
+# cuDNN in 'auto', 12-06 c, gave the 1B int8 draft 1.23x against 1.54x on another H100, but its steps ran in buckets
+# of more tokens than sequences, i.e. on the Pallas kernel: that gap is not cuDNN's and is not yet explained.)
 AUTO_CUDNN = True
 AUTO_CUDNN_MIN_TOKENS = 64
 

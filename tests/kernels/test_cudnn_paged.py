@@ -241,7 +241,7 @@ def test_cudnn_split_matches_the_reference(monkeypatch, split, step):
     ("pallas", False, ("pallas", 1))])
 def test_auto_attention_policy_on_a_gpu(monkeypatch, backend, speculative, expected):
     """What runner/attention_backend.py chooses on a GPU (the device and jax's private cuDNN call stood in for): 'auto'
-    takes cuDNN without speculation (the 1B draft lost speed-up with it, 12-06 c) and only in buckets of >= 64
+    takes cuDNN without speculation (verification rows would re-read their KV per token) and only in buckets of >= 64
     tokens; an explicit backend is kept, an explicit 'cudnn' in every decode-shaped bucket."""
     from jaxinfer.config import EngineConfig, KernelConfig, SpeculativeConfig
     from jaxinfer.runner import attention_backend
