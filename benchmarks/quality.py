@@ -148,7 +148,8 @@ def main():
             row["greedy_match_fraction"] = sum(g == b for g, b in zip(greedy, base_greedy)) / len(prompts)
             row["mean_common_prefix_tokens"] = float(np.mean([_common_prefix(g, b) for g, b in
                                                               zip(greedy, base_greedy)]))
-            target = None if name.startswith("int4") and name != "int4" else TARGETS.get((what, name.split(":")[0].split("-")[0]))
+            base_method = name.split(":")[0].split("-")[0]
+            target = None if name.startswith("int4") and name != "int4" else TARGETS.get((what, base_method))
             if target is not None:
                 row["target_increase"] = target
                 row["met"] = row["increase"] <= target

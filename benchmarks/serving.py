@@ -153,14 +153,16 @@ def main():
     for rate in a.rates:
         r = asyncio.run(run_rate(a.url, model, work, rate, a.max_concurrency))
         rows.append(r)
+        ms = lambda kind, q: r[kind].get(q, float("nan"))  # noqa: E731
         print(f"rate {rate:6.1f}: {r['completed']} ok / {r['failed']} failed, {r['req_per_s']:.2f} req/s, "
-              f"{r['output_tok_per_s']:.0f} out tok/s | TTFT p50 {r['ttft_ms'].get('p50', float('nan')):.0f} ms "
-              f"p99 {r['ttft_ms'].get('p99', float('nan')):.0f} | TPOT p50 {r['tpot_ms'].get('p50', float('nan')):.1f} "
-              f"ms p99 {r['tpot_ms'].get('p99', float('nan')):.1f} | ITL p99 {r['itl_ms'].get('p99', float('nan')):.1f} ms")
+              f"{r['output_tok_per_s']:.0f} out tok/s | TTFT p50 {ms('ttft_ms', 'p50'):.0f} ms "
+              f"p99 {ms('ttft_ms', 'p99'):.0f} | TPOT p50 {ms('tpot_ms', 'p50'):.1f} "
+              f"ms p99 {ms('tpot_ms', 'p99'):.1f} | ITL p99 {ms('itl_ms', 'p99'):.1f} ms")
     from benchmarks.common import RESULTS_DIR, write_result
 
     path = write_result("serving", dict(url=a.url, model=model, num_prompts=a.num_prompts, rows=rows))
-    print("wrote", path, "| plot:", plot(rows, os.path.join(RESULTS_DIR, os.path.basename(path).replace(".json", ".png"))))
+    png = os.path.join(RESULTS_DIR, os.path.basename(path).replace(".json", ".png"))
+    print("wrote", path, "| plot:", plot(rows, png))
 
 
 if __name__ == "__main__":

@@ -84,7 +84,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--methods", nargs="+", default=["ngram", "layer_skip"], choices=["ngram", "ngram_unpipelined", "layer_skip"],
+    ap.add_argument("--methods", nargs="+", default=["ngram", "layer_skip"],
+                    choices=["ngram", "ngram_unpipelined", "layer_skip"],
                     help="ngram: pipelined (device prompt lookup, runner/ngram_device.py); ngram_unpipelined: the "
                          "host proposer, each speculative step finished before the next")
     ap.add_argument("--skip-plain", action="store_true", help="no plain-decoding run (outputs_equal_plain: null)")
@@ -119,7 +120,8 @@ def main(argv=None):
             results[name][kind] = r
             print(name, kind, json.dumps(r), flush=True)
         del llm
-    payload = {"benchmark": "spec-acceptance", "model": base.source.name, "dtype": jax.numpy.dtype(base.model.dtype).name,
+    payload = {"benchmark": "spec-acceptance", "model": base.source.name,
+               "dtype": jax.numpy.dtype(base.model.dtype).name,
                "device": jax.devices()[0].platform, "jax": jax.__version__, "commit": git_commit(),
                "date": time.strftime("%Y-%m-%d"), "k": a.k, "max_tokens": a.max_tokens, "greedy": True,
                "adaptive_k": False, "results": results,

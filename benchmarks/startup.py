@@ -30,8 +30,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--label", default="run")
-    ap.add_argument("--lazy", action="store_true", help="as `jaxinfer generate`: no warm-up; the request compiles "
-                    "(or loads) its prompt bucket; the decode bucket's compiles on a second thread after the first step")
+    ap.add_argument("--lazy", action="store_true",
+                    help="as `jaxinfer generate`: no warm-up; the request compiles (or loads) its prompt bucket; the "
+                         "decode bucket's compiles on a second thread after the first step")
     from benchmarks.common import add_engine_flags, add_profile_arg, engine_config, start_profile
     add_engine_flags(ap, model="llama3-8b", load_format="dummy", max_model_len=2048)
     add_profile_arg(ap)

@@ -15,7 +15,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 
 from benchmarks.common import write_result  # noqa: E402
 from jaxinfer import LLM  # noqa: E402
@@ -51,7 +50,6 @@ def main():
     r = llm.runner
     cfg = llm.model_config
     loaded = r.loaded
-    opts = r._step.__wrapped__ if hasattr(r._step, "__wrapped__") else None
     results = {}
     for b in a.batch:
         npg = a.context // r.page_size + 1
@@ -154,8 +152,8 @@ def main():
         for k, v in rows.items():
             print(f"  {k:45s} {v:8.3f} ms")
         results[b] = rows
-        write_result("step-breakdown", dict(model=a.model, attention_backend=a.attention_backend, context=a.context, max_model_len=a.max_model_len,
-                                            ms_by_batch=results))
+        write_result("step-breakdown", dict(model=a.model, attention_backend=a.attention_backend, context=a.context,
+                                            max_model_len=a.max_model_len, ms_by_batch=results))
 
 
 if __name__ == "__main__":

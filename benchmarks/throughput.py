@@ -71,7 +71,8 @@ with torch.device("cuda"):
 ids = torch.randint(0, cfg["vocab_size"], (batch, plen), device="cuda")
 gen = dict(do_sample=False, max_new_tokens=olen, min_new_tokens=olen, pad_token_id=0,
            attention_mask=torch.ones_like(ids))
-model.generate(ids[:, :16], **{**gen, "max_new_tokens": 4, "min_new_tokens": 4, "attention_mask": torch.ones_like(ids[:, :16])})
+warm = dict(max_new_tokens=4, min_new_tokens=4, attention_mask=torch.ones_like(ids[:, :16]))
+model.generate(ids[:, :16], **{**gen, **warm})
 torch.cuda.synchronize(); t0 = time.perf_counter()
 with torch.no_grad():
     out = model.generate(ids, **gen)
@@ -134,7 +135,8 @@ def main():
     flop_per_token = 2 * sum(int(p.size) for p in llm.model.params)
     print(f"device {jax.devices()[0].device_kind}; HBM {bw / 1e12:.2f} TB/s; bf16 matmul {flops / 1e12:.0f} TFLOP/s; "
           f"{flop_per_token / 1e9:.2f} GFLOP/token; LLM() {startup:.1f} s (compilation-cache entries {cache_before} "
-          f"-> {cache_after}); KV pages {llm.runner.num_pages}; then {background_s:.1f} s for background compiles", flush=True)
+          f"-> {cache_after}); KV pages {llm.runner.num_pages}; then {background_s:.1f} s for background compiles",
+          flush=True)
     results = {}
     for kind in a.workload:
         work = make_workload(kind, a.num_requests, a.prompt_len, a.output_len, llm.model_config.vocab_size,

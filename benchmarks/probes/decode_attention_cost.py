@@ -19,7 +19,6 @@ Prints one line per variant and writes benchmarks/results/decode-attention-cost-
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 import time

@@ -69,7 +69,8 @@ def main():
                 return jax.lax.fori_loop(0, a.inner, body, (jnp.float32(0), x))[0]
             line = []
             for var in a.variants:
-                comp = jax.jit(loop).lower(x, w).compile(compiler_options=VARIANTS[var] or None) if gpu else jax.jit(loop)
+                comp = (jax.jit(loop).lower(x, w).compile(compiler_options=VARIANTS[var] or None) if gpu
+                        else jax.jit(loop))
                 t = timed(comp, (x, w), a.reps) / a.inner
                 flops, byts = 2 * M * K * N, (K * N + M * K + M * N) * 2
                 rows.append(dict(shape=sname, M=M, K=K, N=N, variant=var, us=t * 1e6,

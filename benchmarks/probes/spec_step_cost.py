@@ -63,8 +63,6 @@ def build(model: str, load_format: str, max_batch: int, k: int, max_len: int, ma
 
 def instrument(llm: LLM, sec) -> None:
     """Timers on the engine, its runner, the draft proposer and its runner (sec: host_step_cost.Sections)."""
-    import jax
-
     eng = llm.engine
     draft = eng.spec.proposer
     sec.draft_depth = 0  # > 0 while inside the draft proposer: pack then counts as the draft's

@@ -155,8 +155,9 @@ def probe_llm(a):
     from jaxinfer import LLM
 
     pages_per_seq = a.context // 16 + 2
-    return LLM(a.model, load_format="dummy", max_model_len=a.max_model_len, max_num_batched_tokens=max(256, max(a.batch)),
-               max_num_seqs=max(a.batch), num_pages=max(a.batch) * pages_per_seq + 8, warmup=False, progress=False)
+    return LLM(a.model, load_format="dummy", max_model_len=a.max_model_len,
+               max_num_batched_tokens=max(256, max(a.batch)), max_num_seqs=max(a.batch),
+               num_pages=max(a.batch) * pages_per_seq + 8, warmup=False, progress=False)
 
 
 def main():

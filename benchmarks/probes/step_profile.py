@@ -178,7 +178,8 @@ def main():
             row["op_kinds"] = op_kinds(ops)
         rows.append(row)
         print(f"--- {name}: bucket {hb.bucket}")
-        print(f"  step {device_ms:.3f} ms back to back ({step_ms:.3f} ms call+wait) = {row['pct_matmul_rate']:.0f}% of the matmul rate, {row['pct_hbm']:.0f}% of HBM;"
+        print(f"  step {device_ms:.3f} ms back to back ({step_ms:.3f} ms call+wait) = "
+              f"{row['pct_matmul_rate']:.0f}% of the matmul rate, {row['pct_hbm']:.0f}% of HBM;"
               f" floor {floor_ms:.3f} ms (x{row['x_floor']:.2f}); peer: the layer dots at M={M} x{cfg.num_layers}"
               f" = {peer_ms:.3f} ms")
         if "top_ops_us" in row:
