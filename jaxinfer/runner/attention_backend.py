@@ -76,7 +76,7 @@ def resolve(loaded: LoadedModel, config: EngineConfig, single_device: bool = Tru
     a ValueError naming what to use instead."""
     backend = config.kernels.attention_backend
     if backend == "auto":
-        backend = auto_attention_backend(loaded, config, single_device)
+        return auto_attention_backend(loaded, config, single_device)  # (cuDNN only where no problem was found)
     if backend == "cudnn":
         problem = cudnn_attention_problem(loaded, config)
         if problem:
