@@ -17,6 +17,7 @@
 #   spec   the 1B int8 draft at batch 1, accept 0.7, with and without staged inputs (the target's step stages its
 #          inputs since a8ea137, the draft programs since 4be183a): 1.23x at 9fafb1c against 1.54x at 8ea7637 on
 #          another H100, not cuDNN's doing (its buckets had more tokens than sequences), not yet explained
+#   specab the same, 'auto' against --attention-backend pallas (the draft runner's 'auto' resolves to 'cudnn' too)
 #   dprof  the 1B draft's step per kernel in its 16-token bucket, bf16 and int8 (step_profile.py): which of its ~14
 #          kernels a layer hold the excess over its weight-streaming floor (issue 21), before a fused kernel is written
 #   mid    latency batch 16 / 32, cuDNN vs the Pallas kernel (is 64 the right AUTO_CUDNN_MIN_TOKENS?)
@@ -30,6 +31,9 @@ for part in $PARTS; do case $part in
   spec)
     run spec-auto 280 timeout 280 $PY $SPEC --tag draft-int8-auto
     run spec-no-stage 200 timeout 200 $PY $SPEC --no-stage-inputs --tag draft-int8-no-stage ;;
+  specab)  # the 1.23x of 9fafb1c against 1.54x at 8ea7637: 'auto' (cuDNN for the plain engine) vs the Pallas kernel
+    run spec-auto 280 timeout 280 $PY $SPEC --tag draft-int8-auto
+    run spec-pallas 200 timeout 200 $PY $SPEC --attention-backend pallas --tag draft-int8-pallas ;;
   auto)
     for be in auto pallas; do
       run lat-$be 130 timeout 130 $PY $LAT8 --batch 64 256 --attention-backend $be --tag $be
