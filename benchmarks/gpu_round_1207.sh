@@ -18,6 +18,8 @@
 #          inputs since a8ea137, the draft programs since 4be183a): 1.23x at 9fafb1c against 1.54x at 8ea7637 on
 #          another H100, not cuDNN's doing (its buckets had more tokens than sequences), not yet explained
 #   specab the same, 'auto' against --attention-backend pallas (the draft runner's 'auto' resolves to 'cudnn' too)
+#   speccudnn the same with an explicit 'cudnn' (the draft's one-token steps on cuDNN)
+#   specprof the int8 draft's run under jax.profiler and cProfile (per-kernel device and per-function host time)
 #   dprof  the 1B draft's step per kernel in its 16-token bucket, bf16 and int8 (step_profile.py): which of its ~14
 #          kernels a layer hold the excess over its weight-streaming floor (issue 21), before a fused kernel is written
 #   mid    latency batch 16 / 32, cuDNN vs the Pallas kernel (is 64 the right AUTO_CUDNN_MIN_TOKENS?)
@@ -34,6 +36,12 @@ for part in $PARTS; do case $part in
   specab)  # the 1.23x of 9fafb1c against 1.54x at 8ea7637: 'auto' (cuDNN for the plain engine) vs the Pallas kernel
     run spec-auto 280 timeout 280 $PY $SPEC --tag draft-int8-auto
     run spec-pallas 200 timeout 200 $PY $SPEC --attention-backend pallas --tag draft-int8-pallas ;;
+  speccudnn)  # the draft's steps 2..k (n tokens for n sequences) through cuDNN (an explicit 'cudnn' takes decode-shaped
+              # buckets of any size; the target's verification buckets are not decode-shaped: the Pallas kernel)
+    run spec-cudnn 220 timeout 220 $PY $SPEC --attention-backend cudnn --tag draft-int8-cudnn ;;
+  specprof)  # where the draft's cycle goes: device time by kernel (jax.profiler) and host time (cProfile)
+    run spec-prof 300 timeout 300 $PY $SPEC --drafts llama3.2-1b@int8 --profile /tmp/spec-trace --host-profile \
+      --tag draft-int8-prof ;;
   auto)
     for be in auto pallas; do
       run lat-$be 130 timeout 130 $PY $LAT8 --batch 64 256 --attention-backend $be --tag $be
