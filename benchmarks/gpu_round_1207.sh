@@ -12,6 +12,7 @@
 #   split  'auto' with JAXINFER_CUDNN_SPLIT=1 (in every bucket of >= 64 tokens cuDNN for the decodes only, the
 #          Pallas kernel for the rest, prefill-shaped buckets too): latency batch 64 / 256, serving at 16 / 32 req/s
 #          and offline, against the parts above
+#   splitab  offline 'auto' then the split, and the split's latency at batch 64 / 256 (one call's A/B)
 #   tp512  offline with 512 sequences, 'auto' vs the Pallas kernel (9,421 with the kernel on the H200, 12-04: cuDNN's
 #          attention, 1.23x at batch 256, may carry it past 10,000)
 #   spec   the 1B int8 draft at batch 1, accept 0.7, with and without staged inputs (the target's step stages its
@@ -64,6 +65,10 @@ for part in $PARTS; do case $part in
     run tp-split 170 JAXINFER_CUDNN_SPLIT=1 timeout 170 $PY benchmarks/throughput.py --workload fixed --tag split
     run serve-split 270 JAXINFER_CUDNN_SPLIT=1 timeout 270 $PY benchmarks/serving_sweep.py --rates 16 32 \
       --num-prompts 500 --tag split ;;
+  splitab)  # the split against 'auto' in one call: offline (peer first), then latency of the split
+    run tp-auto 170 timeout 170 $PY benchmarks/throughput.py --workload fixed --tag auto
+    run tp-split 170 JAXINFER_CUDNN_SPLIT=1 timeout 170 $PY benchmarks/throughput.py --workload fixed --tag split
+    run lat-split 130 JAXINFER_CUDNN_SPLIT=1 timeout 130 $PY $LAT8 --batch 64 256 --tag split ;;
   tests)
     run tests 150 timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
       tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py ;;
