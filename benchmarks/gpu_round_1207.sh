@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device calls for what 12-06 c left open (BUDGET / PARTS as in gpu_lib.sh); parts in the default order (~2,800 s in
 # all on a warm machine: more than one session's lease, so pick):
-#   tests  the cuDNN GPU tests (the split's engine test among them)
+#   tests  the cuDNN GPU tests
 #   attn   the attention probe per op: cuDNN's GQA form vs the Pallas kernel at 256 x 512 and 64 x 4k (issue 17's
 #          decode attention >= 3.2 TB/s is an H200 figure)
 #   auto   the defaults against the Pallas kernel: latency batch 64 / 256 and offline 1000 x 512/256 (the H200's
@@ -9,10 +9,7 @@
 #   serve  online serving, ShareGPT-like mix at 16 / 32 req/s, 'auto' vs the Pallas kernel: mixed steps of <= 256
 #          tokens (decodes beside a prompt chunk) run through cuDNN under 'auto', one cuDNN row per prompt token
 #          reading its whole context (the Pallas kernel reads it once per 16-token tile); is that a loss?
-#   split  'auto' with JAXINFER_CUDNN_SPLIT=1 (in every bucket of >= 64 tokens cuDNN for the decodes only, the
-#          Pallas kernel for the rest, prefill-shaped buckets too): latency batch 64 / 256, serving at 16 / 32 req/s
-#          and offline, against the parts above
-#   splitab  offline 'auto' then the split, and the split's latency at batch 64 / 256 (one call's A/B)
+#   (split / splitab: JAXINFER_CUDNN_SPLIT=1, run 12-06 d as splitab, no offline gain, removed with the switch)
 #   tp512  offline with 512 sequences, 'auto' vs the Pallas kernel (9,421 with the kernel on the H200, 12-04: cuDNN's
 #          attention, 1.23x at batch 256, may carry it past 10,000)
 #   spec   the 1B int8 draft at batch 1, accept 0.7, with and without staged inputs (the target's step stages its
@@ -27,7 +24,7 @@
 #   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="tests attn auto" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
 GPU_ROUND=gpu-round-1207
 source "$(dirname "$0")/gpu_lib.sh"
-PARTS=${PARTS:-tests attn auto serve split tp512 spec dprof mid}
+PARTS=${PARTS:-tests attn auto serve tp512 spec dprof mid}
 LAT8="benchmarks/latency.py --no-peer"
 SPEC="benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 --accept 0.7"
 for part in $PARTS; do case $part in
@@ -60,15 +57,6 @@ for part in $PARTS; do case $part in
       run serve-$be 270 timeout 270 $PY benchmarks/serving_sweep.py --rates 16 32 --num-prompts 500 \
         --attention-backend $be --tag $be
     done ;;
-  split)
-    run lat-split 130 JAXINFER_CUDNN_SPLIT=1 timeout 130 $PY $LAT8 --batch 64 256 --tag split
-    run tp-split 170 JAXINFER_CUDNN_SPLIT=1 timeout 170 $PY benchmarks/throughput.py --workload fixed --tag split
-    run serve-split 270 JAXINFER_CUDNN_SPLIT=1 timeout 270 $PY benchmarks/serving_sweep.py --rates 16 32 \
-      --num-prompts 500 --tag split ;;
-  splitab)  # the split against 'auto' in one call: offline (peer first), then latency of the split
-    run tp-auto 170 timeout 170 $PY benchmarks/throughput.py --workload fixed --tag auto
-    run tp-split 170 JAXINFER_CUDNN_SPLIT=1 timeout 170 $PY benchmarks/throughput.py --workload fixed --tag split
-    run lat-split 130 JAXINFER_CUDNN_SPLIT=1 timeout 130 $PY $LAT8 --batch 64 256 --tag split ;;
   tests)
     run tests 150 timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
       tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py ;;

@@ -8,10 +8,9 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from pallas_kernels.paged_attention.cudnn_paged import cudnn_paged_attention, cudnn_rows, token_sequences
+from pallas_kernels.paged_attention.cudnn_paged import cudnn_paged_attention
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention
 from pallas_kernels.paged_attention.kv_quant import QuantizedPages
 from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference, write_kv_pages
@@ -68,8 +67,6 @@ class AttentionOptions(NamedTuple):
     mesh: Any = None          # tensor parallelism: a Mesh with a "model" axis; attention runs per KV-head shard
     num_sms: int = 132        # pallas: streaming multiprocessors of the GPU (decode_kv_splits); H100 / H200: 132
     cudnn_min_tokens: int = 1  # cudnn: the fewest tokens a bucket needs to run (its decodes) through cuDNN
-    cudnn_split: bool = False  # cudnn: in every bucket of >= cudnn_min_tokens, cuDNN takes only the sequences
-                               # with one token in the step (compacted to <= S rows), the Pallas kernel the others
 
 
 class AttentionMetadata(NamedTuple):
@@ -100,38 +97,8 @@ def paged_attention(q, k, v, k_pages, v_pages, md: AttentionMetadata, opts: Atte
                          out_specs=(heads, pages, pages), check_vma=False)(q, k, v, k_pages, v_pages, md)
 
 
-def single_token_sequences(seq_of, tile_seq, tile_kv_len, S: int):
-    """Which tokens (bool[T]) and tiles (bool[NT]) belong to a sequence with exactly one token in this step (a
-    decode): seq_of i32[T] each token's sequence (S: none; cudnn_paged.token_sequences), tile_seq i32[NT],
-    tile_kv_len i32[NT] (0 = empty tile)."""
-    per_seq = jnp.zeros((S + 1,), jnp.int32).at[seq_of].add(1)                             # [S + 1] tokens
-    one_tok = (seq_of < S) & (per_seq[seq_of] == 1)
-    one_tile = (tile_kv_len > 0) & (tile_seq < S) & (per_seq[jnp.minimum(tile_seq, S)] == 1)
-    return one_tok, one_tile
-
-
-def _cudnn_split(q, k, v, k_pages, v_pages, kd, vd, md, opts, sm_scale, sliding_window):
-    """AttentionOptions.cudnn_split: the tokens of one-token sequences (decodes; at most one a sequence, so <= S of
-    them) gathered into R = min(T, S) cuDNN rows, the other tokens through the Pallas kernel with the decodes'
-    tiles emptied (kv_len 0), the cuDNN rows scattered over its output. K / V are already written."""
-    T, S = q.shape[0], md.page_tables.shape[0] - 1
-    seq_of = token_sequences(md.tile_tokens, md.tile_seq, T, S)
-    one_tok, one_tile = single_token_sequences(seq_of, md.tile_seq, md.tile_kv_len, S)
-    idx = jnp.nonzero(one_tok, size=min(T, S), fill_value=T)[0]      # [R] token of each row; T: no token
-    live, tok = idx < T, jnp.minimum(idx, T - 1)
-    seq = jnp.where(live, seq_of[tok], S)
-    dec = cudnn_rows(q[tok], kd, vd, jnp.where(live, md.positions[tok] + 1, 1), seq, md.page_tables,
-                     sm_scale=sm_scale)                                 # [R, H, D]
-    rest, k_pages, v_pages = _paged_attention_local(
-        q, k, v, k_pages, v_pages, md._replace(tile_kv_len=jnp.where(one_tile, 0, md.tile_kv_len)),
-        opts._replace(backend="pallas"), sm_scale, sliding_window, written=True)
-    return rest.at[idx].set(dec, mode="drop"), k_pages, v_pages
-
-
-def _paged_attention_local(q, k, v, k_pages, v_pages, md, opts, sm_scale, sliding_window, written=False):
-    """written: this step's K / V are already in the pages (the cuDNN split's second call)."""
-    if not written:
-        k_pages, v_pages = write_kv_pages(k_pages, v_pages, k, v, md.slot_mapping)
+def _paged_attention_local(q, k, v, k_pages, v_pages, md, opts, sm_scale, sliding_window):
+    k_pages, v_pages = write_kv_pages(k_pages, v_pages, k, v, md.slot_mapping)
     kd, vd, scales = k_pages, v_pages, {}
     if isinstance(k_pages, QuantizedPages):
         kd, vd, scales = k_pages.data, v_pages.data, dict(k_scales=k_pages.scale, v_scales=v_pages.scale)
@@ -140,8 +107,6 @@ def _paged_attention_local(q, k, v, k_pages, v_pages, md, opts, sm_scale, slidin
             raise ValueError("attention_backend='cudnn' takes bf16 / fp16 KV pages without a sliding window; use "
                              "attention_backend='pallas' for quantized KV caches and sliding-window models")
         T, S = q.shape[0], md.page_tables.shape[0] - 1
-        if opts.cudnn_split and T >= opts.cudnn_min_tokens:
-            return _cudnn_split(q, k, v, k_pages, v_pages, kd, vd, md, opts, sm_scale, sliding_window)
         # a decode-shaped bucket (tokens <= sequences) of at least cudnn_min_tokens: cuDNN
         if opts.cudnn_min_tokens <= T <= S:
             out = cudnn_paged_attention(q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len,

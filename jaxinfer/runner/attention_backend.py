@@ -3,7 +3,6 @@ device, and whether cuDNN's paged attention applies to this engine (models/atten
 Device-side code: reads jax's backend, never the scheduler."""
 from __future__ import annotations
 
-import os
 
 import jax
 import jax.numpy as jnp
@@ -35,15 +34,6 @@ def auto_attention_backend(loaded: LoadedModel, config: EngineConfig, single_dev
             and cudnn_attention_problem(loaded, config) is None):
         return "cudnn"
     return "pallas"
-
-
-def cudnn_split() -> bool:
-    """JAXINFER_CUDNN_SPLIT=1: in every bucket of >= cudnn_min_tokens (prefill-shaped ones too), cuDNN only for the
-    sequences with one token in the step and the Pallas kernel for the others (AttentionOptions.cudnn_split;
-    models/attention.py). An A/B switch until measured (benchmarks/gpu_round_1207.sh): it keeps a prompt chunk or a
-    verification in a decode-shaped bucket from reading its context once per token, and gives the decodes of mixed
-    offline steps cuDNN's speed, at the price of a second (partly empty) attention call a layer."""
-    return os.environ.get("JAXINFER_CUDNN_SPLIT", "0") == "1"
 
 
 def cudnn_min_tokens(config: EngineConfig) -> int:

@@ -180,43 +180,20 @@ def _mixed_step(rng, H=8, KVH=2, D=32, ps=16):
     return d
 
 
-def test_single_token_sequences_marks_the_decodes():
-    """models/attention.single_token_sequences: the tokens (packed in sequence order) and tiles of the sequences
-    with one token in the step, against the step's own list."""
-    from jaxinfer.models.attention import single_token_sequences
-    from pallas_kernels.paged_attention.cudnn_paged import token_sequences
-
-    d = _mixed_step(np.random.default_rng(5))
-    a, T, S = d["a"], d["batch"].bucket.num_tokens, d["batch"].bucket.num_seqs
-    tiles, tile_seq, tile_kv_len = (jnp.asarray(a[n]) for n in ("tile_tokens", "tile_seq", "tile_kv_len"))
-    one_tok, one_tile = single_token_sequences(token_sequences(tiles, tile_seq, T, S), tile_seq, tile_kv_len, S)
-    expected = np.zeros(T, bool)
-    expected[:sum(n for _, n in MIXED)] = np.concatenate([[n == 1] * n for _, n in MIXED])
-    np.testing.assert_array_equal(np.asarray(one_tok), expected)
-    tiles_of_decodes = {int(a["tile_seq"][i]) for i in np.flatnonzero(np.asarray(one_tile))}
-    assert tiles_of_decodes == {i for i, (_, n) in enumerate(MIXED) if n == 1}
-
-
-@pytest.mark.parametrize("split,step", [(False, "mixed"), (True, "mixed"), (True, "prefill")])
-def test_cudnn_split_matches_the_reference(monkeypatch, split, step):
-    """Steps whose decodes sit beside a prompt chunk and a verification: in a decode-shaped bucket whole through
-    cuDNN (its stand-in), or split (AttentionOptions.cudnn_split: the decodes gathered into min(T, S) cuDNN rows, the
-    Pallas kernel in interpret mode for the rest), also in a prefill-shaped bucket (more tokens than sequences);
-    every form matches the reference, and the split hands cuDNN exactly the decodes."""
+@pytest.mark.parametrize("step", ["mixed", "prefill"])
+def test_cudnn_backend_matches_the_reference_on_mixed_steps(monkeypatch, step):
+    """Decodes beside a prompt chunk and a verification: in a decode-shaped bucket whole through cuDNN (its
+    stand-in), in a prefill-shaped bucket (more tokens than sequences) through the Pallas kernel (interpret mode);
+    both match the reference. (A split form, cuDNN for the decodes only and the Pallas kernel for the rest in every
+    bucket, measured no offline gain on an H100 and was removed: benchmarks/README.md 2026-12-06 d.)"""
     from jaxinfer.models import attention as attn
-    from pallas_kernels.paged_attention import cudnn_paged
 
     calls = []
 
     def whole(*a, **kw):
-        calls.append(("whole", a[0].shape[0]))
+        calls.append(a[0].shape[0])
         return cudnn_paged_attention(*a, **kw, sdpa=dense_sdpa)
-
-    def rows(q, kp, vp, kv_len, seq, tables, **kw):
-        calls.append(("rows", q.shape[0], int((np.asarray(seq) < tables.shape[0] - 1).sum())))
-        return cudnn_paged.cudnn_rows(q, kp, vp, kv_len, seq, tables, **kw, sdpa=dense_sdpa)
     monkeypatch.setattr(attn, "cudnn_paged_attention", whole)
-    monkeypatch.setattr(attn, "cudnn_rows", rows)
     D, KVH, ps = 32, 2, 16
     steps = MIXED if step == "mixed" else cases(ps)
     d = (_mixed_step(np.random.default_rng(6), KVH=KVH, D=D) if step == "mixed" else
@@ -225,15 +202,14 @@ def test_cudnn_split_matches_the_reference(monkeypatch, split, step):
     assert (T > S) == (step == "prefill"), d["batch"].bucket
     md = attn.AttentionMetadata(*(jnp.asarray(a[n]) for n in ("positions", "slot_mapping", "tile_tokens",
                                                              "tile_seq", "tile_kv_len", "page_tables")))
-    opts = attn.AttentionOptions(2, False, "cudnn", interpret=True, cudnn_split=split)
+    opts = attn.AttentionOptions(2, False, "cudnn", interpret=True)
     zeros = jnp.zeros((T, KVH, D), jnp.float32)
     slotless = md._replace(slot_mapping=jnp.full((T,), -1, jnp.int32))
     out, _, _ = attn.paged_attention(d["q"], zeros, zeros, d["kp"], d["vp"], slotless, opts, sm_scale=D ** -0.5)
     ref = ragged_paged_attention_reference(*kernel_args(d), sm_scale=D ** -0.5, kv_chunk_pages=2)
     n = sum(n for _, n in steps)
     np.testing.assert_allclose(np.asarray(out)[:n], np.asarray(ref)[:n], rtol=2e-5, atol=2e-5)
-    decodes = sum(n == 1 for _, n in steps)
-    assert calls == ([("rows", min(T, S), decodes)] if split else [("whole", T)])
+    assert calls == ([T] if step == "mixed" else [])
 
 
 @pytest.mark.parametrize("backend,speculative,expected", [
