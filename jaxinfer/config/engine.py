@@ -148,8 +148,8 @@ class LoadConfig:
         None, "quantize weights on load: int8 | int4 | int4-g64 | int4-g32 | int4-asym | fp8 (W8A8); "
               "gguf: keep a GGUF file's own Q4_0 / Q4_1 / Q4_K weights quantized")
     quantize_lm_head: bool | None = _opt(
-        None, "the LM head in the model's quantization (untied models); --no-quantize-lm-head: a float head; "
-              "default: an int8 head for int8 / int4 models")
+        None, "the LM head in the model's quantization (a tied head: a quantized copy of the embedding); "
+              "--no-quantize-lm-head: a float head; default: an int8 head for int8 / int4 models")
 
     def __post_init__(self):
         _check_choice("load_format", self.load_format, ("auto", "dummy"))

@@ -15,10 +15,15 @@ from jaxinfer.config.model import ConfigError
 #                 "fp8"             e4m3 weights with per-channel scales, activations quantized per token (W8A8)
 #                 "gguf"            GGUF files only: keep the file's own Q4_0 / Q4_1 / Q4_K linear weights quantized
 #                                   (int4, group 32) instead of dequantizing them; see weights/gguf_quant.py
-#   quantize_lm_head: None (default): int8 and int4 models get an int8 LM head when the model has its own (untied)
-#                head, so the whole decode step streams quantized weights (a tied head stays the float embedding);
-#                fp8 models keep a float head. True: the head in the model's own method (untied models only, an
-#                error otherwise). False: a float head. Embeddings always stay in the model dtype.
+#   quantize_lm_head: None (default): int8 and int4 models get an int8 LM head, so the whole decode step streams
+#                quantized weights; fp8 models keep a float head. True: the head in the model's own method. False:
+#                a float head. Embeddings always stay in the model dtype. A model whose head is tied to the
+#                embedding (tie_word_embeddings: Llama-3.2-1B, SmolLM2) gets a quantized head as a separate copy,
+#                RTN of embed.T ([H, V], the same logical axes as an untied head), while the embedding stays
+#                float for the token lookups: the head costs V x H bytes (int8; V x H / 2 for an int4 head) + its
+#                scales on top of the float model (Llama-3.2-1B: +263 MB int8 next to the 525 MB bf16 embedding),
+#                and each decode step streams those instead of the bf16 embedding. quantization='gguf' never
+#                quantizes the head (weights/gguf_quant.py).
 #   quantized_matmul: "auto" (on GPU: int8 'xla-nk', int4 group 128 'mosaic-int4' on one Hopper GPU and
 #                'triton-int4' elsewhere, XLA's native fp8 dot for fp8; the jnp reference on CPU), "reference",
 #                "xla", "pallas" (interpret mode on CPU: slow, for tests), "w8a8" (int8 only:
@@ -52,7 +57,6 @@ class QuantSpec:
     symmetric: bool = True      # int4 round-to-nearest: symmetric [-8, 7] or asymmetric [0, 15] with zero points
     lm_head: bool = False       # quantize the LM head too
     head_method: str | None = None  # the LM head's method when it differs from `method` (the int8 default head)
-    head_optional: bool = False  # a tied model (no head of its own) keeps its embedding head without an error
     backend: str = "auto"       # quantized_matmul option (see the module docstring)
     # Decoder projections that stay float Linears, as module paths ('layers', i, 'attn', 'qkv'): the layers of a
     # GGUF file whose type cannot be kept quantized (weights/gguf_quant.py). Empty for quantization on load.
@@ -146,7 +150,7 @@ def _head_fields(method: str, quantize_lm_head: bool | None) -> dict:
     """QuantSpec's LM-head fields for the quantize_lm_head option (the comment above)."""
     if quantize_lm_head is None:
         if method in ("int8", "int4"):
-            return dict(lm_head=True, head_method="int8", head_optional=True)
+            return dict(lm_head=True, head_method="int8")
         return dict(lm_head=False)
     return dict(lm_head=bool(quantize_lm_head))
 

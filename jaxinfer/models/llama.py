@@ -93,6 +93,8 @@ class LlamaForCausalLM(nnx.Module):
                                logical_axes=("vocab", "embed"))  # [V, H]
         self.layers = nnx.List([DecoderLayer(cfg, dtype, mlp_blocks) for _ in range(cfg.num_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        # None: the head is the embedding (tied). Quantization on load may set a QuantLinear here even then: a
+        # quantized copy of embed.T (weights/quantize.py), so `lm_head is None` does not mean "untied".
         self.lm_head = None if cfg.tie_word_embeddings else Linear(
             cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype, axes=("embed", "vocab"))  # w: [H, V]
 
@@ -113,10 +115,11 @@ class LlamaForCausalLM(nnx.Module):
         return x, new_caches
 
     def logits(self, hidden):
-        """hidden: [N, H] (pre-norm) -> float32 logits [N, V]."""
+        """hidden: [N, H] (pre-norm) -> float32 logits [N, V]. The head is `lm_head` whenever there is one (for a
+        tied model, a quantized copy of embed.T), else the embedding."""
         h = self.norm(hidden)
         if self.lm_head is None:
             return jnp.dot(h, self.embed[...].T, preferred_element_type=jnp.float32)
-        if not isinstance(self.lm_head, Linear):  # a QuantLinear (models/quant_linear.py, quantize_lm_head=True)
+        if not isinstance(self.lm_head, Linear):  # a QuantLinear (models/quant_linear.py; weights/quantize.py)
             return self.lm_head(h, preferred_element_type=jnp.float32)
         return jnp.dot(h, self.lm_head.w[...], preferred_element_type=jnp.float32)

@@ -6,6 +6,12 @@ pallas_kernels/quantized_matmul/reference.py), and `quantize_module`, which puts
 quantized layer, models/quant_linear.py) in place of `Linear` for the decoder projections (and the LM head when
 asked). Embeddings and norms stay in the model dtype.
 
+A head tied to the embedding (cfg.tie_word_embeddings: the float model has no `lm_head`) gets, when the spec
+quantizes the head, a QuantLinear `lm_head` of its own: [H, V] with the logical axes ("embed", "vocab") of an
+untied head (so it shards the same way), filled from the loaded embedding's transpose by `Quantizer.put` at the
+embedding, which stays float for the token lookups. Its float source is the embedding as the model holds it
+(model dtype), so the quantized logits approximate the float tied model's h @ embed.T.
+
   int8  per-output-channel symmetric:  scale = max|w| / 127 over the input rows of each output column
   int4  group-wise over g input rows:  symmetric scale = max|w| / 7, q in [-8, 7];
                                        asymmetric (GPTQ-style range that includes 0) scale = (max - min) / 15,
@@ -39,6 +45,7 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from jaxinfer.config import QuantizationError, QuantSpec
 from jaxinfer.models.layers import Linear
@@ -216,14 +223,15 @@ def quantize_module(model, spec: QuantSpec, dtype, backend: str | None = None, t
                 continue
             owner = getattr(layer, parent)
             setattr(owner, attr, swap(getattr(owner, attr), f"layers.{i}.{parent}.{attr}"))
-    if spec.lm_head and not (model.lm_head is None and spec.head_optional):
-        if model.lm_head is None:
-            raise QuantizationError(
-                "quantize_lm_head=True but this model ties its LM head to the embeddings, which stay unquantized;"
-                " drop quantize_lm_head")
+    if spec.lm_head:
         head = spec.head_spec()
         head_backend = layer_backend if head is spec else tp_backend(resolve_backend(head, distributed=distributed))
-        model.lm_head = swap(model.lm_head, "lm_head", head, head_backend)
+        # A tied model (no head of its own) gets one shaped like the untied head, [H, V] with axes ("embed",
+        # "vocab"): the quantized copy of embed.T that Quantizer.put fills at the embedding.
+        lin = model.lm_head if model.lm_head is not None else Linear(
+            model.cfg.hidden_size, model.cfg.vocab_size, bias=False, dtype=dtype, axes=("embed", "vocab"))
+        # (nnx.data: a tied model's `lm_head = None` is a static attribute until it holds a module)
+        model.lm_head = nnx.data(swap(lin, "lm_head", head, head_backend))
     return model
 
 
@@ -244,9 +252,10 @@ def _check_groups_per_shard(name: str, K: int, in_axis, group_size: int, tp: int
 
 
 def quantized_module_paths(cfg, spec: QuantSpec) -> set[tuple]:
-    """Paths (in the nnx pure dict) of the QuantLinear modules: ('layers', i, 'attn', 'qkv'), ..., ('lm_head',)."""
+    """Paths (in the nnx pure dict) of the QuantLinear modules: ('layers', i, 'attn', 'qkv'), ..., ('lm_head',)
+    (tied or not: quantize_module gives a tied model its own quantized head)."""
     paths = {("layers", i) + p for i in range(cfg.num_layers) for p in LAYER_LINEARS} - spec.float_modules
-    if spec.lm_head and not (spec.head_optional and cfg.tie_word_embeddings):
+    if spec.lm_head:
         paths.add(("lm_head",))
     return paths
 
@@ -256,6 +265,8 @@ class Quantizer:
 
     A float weight at '<quantized module>/w' is RTN-quantized on the device; a QuantizedTensor there is moved to
     the device as is; everything else (embeddings, norms, biases, unquantized heads) is cast to the model dtype.
+    A quantized head tied to the embedding (`tied_head`) has no weight of its own in any source: `put` of the
+    embedding returns its leaves too, RTN of the embedding's transpose [H, V] as placed (model dtype).
 
     place: the loader's sharded placer (tensor / data parallelism; None: one device). Host values (numpy,
     QuantizedTensor) are then in the canonical layout: re-laid out for TP (jaxinfer.parallel), and each device
@@ -273,6 +284,7 @@ class Quantizer:
                 "parallelism yet; use quantized_matmul='auto' (packed int4) or 'xla', or a single device")
         self.spec, self.dtype, self.place = spec, dtype, place
         self.modules = quantized_module_paths(cfg, spec)
+        self.tied_head = cfg.tie_word_embeddings and ("lm_head",) in self.modules
 
     def _layout(self, spec: QuantSpec) -> str:
         return weight_layout(spec, distributed=self.distributed)
@@ -332,10 +344,17 @@ class Quantizer:
                 f"{name} is quantized in the checkpoint but this model keeps it in {jnp.dtype(self.dtype).name}"
                 + ("; pass quantize_lm_head=True" if module == ("lm_head",) else ""))
         if isinstance(value, jax.Array):
-            return {path: value.astype(self.dtype)}
-        if place is not None:
-            return {path: place(path, value)}
-        return {path: jax.device_put(np.asarray(value).astype(self.dtype))}
+            out = {path: value.astype(self.dtype)}
+        elif place is not None:
+            out = {path: place(path, value)}
+        else:
+            out = {path: jax.device_put(np.asarray(value).astype(self.dtype))}
+        if self.tied_head and path == ("embed",):
+            # embed [V, H] (split on "vocab" under TP) -> its transpose [H, V], re-placed like the float head's
+            # weight would be (columns on "vocab"), then quantized like an untied head: a temporary float copy.
+            head = jax.device_put(out[path].T, self.input_sharding(("lm_head", "w")))
+            out.update(self.put(("lm_head", "w"), head))
+        return out
 
 
 # ---- fusing quantized projections (checkpoint readers) ------------------------------------------------------

@@ -26,6 +26,14 @@ def few_kv16_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def tied16_dir(tmp_path_factory):
+    """few_kv16_dir's shape with the LM head tied to the embedding: quantized on load, it gets an int8 head of its
+    own (RTN of embed.T, logical axes ("embed", "vocab") like an untied head)."""
+    return save_tiny(tmp_path_factory.mktemp("tied_8x2_hd16"), 3, num_attention_heads=8, num_key_value_heads=2,
+                     head_dim=16, num_hidden_layers=1, tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="module")
 def gptq_dir(tmp_path_factory, gqa_many_kv_dir):
     """A GPTQ checkpoint (int4, group 32, zero points) of the 4-KV-head model, packed by the format's packer."""
     from tests.numerics.test_quant_formats import _gptq_checkpoint
@@ -135,6 +143,29 @@ def test_quantized_collectives_are_the_float_ones(build, few_kv16_dir):
     assert collective_bytes(step.as_text()) == {
         "all-reduce": (1 + 2 * cfg.num_layers) * bucket.num_tokens * cfg.hidden_size * f32,
         "all-gather": bucket.num_seqs * cfg.vocab_size * f32}
+
+
+@pytest.mark.parametrize("backend", ["auto", "xla-nk"])
+def test_tied_int8_head_under_tp(tied16_dir, backend):
+    """A tied model's int8 head at TP=2 (the [in, out] layout and 'xla-nk''s [out, in] one, the GPU default):
+    built from the sharded embedding, split over the vocabulary like an untied head, equal leaf by leaf to the
+    single-device model's (the head included), the same results; the step communicates like the float model
+    (the embedding's and the row-parallel layers' all-reduces, one logits all-gather)."""
+    from jaxinfer import LLM
+    from jaxinfer.models.quant_linear import QuantLinear
+
+    one = LLM(tied16_dir, quantization="int8", quantized_matmul=backend, **ENGINE_OPTIONS)
+    par = LLM(tied16_dir, quantization="int8", quantized_matmul=backend, tensor_parallel_size=2, **ENGINE_OPTIONS)
+    head = par.model.module().lm_head
+    assert par.model.cfg.tie_word_embeddings and isinstance(head, QuantLinear)
+    assert ("lm_head", "q") in _leaves(par)
+    _assert_same(_results(par), _results(one))
+    _check_sharded_like_single_device(one, par, q_out_in=backend == "xla-nk")
+    cfg, bucket = par.model.cfg, par.runner.ladder.buckets[0]
+    step, _ = par.runner._programs(bucket)
+    assert collective_bytes(step.as_text()) == {
+        "all-reduce": (1 + 2 * cfg.num_layers) * bucket.num_tokens * cfg.hidden_size * 4,
+        "all-gather": bucket.num_seqs * cfg.vocab_size * 4}
 
 
 def test_int4_groups_straddling_shards_is_a_clear_error():
