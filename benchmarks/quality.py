@@ -11,7 +11,9 @@ KV fp8 <= +1% (int8 KV held to the same). Weight settings: any LLM(quantization=
 'int4-g64', 'gguf' = the GGUF file's own Q4 weights kept quantized, ...; 'method:backend' also sets
 quantized_matmul, e.g. 'int8:w8a8' = W8A8 on every projection), plus 'awq-g<N>': AWQ scales searched on
 the shipped calibration text (jaxinfer/weights/awq.py) on the float32 model, folded, RTN-quantized (int4 with zero
-points, group N) and loaded into an 'int4-gN-asym' engine in place of its RTN weights. A setting the model cannot
+points, group N) and loaded into an 'int4-gN-asym' engine in place of its RTN weights; and 'sq-<setting>' (e.g.
+'sq-int8:w8a8'): SmoothQuant scales (--sq-alpha) from the same calibration text folded the same way, the smoothed
+weights quantized as the setting quantizes on load. A setting the model cannot
 take (e.g. 'int4' = group 128 on a 576-wide model) is recorded as a row with its error.
 """
 from __future__ import annotations
@@ -71,6 +73,32 @@ def load_awq(llm, model: str, group: int, calib_ids):
                 awq_mean_alpha=float(np.mean(alphas)), awq_groups_scaled=int(sum(x > 0 for x in alphas)))
 
 
+def load_smoothquant(llm, model: str, calib_ids, alpha: float):
+    """Replace the int8 weights of an 'int8' LLM (any quantized_matmul, e.g. w8a8) by SmoothQuant-smoothed ones:
+    scales from one calibration forward of the float32 model (smoothquant.apply_smoothquant), folded, the smoothed
+    float weights quantized as the engine quantizes on load (quantized_leaves, the LLM's own spec), the folded norms
+    written into the LLM's own module. Returns a summary."""
+    from jaxinfer.weights import awq
+    from jaxinfer.weights.loader import load_model, resolve_model
+    from jaxinfer.weights.quantize import quantized_leaves
+    from jaxinfer.weights.smoothquant import apply_smoothquant
+
+    ref = load_model(resolve_model(model), "float32", progress=False).module()
+    log2s = apply_smoothquant(ref, calib_ids, alpha=alpha)
+    spec = llm.config.quant_spec
+    qm = llm.model.module()
+    for i, (layer, src) in enumerate(zip(qm.layers, ref.layers)):
+        for path in awq.LINEAR_PATHS:
+            lin = awq._linear(layer, path)
+            for leaf, value in quantized_leaves(awq._linear(src, path).w[...], spec, llm.model.dtype).items():
+                getattr(lin, leaf)[...] = value
+        for norm in ("attn_norm", "mlp_norm"):
+            getattr(layer, norm).weight[...] = getattr(src, norm).weight[...].astype(llm.model.dtype)
+    llm.model.params, _ = awq.module_params(qm)  # the runner reads llm.model.params at every step
+    return dict(sq_alpha=alpha, sq_mean_log2_scale=float(np.mean(list(log2s.values()))),
+                sq_max_log2_scale=float(np.max(list(log2s.values()))))
+
+
 def _common_prefix(a, b) -> int:
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
@@ -78,18 +106,22 @@ def _common_prefix(a, b) -> int:
     return n
 
 
-def measure(model, dtype, kv, quant, ids, prompts, new_tokens, max_len, calib_ids=None):
+def measure(model, dtype, kv, quant, ids, prompts, new_tokens, max_len, calib_ids=None, sq_alpha=0.5):
     kwargs = dict(dtype=dtype, kv_cache_dtype=kv, max_model_len=max_len, max_num_batched_tokens=512,
                   max_num_seqs=32, num_pages=(max_len // 16 + 2) + len(prompts) * 8, warmup=False, progress=False)
     awq_group = int(quant[len("awq-g"):]) if quant and quant.startswith("awq-g") else None
+    smooth = bool(quant) and quant.startswith("sq-")
     if quant:
-        method, _, backend = quant.partition(":")        # 'int8:w8a8': quantization='int8', quantized_matmul='w8a8'
+        # 'int8:w8a8': quantization='int8', quantized_matmul='w8a8' ('sq-': the smoothed weights, load_smoothquant)
+        method, _, backend = quant.removeprefix("sq-").partition(":")
         kwargs["quantization"] = f"int4-g{awq_group}-asym" if awq_group else method
         if backend:
             kwargs["quantized_matmul"] = backend
     t0 = time.perf_counter()
     llm = LLM(model, **kwargs)
     extra = load_awq(llm, model, awq_group, calib_ids) if awq_group else {}
+    if smooth:
+        extra = load_smoothquant(llm, model, calib_ids, sq_alpha)
     nll = token_nll(llm, ids)
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True),
                         use_tqdm=False)
@@ -109,6 +141,7 @@ def main():
     ap.add_argument("--kv-cache-dtype", nargs="*", default=["fp8", "int8"])
     ap.add_argument("--quantization", nargs="*", default=[],
                     help="weight settings, e.g. int8 fp8 int4-g64 gguf awq-g64 (see above)")
+    ap.add_argument("--sq-alpha", type=float, default=0.5, help="SmoothQuant migration strength of 'sq-' settings")
     ap.add_argument("--num-tokens", type=int, default=None, help="first N tokens of the text (default: all)")
     ap.add_argument("--prompts", type=int, default=20, help="prompts for the greedy-agreement fraction")
     ap.add_argument("--new-tokens", type=int, default=32)
@@ -125,7 +158,8 @@ def main():
     else:
         tok = Tokenizer.from_pretrained(a.model)
     ids = tok.encode(text)[: a.num_tokens]
-    calib_ids = tok.encode(awq_calibration_text()) if any(q.startswith("awq-") for q in a.quantization) else None
+    calib_ids = (tok.encode(awq_calibration_text()) if any(q.startswith(("awq-", "sq-")) for q in a.quantization)
+                 else None)
     prompts = greedy_prompts(text, a.prompts)
     max_len = len(ids) + 16
 
@@ -139,7 +173,8 @@ def main():
         for what, name in settings:
             kv, quant = (name, None) if what == "kv" else ("auto", name)
             try:
-                row, greedy = measure(a.model, dtype, kv, quant, ids, prompts, a.new_tokens, max_len, calib_ids)
+                row, greedy = measure(a.model, dtype, kv, quant, ids, prompts, a.new_tokens, max_len, calib_ids,
+                                      a.sq_alpha)
             except QuantizationError as e:  # e.g. a group size that does not divide the model's widths
                 rows.append(dict(dtype=dtype, kv_cache_dtype=kv, quantization=quant, error=str(e)))
                 print(f"{dtype:9s} weights {name}: not possible: {e}", flush=True)
@@ -148,7 +183,7 @@ def main():
             row["greedy_match_fraction"] = sum(g == b for g, b in zip(greedy, base_greedy)) / len(prompts)
             row["mean_common_prefix_tokens"] = float(np.mean([_common_prefix(g, b) for g, b in
                                                               zip(greedy, base_greedy)]))
-            base_method = name.split(":")[0].split("-")[0]
+            base_method = name.removeprefix("sq-").split(":")[0].split("-")[0]
             target = None if name.startswith("int4") and name != "int4" else TARGETS.get((what, base_method))
             if target is not None:
                 row["target_increase"] = target

@@ -93,6 +93,16 @@ def cmd_info(a) -> int:
     return 0
 
 
+def cmd_smoothquant(args) -> int:
+    from jaxinfer.tokenizer import Tokenizer
+    from jaxinfer.weights.smoothquant import smooth_checkpoint
+
+    tokenizer = Tokenizer.from_pretrained(args.model_pos)  # (the calibration text in the model's own tokens)
+    print(json.dumps(smooth_checkpoint(args.model_pos, args.out, tokenizer, alpha=args.alpha,
+                                       overwrite=args.overwrite), indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jaxinfer", description="LLM inference on JAX/XLA")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -112,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("model_pos", nargs="?", default=None, metavar="MODEL")
     add_engine_args(i, only=("model", "load_format"))
     i.set_defaults(fn=cmd_info)
+    sq = sub.add_parser("smoothquant", help="write a SmoothQuant-smoothed float copy of a model (for W8A8 int8: "
+                                            "load it with --quantization int8 --quantized-matmul xla-nk-w8a8)")
+    sq.add_argument("model_pos", metavar="MODEL", help="HF directory, GGUF file or jaxinfer orbax checkpoint")
+    sq.add_argument("out", help="directory for the smoothed orbax checkpoint")
+    sq.add_argument("--alpha", type=float, default=0.5, help="migration strength in [0, 1] (default 0.5)")
+    sq.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
+    sq.set_defaults(fn=cmd_smoothquant)
     sub.add_parser("serve", help="OpenAI-compatible HTTP server (see `jaxinfer serve --help`)", add_help=False)
     return p
 
@@ -139,7 +156,7 @@ def main(argv=None) -> int:
     _configure_logging(quiet=getattr(args, "quiet", False))
     try:
         return args.fn(args)
-    except (ValueError, TypeError, FileNotFoundError, MemoryError) as e:
+    except (ValueError, TypeError, OSError, MemoryError) as e:
         print(f"jaxinfer: error: {e}", file=sys.stderr)
         return 2
 

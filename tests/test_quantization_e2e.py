@@ -188,6 +188,22 @@ def test_mosaic_int8_backend_in_engine_matches_reference(g128_llama_dir):
     assert _greedy(mos, prompts, n=4) == _greedy(ref, prompts, n=4)
 
 
+def test_xla_nk_w8a8_backend_in_engine_runs_w8a8_in_prefill(tiny_llama_dir):
+    """quantized_matmul='xla-nk-w8a8' (opt-in): [out, in] int8 weights, W8A8 in buckets of more than 16 tokens: a
+    48-token prompt's log-probs (one prefill bucket) agree with the 'w8a8' engine's (W8A8 everywhere, [in, out]
+    weights, the same quantized values) to float32 rounding, and differ from weight-only int8's."""
+    w8a8 = jaxinfer.LLM(tiny_llama_dir, quantization="int8", quantized_matmul="w8a8", **OPTS)
+    mixed = jaxinfer.LLM(tiny_llama_dir, quantization="int8", quantized_matmul="xla-nk-w8a8", **OPTS)
+    weight_only = jaxinfer.LLM(tiny_llama_dir, quantization="int8", quantized_matmul="xla-nk", **OPTS)
+    down = mixed.model.module().layers[0].mlp.down
+    assert down.backend == "xla-nk-w8a8"
+    assert down.q[...].shape == w8a8.model.module().layers[0].mlp.down.q[...].shape[::-1]     # [out, in]
+    prompt = _prompt(n=48)
+    got = _prompt_logprobs(mixed, prompt)
+    np.testing.assert_allclose(got, _prompt_logprobs(w8a8, prompt), atol=1e-4, rtol=0)
+    assert np.abs(got - _prompt_logprobs(weight_only, prompt)).max() > 1e-3
+
+
 def test_w8a8_backend_in_engine_is_close(tiny_llama_dir, float_llm):
     """quantized_matmul='w8a8' (int8 only): activations quantized per token too, so it is NOT the weight-only int8
     model: its prompt log-probs are bounded against the float model (the int8 row's bound of

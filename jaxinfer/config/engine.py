@@ -257,7 +257,9 @@ class KernelConfig:
                                          "tensor-core kernels on Hopper: one at M <= 128, the many-token one above; "
                                          "one device) | "
                                          "mosaic-int8 (int8 only, opt-in, measured slower than xla-nk: xla-nk "
-                                         "with the Mosaic GPU int8 kernel at M <= 16 on Hopper)",
+                                         "with the Mosaic GPU int8 kernel at M <= 16 on Hopper) | "
+                                         "xla-nk-w8a8 (int8 only, opt-in: xla-nk weight-only up to 16 tokens a "
+                                         "step, W8A8 above; activations quantized there)",
                                  choices=MATMUL_BACKENDS)
     compilation_cache_dir: str | None = _opt(None, "JAX's persistent compilation cache (default: "
                                                    "$JAXINFER_CACHE/xla, ~/.cache/jaxinfer/xla)")

@@ -35,13 +35,17 @@ from jaxinfer.config.model import ConfigError
 #                or "mosaic-int4" (int4 group 128 only: signed int4 [out, in] weights, the Mosaic GPU tensor-core
 #                kernels on a Hopper GPU, one at M <= 128 and the many-token one above; one device only) or "mosaic-int8"
 #                (int8 only, opt-in, measured slower than 'xla-nk': its [out, in] weights, the Mosaic GPU int8 kernel
-#                at M <= 16 on a Hopper GPU instead of the Pallas-Triton one, XLA's convert + dot above).
+#                at M <= 16 on a Hopper GPU instead of the Pallas-Triton one, XLA's convert + dot above) or
+#                "xla-nk-w8a8" (int8 only, opt-in: 'xla-nk''s weights, weight-only up to 16 tokens a step and W8A8
+#                through XLA's int8 dot above, activations quantized per token: prefill and large batches change
+#                numerics, as 'w8a8' does everywhere; for the offline speed of int8, see models/quant_paths.py).
 
 QUANT_METHODS = ("int8", "int4", "fp8")
 INT4_GROUP_SIZES = (32, 64, 128)
-MATMUL_BACKENDS = ("auto", "reference", "xla", "pallas", "w8a8", "xla-nk", "xla-int4", "triton-int4", "mosaic-int4",
-                   "mosaic-int8")
-_BACKEND_METHODS = {"w8a8": "int8", "xla-nk": "int8", "xla-int4": "int4", "triton-int4": "int4",
+MATMUL_BACKENDS = ("auto", "reference", "xla", "pallas", "w8a8", "xla-nk", "xla-nk-w8a8", "xla-int4", "triton-int4",
+                   "mosaic-int4", "mosaic-int8")
+_BACKEND_METHODS = {"w8a8": "int8", "xla-nk": "int8", "xla-nk-w8a8": "int8", "xla-int4": "int4",
+                    "triton-int4": "int4",
                     "mosaic-int4": "int4", "mosaic-int8": "int8"}  # one method only
 _INT4_RE = re.compile(r"int4(?:-g(\d+))?(-asym|-sym)?")
 

@@ -22,6 +22,8 @@ Model backends (the `quantized_matmul` option after quant.resolve_backend) and t
   'mosaic-int8'              int8 only, opt-in (measured slower than 'xla-nk'): 'xla-nk''s int8 [N, K] weights
                              and table, the Mosaic GPU int8 kernel (mosaic_int8.py) at M <= 16 on Hopper
                                                                                         int8 [N, K]
+  'xla-nk-w8a8'              int8 only, opt-in: 'xla-nk''s int8 [N, K] weights, the small-M kernel at M <= 16 and
+                             W8A8 (XLA's int8 dot, activations quantized per token) above   int8 [N, K]
   'mosaic-int4'              int4 group 128 only (the default on one Hopper GPU): signed int4 [N, K] weights (K
                              contiguous); Mosaic GPU tensor-core kernels on a Hopper GPU: mosaic_int4.py at M <=
                              128, mosaic_int4_wide.py above (PATHS[('int4', 'mosaic-int4')])  int4 native-nk
@@ -101,6 +103,14 @@ PATHS = {
     # 2026-12-05.json): batch 1 225.8 tok/s against 250.7 for 'xla-nk', batch 16 3,093 against 3,817; per op at
     # M = 1 / 16 it ties or trails 'pallas-nk' (gate_up 57.7 vs 57.5 us, down 31.4 vs 30.1, lm_head 216 vs 204).
     ("int8", "mosaic-int8"): ((16, "mosaic-nk"), (ANY_M, "convert-nk")),
+    # int8 [N, K] ('xla-nk-w8a8', opt-in): 'xla-nk' at M <= 16, XLA's int8 x int8 dot above, activations quantized
+    # per token. Offline int8 runs at 0.77-0.80x bf16 weight-only (convert + dot above 16 tokens: the int8 weight
+    # read, converted and re-read as bf16), where W8A8 on the [N, K] weights measured 1.43-1.47x the bf16 dot per op
+    # at M = 2048 (H200, results/kernel-quantized-matmul-nk-2026-12-02.json) and W8A8 on the large weights ran
+    # offline at 1.11x bf16 in the engine (12-02). W8A8 everywhere cost +2.6-3.2% perplexity on SmolLM2 (bound +1%);
+    # with SmoothQuant's scales folded into the weights (weights/smoothquant.py, alpha 0.5) W8A8 measured
+    # +0.85% (results/quality-w8a8-smoothquant-cpu-2026-12-06.json). Not yet measured in the engine on a GPU.
+    ("int8", "xla-nk-w8a8"): ((16, "pallas-nk"), (ANY_M, "w8a8-nk")),
 }
 # Weights of at least this many elements take the 'large' table: 32M int8 weights are 32 MB, so past it a weight
 # no longer sits in the 50 MB L2 beside the activations (the 8B shapes: qkv 25M and o 17M below, down 59M,
@@ -161,7 +171,7 @@ def weight_layout_of(method: str, backend: str) -> str:
     if method == "int4":
         return {"xla-int4": "native", "triton-int4": "packed-nk", "mosaic-int4": "native-nk"}.get(backend, "packed")
     if method == "int8":
-        return "nk" if backend in ("xla-nk", "mosaic-int8") else "kn"
+        return "nk" if backend in ("xla-nk", "mosaic-int8", "xla-nk-w8a8") else "kn"
     return "nk"
 
 
@@ -175,8 +185,8 @@ def path_for(method: str, backend: str, M: int, K: int | None = None, N: int | N
         return "reference" if backend == "reference" else "xla"
     if backend in ("xla-int4", "triton-int4", "mosaic-int4"):
         path = _lookup(PATHS[("int4", backend)], M)
-    elif backend == "mosaic-int8":
-        path = _lookup(PATHS[("int8", "mosaic-int8")], M)
+    elif backend in ("mosaic-int8", "xla-nk-w8a8"):
+        path = _lookup(PATHS[("int8", backend)], M)
     elif backend == "xla-nk":
         large = K is not None and N is not None and K * N >= LARGE_WEIGHT
         path = _lookup(PATHS[("int8", "xla-nk", "large") if large else ("int8", "xla-nk")], M)

@@ -157,30 +157,45 @@ def _set(param, value):
     param[...] = jnp.asarray(value, param[...].dtype)
 
 
+def fold_scales(layer, group: str, s: np.ndarray, intermediate_size: int):
+    """Multiply the input rows of `group`'s weight (qkv, gate_up or down) by s [in] and fold 1/s into what
+    produces its input (attn_norm, mlp_norm, or the `up` half of gate_up's output columns), IN PLACE: the layer's
+    function is unchanged up to float rounding. Fold down before gate_up's own rows are read for anything else."""
+    def scaled(param, rows=None, cols=None):
+        w = np.array(param[...], np.float32)  # (a writable copy)
+        if rows is not None:
+            w = w * rows[:, None]
+        if cols is not None:
+            w[:, intermediate_size:] /= cols[None, :]
+        _set(param, w)
+    if group == "qkv":
+        _set(layer.attn_norm.weight, np.asarray(layer.attn_norm.weight[...], np.float32) / s)
+        scaled(layer.attn.qkv.w, rows=s)
+    elif group == "gate_up":
+        _set(layer.mlp_norm.weight, np.asarray(layer.mlp_norm.weight[...], np.float32) / s)
+        scaled(layer.mlp.gate_up.w, rows=s)
+    elif group == "down":
+        scaled(layer.mlp.gate_up.w, cols=s)
+        scaled(layer.mlp.down.w, rows=s)
+    else:
+        raise ValueError(f"no fold for {group!r}: qkv, gate_up or down")
+
+
+def group_weight(layer, group: str):
+    return {"qkv": layer.attn.qkv, "gate_up": layer.mlp.gate_up, "down": layer.mlp.down}[group].w[...]
+
+
 def apply_awq(module, calib_ids, *, group_size: int = 128, max_rows: int = 512, grid=ALPHA_GRID) -> AWQResult:
     """Search AWQ scales on `calib_ids` and fold them into `module` IN PLACE (float weights; the model's
     function is unchanged up to float rounding). Quantize afterwards with `quantize_module`."""
     cfg = module.cfg
     _, acts = dense_forward(module, calib_ids, collect=max_rows)
     alphas, errors = {}, {}
-    I = cfg.intermediate_size
     for i, (layer, a) in enumerate(zip(module.layers, acts)):
-        # qkv: 1/s into attn_norm
-        s, al, e, e0 = search_scale(a["qkv"], layer.attn.qkv.w[...], group_size, grid)
-        _set(layer.attn_norm.weight, np.asarray(layer.attn_norm.weight[...], np.float32) / s)
-        _set(layer.attn.qkv.w, np.asarray(layer.attn.qkv.w[...], np.float32) * s[:, None])
-        alphas[f"layers.{i}.qkv"], errors[f"layers.{i}.qkv"] = al, (e, e0)
-        # gate_up: 1/s into mlp_norm
-        s, al, e, e0 = search_scale(a["gate_up"], layer.mlp.gate_up.w[...], group_size, grid)
-        _set(layer.mlp_norm.weight, np.asarray(layer.mlp_norm.weight[...], np.float32) / s)
-        gu = np.asarray(layer.mlp.gate_up.w[...], np.float32) * s[:, None]
-        alphas[f"layers.{i}.gate_up"], errors[f"layers.{i}.gate_up"] = al, (e, e0)
-        # down: 1/s into the up half of gate_up's output columns (silu(gate) * up / s)
-        s, al, e, e0 = search_scale(a["down"], layer.mlp.down.w[...], group_size, grid)
-        gu[:, I:] /= s[None, :]
-        _set(layer.mlp.gate_up.w, gu)
-        _set(layer.mlp.down.w, np.asarray(layer.mlp.down.w[...], np.float32) * s[:, None])
-        alphas[f"layers.{i}.down"], errors[f"layers.{i}.down"] = al, (e, e0)
+        for group in ("qkv", "gate_up", "down"):  # (each search reads the weight as the folds so far left it)
+            s, al, e, e0 = search_scale(a[group], group_weight(layer, group), group_size, grid)
+            fold_scales(layer, group, s, cfg.intermediate_size)
+            alphas[f"layers.{i}.{group}"], errors[f"layers.{i}.{group}"] = al, (e, e0)
     return AWQResult(alphas, errors)
 
 

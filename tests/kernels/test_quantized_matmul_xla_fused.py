@@ -344,3 +344,38 @@ def test_mosaic_int8_paths(monkeypatch):
     assert quant_paths.weight_layout_of("int8", "mosaic-int8") == "nk"
     with pytest.raises(QuantizationError, match="for int8 models only"):
         parse_quantization("int4", backend="mosaic-int8")
+
+
+@pytest.mark.parametrize("M", [1, 16, 17, 130])
+def test_xla_nk_w8a8_is_weight_only_up_to_16_tokens_and_w8a8_above(M):
+    """'xla-nk-w8a8' (opt-in): int8 [N, K] weights; up to 16 tokens the weight-only int8 matmul (the small-M kernel,
+    XLA's convert + dot on the CPU), above it W8A8 (activations quantized per token): each against its own float32
+    reference on the same weights, and the two references differ (the paths are really different)."""
+    from jaxinfer.models.quant_paths import quantized_matmul
+
+    K, N = 96, 80
+    w = _weights(K, N, seed=M)
+    qt = quantize_rtn(w, "int8")
+    q_nk = jnp.asarray(qt.q).T                                                           # [N, K]
+    x = _x(M, K, jnp.float32, seed=M + 1)
+    got = quantized_matmul(x, "int8", q_nk, jnp.asarray(qt.scale), backend="xla-nk-w8a8")
+    weight_only = qr.int8_matmul_reference(x, jnp.asarray(qt.q), jnp.asarray(qt.scale))
+    w8a8 = qr.int8_w8a8_matmul_reference(x, jnp.asarray(qt.q), jnp.asarray(qt.scale))
+    want, other = (weight_only, w8a8) if M <= 16 else (w8a8, weight_only)
+    assert quant_paths.path_for("int8", "xla-nk-w8a8", M, K, N) == ("convert-nk" if M <= 16 else "w8a8-nk")
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    assert _rel(np.asarray(got), np.asarray(other)) > 1e-4
+    assert quant_paths.weight_layout_of("int8", "xla-nk-w8a8") == "nk"
+    with pytest.raises(QuantizationError, match="for int8 models only"):
+        parse_quantization("int4", backend="xla-nk-w8a8")
+
+
+def test_xla_nk_w8a8_takes_the_small_m_kernel_where_it_runs(monkeypatch):
+    """On a GPU (simulated) the weight-only side is 'xla-nk''s small-M kernel; never above 16 tokens."""
+    from pallas_kernels.quantized_matmul import triton_small_m
+
+    monkeypatch.setattr(triton_small_m, "kernels_enabled", lambda: True)
+    assert quant_paths.path_for("int8", "xla-nk-w8a8", 1, 4096, 4096) == "pallas-nk"
+    assert quant_paths.path_for("int8", "xla-nk-w8a8", 16, 4096, 28672) == "pallas-nk"
+    assert quant_paths.path_for("int8", "xla-nk-w8a8", 17, 4096, 28672) == "w8a8-nk"
+    assert quant_paths.path_for("int8", "xla-nk-w8a8", 1, 4096, 4096, kernels=False) == "convert-nk"
