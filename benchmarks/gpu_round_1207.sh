@@ -19,6 +19,7 @@
 #   speccudnn the same with an explicit 'cudnn' (the draft's one-token steps on cuDNN)
 #   specprof the int8 draft's run under jax.profiler and cProfile (per-kernel device and per-function host time)
 #   head   the tied int8 LM head: the int8 1B draft before (ab_base/) and after, the 1B's own int8 / int4 decode
+#   w8a8   int8 with W8A8 above 16 tokens vs weight-only int8 vs bf16: decode batch 1 / 16 and offline (issue 20)
 #   dprof  the 1B draft's step per kernel in its 16-token bucket, bf16 and int8 (step_profile.py): which of its ~14
 #          kernels a layer hold the excess over its weight-streaming floor (issue 21), before a fused kernel is written
 #   mid    latency batch 16 / 32, cuDNN vs the Pallas kernel (is 64 the right AUTO_CUDNN_MIN_TOKENS?)
@@ -67,6 +68,11 @@ for part in $PARTS; do case $part in
       --tag head-int8
     run head-1b 170 timeout 170 $PY benchmarks/quantized_decode.py --model llama3.2-1b --methods bf16 \
       int8+floathead int8 int4+floathead int4 --throughput-methods --no-kv-capacity --tag tied-head-1b ;;
+  w8a8)  # int8 W8A8 above 16 tokens (quantized_matmul='xla-nk-w8a8', 6f1c47b) against weight-only int8 and bf16:
+         # batch-1 / 16 decode and offline 384 x 512/128 in one process (issue 20's int8 offline >= 1.0x bf16)
+    run w8a8 420 timeout 420 $PY benchmarks/quantized_decode.py --methods bf16 int8 int8:xla-nk-w8a8 \
+      --decode-batches 1 16 --throughput-methods bf16 int8 int8:xla-nk-w8a8 --no-kv-capacity --budget-s 380 \
+      --tag w8a8-prefill ;;
   tests)
     run tests 150 timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
       tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py ;;
