@@ -160,7 +160,7 @@ def _set(param, value):
 def fold_scales(layer, group: str, s: np.ndarray, intermediate_size: int):
     """Multiply the input rows of `group`'s weight (qkv, gate_up or down) by s [in] and fold 1/s into what
     produces its input (attn_norm, mlp_norm, or the `up` half of gate_up's output columns), IN PLACE: the layer's
-    function is unchanged up to float rounding. Fold down before gate_up's own rows are read for anything else."""
+    function is unchanged up to float rounding. gate_up's columns are [gate | up] (one MLP block: single device)."""
     def scaled(param, rows=None, cols=None):
         w = np.array(param[...], np.float32)  # (a writable copy)
         if rows is not None:
@@ -182,6 +182,7 @@ def fold_scales(layer, group: str, s: np.ndarray, intermediate_size: int):
 
 
 def group_weight(layer, group: str):
+    """The float weight [in, out] of a layer's scaling group: qkv, gate_up or down."""
     return {"qkv": layer.attn.qkv, "gate_up": layer.mlp.gate_up, "down": layer.mlp.down}[group].w[...]
 
 
