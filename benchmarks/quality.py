@@ -46,6 +46,22 @@ def greedy_prompts(text: str, n: int, words: int = 12) -> list[str]:
     return [" ".join(sentences[i].split()[:words]) for i in pick]
 
 
+def _install(llm, ref, leaves):
+    """Write a float32 module's rescaled weights into the LLM's own module: each decoder linear's leaves from
+    leaves(layer index, path, ref's linear) and the folded norms; the runner reads llm.model.params every step."""
+    from jaxinfer.weights import awq
+
+    qm = llm.model.module()
+    for i, (layer, src) in enumerate(zip(qm.layers, ref.layers)):
+        for path in awq.LINEAR_PATHS:
+            lin = awq._linear(layer, path)
+            for leaf, value in leaves(i, path, awq._linear(src, path)).items():
+                getattr(lin, leaf)[...] = value
+        for norm in ("attn_norm", "mlp_norm"):
+            getattr(layer, norm).weight[...] = getattr(src, norm).weight[...].astype(llm.model.dtype)
+    llm.model.params, _ = awq.module_params(qm)
+
+
 def load_awq(llm, model: str, group: int, calib_ids):
     """Replace the RTN int4 weights of an 'int4-g{group}-asym' LLM by AWQ-scaled ones: scales searched and folded
     on the float32 model (awq.apply_awq), RTN-quantized (awq.quantize_module, the same asymmetric rounding), the
@@ -58,16 +74,8 @@ def load_awq(llm, model: str, group: int, calib_ids):
     t0 = time.perf_counter()
     res = awq.apply_awq(ref, calib_ids, group_size=group)
     search_s = time.perf_counter() - t0
-    qm = llm.model.module()
-    for name, qt in awq.quantize_module(ref, group).items():
-        _, i, path = name.split(".", 2)
-        lin = awq._linear(qm.layers[int(i)], path)
-        for leaf, value in tensor_leaves(qt, llm.model.dtype).items():
-            getattr(lin, leaf)[...] = value
-    for layer, src in zip(qm.layers, ref.layers):
-        for norm in ("attn_norm", "mlp_norm"):
-            getattr(layer, norm).weight[...] = getattr(src, norm).weight[...].astype(llm.model.dtype)
-    llm.model.params, _ = awq.module_params(qm)  # the runner reads llm.model.params at every step
+    quantized = awq.quantize_module(ref, group)
+    _install(llm, ref, lambda i, path, _: tensor_leaves(quantized[f"layers.{i}.{path}"], llm.model.dtype))
     alphas = list(res.alphas.values())
     return dict(awq_search_seconds=round(search_s, 1), awq_calibration_tokens=len(calib_ids),
                 awq_mean_alpha=float(np.mean(alphas)), awq_groups_scaled=int(sum(x > 0 for x in alphas)))
@@ -78,7 +86,6 @@ def load_smoothquant(llm, model: str, calib_ids, alpha: float):
     scales from one calibration forward of the float32 model (smoothquant.apply_smoothquant), folded, the smoothed
     float weights quantized as the engine quantizes on load (quantized_leaves, the LLM's own spec), the folded norms
     written into the LLM's own module. Returns a summary."""
-    from jaxinfer.weights import awq
     from jaxinfer.weights.loader import load_model, resolve_model
     from jaxinfer.weights.quantize import quantized_leaves
     from jaxinfer.weights.smoothquant import apply_smoothquant
@@ -86,15 +93,7 @@ def load_smoothquant(llm, model: str, calib_ids, alpha: float):
     ref = load_model(resolve_model(model), "float32", progress=False).module()
     log2s = apply_smoothquant(ref, calib_ids, alpha=alpha)
     spec = llm.config.quant_spec
-    qm = llm.model.module()
-    for i, (layer, src) in enumerate(zip(qm.layers, ref.layers)):
-        for path in awq.LINEAR_PATHS:
-            lin = awq._linear(layer, path)
-            for leaf, value in quantized_leaves(awq._linear(src, path).w[...], spec, llm.model.dtype).items():
-                getattr(lin, leaf)[...] = value
-        for norm in ("attn_norm", "mlp_norm"):
-            getattr(layer, norm).weight[...] = getattr(src, norm).weight[...].astype(llm.model.dtype)
-    llm.model.params, _ = awq.module_params(qm)  # the runner reads llm.model.params at every step
+    _install(llm, ref, lambda i, path, lin: quantized_leaves(lin.w[...], spec, llm.model.dtype))
     return dict(sq_alpha=alpha, sq_mean_log2_scale=float(np.mean(list(log2s.values()))),
                 sq_max_log2_scale=float(np.max(list(log2s.values()))))
 
