@@ -85,9 +85,12 @@ def main(argv=None):
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--methods", nargs="+", default=["ngram", "layer_skip"],
-                    choices=["ngram", "ngram_unpipelined", "layer_skip"],
+                    choices=["ngram", "ngram_unpipelined", "layer_skip", "self_int8", "self_int8_floathead"],
                     help="ngram: pipelined (device prompt lookup, runner/ngram_device.py); ngram_unpipelined: the "
-                         "host proposer, each speculative step finished before the next")
+                         "host proposer, each speculative step finished before the next; self_int8: the model itself "
+                         "as its draft, weights int8 (draft_quantization) with the default int8 head; "
+                         "self_int8_floathead: the same with a float head (what int8 quantization alone costs "
+                         "in agreement)")
     ap.add_argument("--skip-plain", action="store_true", help="no plain-decoding run (outputs_equal_plain: null)")
     ap.add_argument("--layers", type=int, nargs="+", default=None,
                     help="layer_skip draft depths (default: a quarter and half of the target's layers)")
@@ -104,7 +107,10 @@ def main(argv=None):
     methods = ([("ngram", dict(method="ngram"))] if "ngram" in a.methods else []) + (
         [("ngram_unpipelined", dict(method="ngram", pipelined=False))] if "ngram_unpipelined" in a.methods else []) + [
         (f"layer_skip_{n}of{n_layers}", dict(method="layer_skip", num_draft_layers=n)) for n in layers
-        if "layer_skip" in a.methods]
+        if "layer_skip" in a.methods] + [
+        (name, dict(method="draft", draft_model=base.source.path, draft_quantization="int8",
+                    draft_quantize_lm_head=False if name.endswith("floathead") else None))
+        for name in ("self_int8", "self_int8_floathead") if name in a.methods]
     results = {"plain": {kind: {"wall_s": round(dt, 2)} for kind, (_, dt) in ref.items()}}
     for name, sc in methods:
         llm = LLM(config=config.replace(speculative_config=dict(sc, num_speculative_tokens=a.k, adaptive=False,

@@ -55,7 +55,8 @@ def build_model_proposer(sc: SpeculativeConfig, target: LoadedModel, config: Eng
         backend = config.kernels.quantized_matmul
         draft = load_model(resolve_model(sc.draft_model, sc.draft_load_format), target.dtype, seed=config.seed + 1,
                            progress=progress, matmul_backend=backend,
-                           quantization=parse_quantization(sc.draft_quantization, backend=backend))
+                           quantization=parse_quantization(sc.draft_quantization, backend=backend,
+                                                           quantize_lm_head=sc.draft_quantize_lm_head))
         if draft.cfg.vocab_size != target.cfg.vocab_size:
             raise ValueError(f"draft model {sc.draft_model!r} has vocab_size {draft.cfg.vocab_size} but the target "
                              f"has {target.cfg.vocab_size}; the draft must share the target's tokenizer")

@@ -414,6 +414,23 @@ def test_tied_int8_draft_model(tied_llama_dir, float_tied_llm):
     assert st["num_verify_steps"] > 0 and st["num_accepted_tokens"] > 0
 
 
+def test_draft_quantize_lm_head_keeps_a_float_draft_head(tied_llama_dir, float_tied_llm):
+    """draft_quantize_lm_head=False: the int8 draft keeps its tied float head (the embedding), output unchanged;
+    without draft_quantization the option is a configuration error naming what it needs."""
+    from jaxinfer.config import SpeculativeConfig
+    from jaxinfer.models.quant_linear import QuantLinear
+
+    llm = jaxinfer.LLM(tied_llama_dir, speculative_config=dict(
+        method="draft", draft_model=tied_llama_dir, draft_quantization="int8", draft_quantize_lm_head=False,
+        num_speculative_tokens=3, batch_policy=False), **OPTS)
+    draft = llm.engine.spec.proposer.runner.loaded.module()
+    assert draft.lm_head is None and isinstance(draft.layers[0].mlp.down, QuantLinear)
+    prompts = [_prompt(seed=s, n=12) for s in range(2)]
+    assert _greedy(llm, prompts, n=8) == _greedy(float_tied_llm, prompts, n=8)
+    with pytest.raises(ConfigError, match="draft_quantize_lm_head=False needs draft_quantization"):
+        SpeculativeConfig(method="draft", draft_model=tied_llama_dir, draft_quantize_lm_head=False)
+
+
 def test_cli_flag():
     from jaxinfer.cli import build_parser
     from jaxinfer.cli_args import config_from_args

@@ -32,6 +32,9 @@ class SpeculativeConfig:
         "fp8", as the target's `quantization`; the engine's quantized_matmul backend). Drafts only propose: the
         target verifies every token, so output stays exactly the target's; a quantized draft streams fewer bytes
         per draft step (a 1B draft at batch 1 is ~1/3 of its step in weight streaming, issue 21).
+    draft_quantize_lm_head: the draft's head under draft_quantization, as `quantize_lm_head` for the target: None
+        (default) an int8 head for int8 / int4 drafts (a tied head too, as a quantized copy of the embedding),
+        False a float head, True the draft's own method.
     num_draft_layers: layer_skip draft depth (default: a quarter of the target's layers, at least 1).
     draft_num_pages: KV pages of the draft's own cache (default: as many as the target's).
     pipelined: verification step n+1 is dispatched before step n's accepted counts are read (engine/spec_pipeline.py,
@@ -57,6 +60,7 @@ class SpeculativeConfig:
     draft_model: str | None = None
     draft_load_format: str = "auto"
     draft_quantization: str | None = None
+    draft_quantize_lm_head: bool | None = None
     num_draft_layers: int | None = None
     draft_num_pages: int | None = None
     pipelined: bool = True
@@ -85,7 +89,10 @@ class SpeculativeConfig:
                 raise ConfigError(f"draft_quantization={self.draft_quantization!r} is only used by method 'draft' "
                                   f"(a separate draft checkpoint), not {self.method!r}; a layer_skip draft shares "
                                   "the target's weights, quantized with the target's `quantization`")
-            parse_quantization(self.draft_quantization)  # a QuantizationError naming the valid methods
+            parse_quantization(self.draft_quantization, quantize_lm_head=self.draft_quantize_lm_head)
+        elif self.draft_quantize_lm_head is not None:
+            raise ConfigError(f"draft_quantize_lm_head={self.draft_quantize_lm_head!r} needs draft_quantization "
+                              "(the draft's head is quantized only with its weights)")
         if self.num_draft_layers is not None and self.num_draft_layers < 1:
             raise ConfigError(f"num_draft_layers={self.num_draft_layers} must be >= 1")
         if self.draft_num_pages is not None and self.draft_num_pages < 2:
