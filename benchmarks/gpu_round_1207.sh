@@ -18,7 +18,7 @@
 #   specab the same, 'auto' against --attention-backend pallas (the draft runner's 'auto' resolves to 'cudnn' too)
 #   speccudnn the same with an explicit 'cudnn' (the draft's one-token steps on cuDNN)
 #   specprof the int8 draft's run under jax.profiler and cProfile (per-kernel device and per-function host time)
-#   head   the tied int8 LM head: the int8 1B draft before (ab_base/) and after, the 1B's own int8 / int4 decode
+#   head   the tied int8 LM head: the int8 1B draft with a float / int8 head, the 1B's own int8 / int4 decode
 #   w8a8   int8 with W8A8 above 16 tokens vs weight-only int8 vs bf16: decode batch 1 / 16 and offline (issue 20)
 #   dprof  the 1B draft's step per kernel in its 16-token bucket, bf16 and int8 (step_profile.py): which of its ~14
 #          kernels a layer hold the excess over its weight-streaming floor (issue 21), before a fused kernel is written
@@ -59,20 +59,13 @@ for part in $PARTS; do case $part in
       run serve-$be 270 timeout 270 $PY benchmarks/serving_sweep.py --rates 16 32 --num-prompts 500 \
         --attention-backend $be --tag $be
     done ;;
-  head)  # the tied int8 LM head (f0a6962) A/B: the int8 1B draft with the old code (ab_base/: `git archive` of the
-         # commit before, an untracked copy the caller makes) then the new, and the 1B model's own int8 / int4 decode
-         # with a float head (+floathead, the old default for tied models) and the int8 head
-    run head-base 200 timeout 200 $PY ab_base/benchmarks/spec_speed.py --drafts llama3.2-1b@int8 --batch 1 \
-      --accept 0.7 --tag head-base
-    run head-int8 200 timeout 200 $PY benchmarks/spec_speed.py --drafts llama3.2-1b@int8 --batch 1 --accept 0.7 \
-      --tag head-int8
-    run head-1b 170 timeout 170 $PY benchmarks/quantized_decode.py --model llama3.2-1b --methods bf16 \
-      int8+floathead int8 int4+floathead int4 --throughput-methods --no-kv-capacity --tag tied-head-1b ;;
-  w8a8)  # int8 W8A8 above 16 tokens (quantized_matmul='xla-nk-w8a8', 6f1c47b) against weight-only int8 and bf16:
-         # batch-1 / 16 decode and offline 384 x 512/128 in one process (issue 20's int8 offline >= 1.0x bf16)
-    run w8a8 420 timeout 420 $PY benchmarks/quantized_decode.py --methods bf16 int8 int8:xla-nk-w8a8 \
-      --decode-batches 1 16 --throughput-methods bf16 int8 int8:xla-nk-w8a8 --no-kv-capacity --budget-s 380 \
-      --tag w8a8-prefill ;;
+  head)  # the tied int8 LM head (f0a6962): the 1B int8 draft with a float head (+floathead, the old default for tied
+         # models) and the int8 head in one process, then the 1B model's own int8 / int4 decode with either head
+    run head-draft 240 timeout 240 $PY benchmarks/spec_speed.py --drafts none llama3.2-1b@int8+floathead \
+      llama3.2-1b@int8 --batch 1 --accept 0.7 --tag head-ab
+    run head-1b 200 timeout 200 $PY benchmarks/quantized_decode.py --model llama3.2-1b --methods bf16 \
+      int8+floathead int8 int4+floathead int4 --throughput-methods --no-kv-capacity --budget-s 170 \
+      --tag tied-head-1b ;;
   tests)
     run tests 150 timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
       tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py ;;
