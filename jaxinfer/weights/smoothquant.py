@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -55,7 +56,7 @@ def apply_smoothquant(module, calib_ids, *, alpha: float = 0.5, max_rows: int = 
 def smooth_checkpoint(model: str, out: str, tokenizer, *, alpha: float = 0.5, overwrite: bool = False) -> dict:
     """Load `model` (HF directory, GGUF file or orbax checkpoint) in float32, smooth it on the calibration text
     tokenized by `tokenizer` (its own: a jaxinfer Tokenizer), and save it to `out` (orbax, with its config and
-    that tokenizer). Returns a summary."""
+    that tokenizer; in the config's torch_dtype where that is bfloat16 / float16, else float32). Returns a summary."""
     from jaxinfer.weights.checkpoint import save_checkpoint
     from jaxinfer.weights.loader import load_model, resolve_model
 
@@ -68,6 +69,10 @@ def smooth_checkpoint(model: str, out: str, tokenizer, *, alpha: float = 0.5, ov
     log2s = apply_smoothquant(module, calib_ids, alpha=alpha)
     params, treedef = module_params(module)
     state = nnx.to_pure_dict(jax.tree.unflatten(treedef, params))
+    # saved in the checkpoint's own float dtype where it declares a 16-bit one (an 8B model: 16 GB, not 32)
+    half = {"bfloat16": jnp.bfloat16, "float16": jnp.float16}.get(str(src.hf_config.get("torch_dtype")))
+    if half is not None:
+        state = jax.tree.map(lambda a: a.astype(half) if jnp.issubdtype(a.dtype, jnp.floating) else a, state)
     save_checkpoint(out, state, src.hf_config, tokenizer.hf, overwrite=overwrite)
     return dict(alpha=alpha, calibration_tokens=len(calib_ids), mean_log2_scale=float(np.mean(list(log2s.values()))),
                 max_log2_scale=float(np.max(list(log2s.values()))), path=os.path.abspath(out))

@@ -97,3 +97,28 @@ def test_cli_writes_a_smoothed_checkpoint(tiny_llama_dir, tiny_tokenizer_dir, tm
     assert np.linalg.norm(got - base) / np.linalg.norm(base) < 0.04   # the 'w8a8' engine test's bound
     assert cli_main(["smoothquant", str(src), str(out)]) == 2         # a non-empty OUT without --overwrite
     assert "not empty" in capsys.readouterr().err
+
+
+def test_cli_saves_in_the_checkpoints_16_bit_dtype(tiny_llama_dir, tiny_tokenizer_dir, tmp_path):
+    """A checkpoint whose config declares torch_dtype bfloat16 is saved smoothed in bfloat16 (half the bytes of the
+    float32 one), and reloads as a bf16 model close to the float32 smoothed one."""
+    import json
+
+    def smoothed(dtype):
+        src = tmp_path / f"model-{dtype}"
+        shutil.copytree(tiny_llama_dir, src)
+        for name in os.listdir(tiny_tokenizer_dir):
+            shutil.copy2(os.path.join(tiny_tokenizer_dir, name), src / name)
+        cfg = json.loads((src / "config.json").read_text())
+        (src / "config.json").write_text(json.dumps(dict(cfg, torch_dtype=dtype)))
+        out = tmp_path / f"smoothed-{dtype}"
+        assert cli_main(["smoothquant", str(src), str(out)]) == 0
+        return out, sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+
+    (out32, size32), (out16, size16) = smoothed("float32"), smoothed("bfloat16")
+    assert size16 < 0.6 * size32, (size16, size32)
+    opts = dict(dtype="bfloat16", num_pages=32, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=2,
+                warmup=False, progress=False)
+    prompt = _ids(48, seed=6)
+    got, want = (_prompt_logprobs(jaxinfer.LLM(str(o), **opts), prompt) for o in (out16, out32))
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.02   # bf16 rounding of the saved weights only
