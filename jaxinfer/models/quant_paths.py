@@ -109,7 +109,8 @@ PATHS = {
     # at M = 2048 (H200, results/kernel-quantized-matmul-nk-2026-12-02.json) and W8A8 on the large weights ran
     # offline at 1.11x bf16 in the engine (12-02). W8A8 everywhere cost +2.6-3.2% perplexity on SmolLM2 (bound +1%);
     # with SmoothQuant's scales folded into the weights (weights/smoothquant.py, alpha 0.5) W8A8 measured
-    # +0.85% (results/quality-w8a8-smoothquant-cpu-2026-12-06.json). Not yet measured in the engine on a GPU.
+    # +0.85% (results/quality-w8a8-smoothquant-cpu-2026-12-06.json; only at 0.5: 0.45 / 0.55 gave +2.05 / +1.09%).
+    # Not yet measured in the engine on a GPU.
     ("int8", "xla-nk-w8a8"): ((16, "pallas-nk"), (ANY_M, "w8a8-nk")),
 }
 # Weights of at least this many elements take the 'large' table: 32M int8 weights are 32 MB, so past it a weight

@@ -12,7 +12,9 @@ of the shipped calibration text (awq.dense_forward, awq.calibration_text).
 Measured on SmolLM2-135M-Instruct (CPU, benchmarks/quality.py, results/quality-w8a8-smoothquant-cpu-2026-12-06.json):
 W8A8 on every projection +2.63% perplexity over bf16 unsmoothed, **+0.85%** smoothed at alpha 0.5 (the int8 bound
 is +1%); weight-only int8 of the smoothed weights +0.48% (+0.04% unsmoothed). So smoothing is for the W8A8 paths
-('w8a8', 'xla-nk-w8a8'), not the weight-only default.
+('w8a8', 'xla-nk-w8a8'), not the weight-only default. Other alphas (0.3-0.7) all beat unsmoothed W8A8 but only 0.5
+met the bound (0.45: +2.05%, 0.55: +1.09%; results/quality-sq-alpha-*-cpu-2026-12-06.json): measure a model's own
+perplexity before serving it W8A8.
 
 `smooth_checkpoint` writes the smoothed float model as an orbax checkpoint (`jaxinfer smoothquant MODEL OUT`);
 load it with quantization='int8', quantized_matmul='xla-nk-w8a8' (or 'w8a8'). Runs jax on the default device.
