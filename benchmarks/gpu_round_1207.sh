@@ -23,7 +23,8 @@
 #   dprof  the 1B draft's step per kernel in its 16-token bucket, bf16 and int8 (step_profile.py): which of its ~14
 #          kernels a layer hold the excess over its weight-streaming floor (issue 21), before a fused kernel is written
 #   mid    latency batch 16 / 32, cuDNN vs the Pallas kernel (is 64 the right AUTO_CUDNN_MIN_TOKENS?)
-#   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="tests attn auto" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
+#   Next (12-06 d's plan): PARTS="w8a8 head" first, then "tests attn auto" (the H200's figures), "serve tp512 mid":
+#   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="w8a8 head" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
 GPU_ROUND=gpu-round-1207
 source "$(dirname "$0")/gpu_lib.sh"
 PARTS=${PARTS:-tests attn auto serve tp512 spec dprof mid}
