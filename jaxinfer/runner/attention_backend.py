@@ -3,7 +3,6 @@ device, and whether cuDNN's paged attention applies to this engine (models/atten
 Device-side code: reads jax's backend, never the scheduler."""
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 

@@ -77,11 +77,22 @@ def _prompt_logprobs(llm, prompt):
     return np.array([d[t].logprob for d, t in zip(out.prompt_logprobs[1:], prompt[1:])])
 
 
+def _model_with_tokenizer(model_dir, tokenizer_dir, dst, torch_dtype=None):
+    """A copy of the tiny checkpoint with the tiny tokenizer's files beside it (the CLI tokenizes the calibration
+    text with the model's own tokenizer); torch_dtype: rewrite the config's."""
+    import json
+
+    shutil.copytree(model_dir, dst)
+    for name in os.listdir(tokenizer_dir):
+        shutil.copy2(os.path.join(tokenizer_dir, name), dst / name)
+    if torch_dtype is not None:
+        cfg = json.loads((dst / "config.json").read_text())
+        (dst / "config.json").write_text(json.dumps(dict(cfg, torch_dtype=torch_dtype)))
+    return dst
+
+
 def test_cli_writes_a_smoothed_checkpoint(tiny_llama_dir, tiny_tokenizer_dir, tmp_path, capsys):
-    src = tmp_path / "model"
-    shutil.copytree(tiny_llama_dir, src)
-    for name in os.listdir(tiny_tokenizer_dir):
-        shutil.copy2(os.path.join(tiny_tokenizer_dir, name), src / name)
+    src = _model_with_tokenizer(tiny_llama_dir, tiny_tokenizer_dir, tmp_path / "model")
     out = tmp_path / "smoothed"
     assert cli_main(["smoothquant", str(src), str(out), "--alpha", "0.5"]) == 0
     assert '"calibration_tokens"' in capsys.readouterr().out
@@ -102,15 +113,8 @@ def test_cli_writes_a_smoothed_checkpoint(tiny_llama_dir, tiny_tokenizer_dir, tm
 def test_cli_saves_in_the_checkpoints_16_bit_dtype(tiny_llama_dir, tiny_tokenizer_dir, tmp_path):
     """A checkpoint whose config declares torch_dtype bfloat16 is saved smoothed in bfloat16 (half the bytes of the
     float32 one), and reloads as a bf16 model close to the float32 smoothed one."""
-    import json
-
     def smoothed(dtype):
-        src = tmp_path / f"model-{dtype}"
-        shutil.copytree(tiny_llama_dir, src)
-        for name in os.listdir(tiny_tokenizer_dir):
-            shutil.copy2(os.path.join(tiny_tokenizer_dir, name), src / name)
-        cfg = json.loads((src / "config.json").read_text())
-        (src / "config.json").write_text(json.dumps(dict(cfg, torch_dtype=dtype)))
+        src = _model_with_tokenizer(tiny_llama_dir, tiny_tokenizer_dir, tmp_path / f"model-{dtype}", dtype)
         out = tmp_path / f"smoothed-{dtype}"
         assert cli_main(["smoothquant", str(src), str(out)]) == 0
         return out, sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
