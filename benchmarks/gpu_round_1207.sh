@@ -67,6 +67,9 @@ for part in $PARTS; do case $part in
     run head-1b 200 timeout 200 $PY benchmarks/quantized_decode.py --model llama3.2-1b --methods bf16 \
       int8+floathead int8 int4+floathead int4 --throughput-methods --no-kv-capacity --budget-s 170 \
       --tag tied-head-1b ;;
+  w8a8)  # issue 20's offline int8 >= 1.0x: weight-only int8 ('xla-nk', the default) vs W8A8 above 16 tokens
+    QD="benchmarks/quantized_decode.py --methods bf16 int8 int8:xla-nk-w8a8 --decode-batches 1 16 --no-kv-capacity"
+    run w8a8 420 timeout 420 $PY $QD --throughput-methods bf16 int8 int8:xla-nk-w8a8 --budget-s 330 --tag w8a8 ;;
   tests)
     run tests 150 timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
       tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py ;;
