@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(i, only=("model", "load_format"))
     i.set_defaults(fn=cmd_info)
     sq = sub.add_parser("smoothquant", help="write a SmoothQuant-smoothed float copy of a model (for W8A8 int8: "
-                                            "load it with --quantization int8 --quantized-matmul xla-nk-w8a8)")
+                                            "with --quantization int8 a GPU runs it W8A8 above 16 tokens a step)")
     sq.add_argument("model_pos", metavar="MODEL", help="HF directory, GGUF file or jaxinfer orbax checkpoint")
     sq.add_argument("out", help="directory for the smoothed orbax checkpoint")
     sq.add_argument("--alpha", type=float, default=0.5, help="migration strength in [0, 1] (default 0.5)")

@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import glob
 import json
+import logging
 import os
 import re
 from typing import Any, Iterable, Iterator, Mapping
@@ -27,6 +28,7 @@ import numpy as np
 from flax import nnx
 
 from jaxinfer.config import ConfigError, ModelConfig, QuantizationError, QuantSpec
+from jaxinfer.config.quantization import smoothed_checkpoint_spec
 from jaxinfer.models import registry
 from jaxinfer.weights.presets import PRESETS, preset_config
 
@@ -187,6 +189,12 @@ def load_model(src: ModelSource, dtype="auto", *, seed: int = 0, progress: bool 
         quantization, tensors = keep_gguf_quantization(src, quantization)
     if tensors is None and src.kind == "hf" and src.path is not None:
         quantization, tensors = _prequantized(src, quantization, matmul_backend)
+    smoothed = smoothed_checkpoint_spec(quantization, src.hf_config, jax.default_backend(),
+                                        distributed=plan is not None)
+    if smoothed is not quantization:
+        logging.getLogger("jaxinfer").info("%s is SmoothQuant-smoothed: int8 runs as quantized_matmul=%r (W8A8 "
+                                           "above 16 tokens a step)", src.name, smoothed.backend)
+        quantization = smoothed
     arch, hf_cfg = registry.model_config(src.hf_config)
     module_cls = arch.module  # the network class the registry names for this architecture
     cfg, layout, blocks = hf_cfg, None, 1

@@ -16,8 +16,9 @@ is +1%); weight-only int8 of the smoothed weights +0.48% (+0.04% unsmoothed). So
 met the bound (0.45: +2.05%, 0.55: +1.09%; results/quality-sq-alpha-*-cpu-2026-12-06.json): measure a model's own
 perplexity before serving it W8A8.
 
-`smooth_checkpoint` writes the smoothed float model as an orbax checkpoint (`jaxinfer smoothquant MODEL OUT`);
-load it with quantization='int8', quantized_matmul='xla-nk-w8a8' (or 'w8a8'). Runs jax on the default device.
+`smooth_checkpoint` writes the smoothed float model as an orbax checkpoint (`jaxinfer smoothquant MODEL OUT`) whose
+config carries SMOOTHQUANT_KEY: loaded with quantization='int8' on one GPU it runs quantized_matmul='xla-nk-w8a8'
+(config.smoothed_checkpoint_spec; an explicit quantized_matmul wins). Runs jax on the default device.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxinfer.config.quantization import SMOOTHQUANT_KEY
 from jaxinfer.weights.awq import calibration_text, dense_forward, fold_scales, group_weight, module_params
 
 
@@ -75,6 +77,8 @@ def smooth_checkpoint(model: str, out: str, tokenizer, *, alpha: float = 0.5, ov
     half = {"bfloat16": jnp.bfloat16, "float16": jnp.float16}.get(str(src.hf_config.get("torch_dtype")))
     if half is not None:
         state = jax.tree.map(lambda a: a.astype(half) if jnp.issubdtype(a.dtype, jnp.floating) else a, state)
-    save_checkpoint(out, state, src.hf_config, tokenizer.hf, overwrite=overwrite)
+    # the marker by which loading it with quantization='int8' picks W8A8 on a GPU (config.smoothed_checkpoint_spec)
+    marker = {SMOOTHQUANT_KEY: dict(alpha=alpha, calibration_tokens=len(calib_ids))}
+    save_checkpoint(out, state, dict(src.hf_config, **marker), tokenizer.hf, overwrite=overwrite)
     return dict(alpha=alpha, calibration_tokens=len(calib_ids), mean_log2_scale=float(np.mean(list(log2s.values()))),
                 max_log2_scale=float(np.max(list(log2s.values()))), path=os.path.abspath(out))

@@ -2,6 +2,8 @@
 float model's function unchanged, smoothing cuts the W8A8 error where a few input channels carry outlier
 activations (the case it is for), and `jaxinfer smoothquant` writes a checkpoint that reloads as the same float
 model and runs under quantized_matmul='xla-nk-w8a8'."""
+import dataclasses
+import json
 import os
 import shutil
 
@@ -12,6 +14,7 @@ import pytest
 import jaxinfer
 from jaxinfer import SamplingParams
 from jaxinfer.cli import main as cli_main
+from jaxinfer.config.quantization import SMOOTHQUANT_KEY, parse_quantization, smoothed_checkpoint_spec
 from jaxinfer.weights import awq, smoothquant
 from pallas_kernels.quantized_matmul import reference as qr
 
@@ -55,6 +58,23 @@ def test_smoothing_cuts_the_w8a8_error_of_outlier_channels():
     np.testing.assert_allclose((x / s) @ (w * s[:, None]), x @ w, rtol=1e-9, atol=1e-9)   # the same product
 
 
+def test_a_smoothed_checkpoint_runs_w8a8_under_auto_on_one_gpu_only():
+    """config.smoothed_checkpoint_spec: int8 + 'auto' + the marker + one GPU -> 'xla-nk-w8a8'; every other case
+    keeps the spec it was given (the same object)."""
+    marked, plain = {"model_type": "llama", SMOOTHQUANT_KEY: {"alpha": 0.5}}, {"model_type": "llama"}
+    int8 = parse_quantization("int8")
+    assert smoothed_checkpoint_spec(int8, marked, "gpu").backend == "xla-nk-w8a8"
+    assert smoothed_checkpoint_spec(int8, marked, "gpu") == dataclasses.replace(int8, backend="xla-nk-w8a8")
+    for spec, cfg, platform, distributed in [
+            (int8, plain, "gpu", False),                                       # not smoothed
+            (int8, marked, "cpu", False),                                      # the CPU's weight-only reference
+            (int8, marked, "gpu", True),                                       # a parallel plan
+            (parse_quantization("int8", backend="xla-nk"), marked, "gpu", False),   # an explicit backend wins
+            (parse_quantization("int4-g128"), marked, "gpu", False),           # W8A8 is int8's
+            (None, marked, "gpu", False)]:                                     # float weights
+        assert smoothed_checkpoint_spec(spec, cfg, platform, distributed=distributed) is spec
+
+
 @pytest.fixture(scope="module")
 def tiny(tiny_llama_dir):
     return jaxinfer.LLM(tiny_llama_dir, num_pages=32, max_model_len=256, max_num_batched_tokens=128,
@@ -80,8 +100,6 @@ def _prompt_logprobs(llm, prompt):
 def _model_with_tokenizer(model_dir, tokenizer_dir, dst, torch_dtype=None):
     """A copy of the tiny checkpoint with the tiny tokenizer's files beside it (the CLI tokenizes the calibration
     text with the model's own tokenizer); torch_dtype: rewrite the config's."""
-    import json
-
     shutil.copytree(model_dir, dst)
     for name in os.listdir(tokenizer_dir):
         shutil.copy2(os.path.join(tokenizer_dir, name), dst / name)
@@ -106,6 +124,9 @@ def test_cli_writes_a_smoothed_checkpoint(tiny_llama_dir, tiny_tokenizer_dir, tm
     w8a8 = jaxinfer.LLM(str(out), quantization="int8", quantized_matmul="xla-nk-w8a8", **opts)
     got = _prompt_logprobs(w8a8, prompt)
     assert np.linalg.norm(got - base) / np.linalg.norm(base) < 0.04   # the 'w8a8' engine test's bound
+    with open(out / "config.json") as f:                               # the marker 'auto' reads on a GPU
+        assert json.load(f)[SMOOTHQUANT_KEY] == {"alpha": 0.5, "calibration_tokens": len(
+            smoothed.tokenizer.encode(awq.calibration_text()))}
     assert cli_main(["smoothquant", str(src), str(out)]) == 2         # a non-empty OUT without --overwrite
     assert "not empty" in capsys.readouterr().err
 
