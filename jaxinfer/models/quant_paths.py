@@ -110,7 +110,10 @@ PATHS = {
     # offline at 1.11x bf16 in the engine (12-02). W8A8 everywhere cost +2.6-3.2% perplexity on SmolLM2 (bound +1%);
     # with SmoothQuant's scales folded into the weights (weights/smoothquant.py, alpha 0.5) W8A8 measured
     # +0.85% (results/quality-w8a8-smoothquant-cpu-2026-12-06.json; only at 0.5: 0.45 / 0.55 gave +2.05 / +1.09%).
-    # Not yet measured in the engine on a GPU.
+    # In the engine (H100, 8B shape, results/quantized-decode-w8a8b-6d706d2-2026-12-06.json): offline 384 x 512/128
+    # 1.08x bf16 (weight-only 'xla-nk' 0.83x). W8A8 at M <= 16 too (probes/w8a8_decode.py) decoded batch 1 at 1.30x
+    # bf16 against the kernel's 1.45x (results/quantized-decode-w8a8-all-m-20f692a-2026-12-06.json), hence the split.
+    # The default for SmoothQuant-smoothed checkpoints (config.smoothed_checkpoint_spec).
     ("int8", "xla-nk-w8a8"): ((16, "pallas-nk"), (ANY_M, "w8a8-nk")),
 }
 # Weights of at least this many elements take the 'large' table: 32M int8 weights are 32 MB, so past it a weight
