@@ -23,8 +23,11 @@
 #   dprof  the 1B draft's step per kernel in its 16-token bucket, bf16 and int8 (step_profile.py): which of its ~14
 #          kernels a layer hold the excess over its weight-streaming floor (issue 21), before a fused kernel is written
 #   mid    latency batch 16 / 32, cuDNN vs the Pallas kernel (is 64 the right AUTO_CUDNN_MIN_TOKENS?)
-#   Next (12-06 d's plan): PARTS="w8a8 head" first, then "tests attn auto" (the H200's figures), "serve tp512 mid":
-#   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="w8a8 head" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
+#   onetok the int8 1B draft with the cycle's 1-token bucket at batch 1 (12-06 e), and the 1B step per kernel there
+#   Cold machine (12-06 e): an 8B model's first start ~100 s of compiles, spec_speed > 240 s: give parts room.
+#   Next (12-06 e's plan; w8a8 ran 12-06 e): PARTS="onetok" first, then "head", "tests attn auto" (the H200's
+#   figures), "serve tp512 mid":
+#   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="onetok" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
 GPU_ROUND=gpu-round-1207
 source "$(dirname "$0")/gpu_lib.sh"
 PARTS=${PARTS:-tests attn auto serve tp512 spec dprof mid}
@@ -62,11 +65,16 @@ for part in $PARTS; do case $part in
     done ;;
   head)  # the tied int8 LM head (f0a6962): the 1B int8 draft with a float head (+floathead, the old default for tied
          # models) and the int8 head in one process, then the 1B model's own int8 / int4 decode with either head
-    run head-draft 240 timeout 240 $PY benchmarks/spec_speed.py --drafts none llama3.2-1b@int8+floathead \
+    run head-draft 330 timeout 330 $PY benchmarks/spec_speed.py --drafts none llama3.2-1b@int8+floathead \
       llama3.2-1b@int8 --batch 1 --accept 0.7 --tag head-ab
-    run head-1b 200 timeout 200 $PY benchmarks/quantized_decode.py --model llama3.2-1b --methods bf16 \
-      int8+floathead int8 int4+floathead int4 --throughput-methods --no-kv-capacity --budget-s 170 \
+    run head-1b 260 timeout 260 $PY benchmarks/quantized_decode.py --model llama3.2-1b --methods bf16 \
+      int8+floathead int8 int4+floathead int4 --throughput-methods --no-kv-capacity --budget-s 230 \
       --tag tied-head-1b ;;
+  onetok)  # the draft cycle's steps 2..k in a 1-token bucket at batch 1 (ModelRunner.decode_ladder, 2026-12-06 e):
+           # the int8 1B draft's speed-up against 12-06 d's 1.57x (16-token bucket), then its step per kernel
+    run onetok 330 timeout 330 $PY $SPEC --tag draft-int8-onetok
+    SP="benchmarks/probes/step_profile.py --model llama3.2-1b --shapes decode-b1 --top 40 --max-num-seqs 16"
+    run prof-t1-int8 120 timeout 120 $PY $SP --min-bucket-tokens 1 --quantization int8 --tag draft1b-t1-int8 ;;
   w8a8)  # issue 20's offline int8 >= 1.0x: weight-only int8 ('xla-nk', the default) vs W8A8 above 16 tokens
     QD="benchmarks/quantized_decode.py --methods bf16 int8 int8:xla-nk-w8a8 --decode-batches 1 16 --no-kv-capacity"
     run w8a8 420 timeout 420 $PY $QD --throughput-methods bf16 int8 int8:xla-nk-w8a8 --budget-s 330 --tag w8a8 ;;

@@ -148,10 +148,20 @@ class ModelRunner:
         # background: results/gpu-spec-diag-354aeb7-2026-12-03.log).
         backend_ladder = ladder_args(config.kernels.min_bucket_tokens,
                                      small_buckets=small_buckets and config.speculative is None)
-        self.ladder = BucketLadder.build(
-            max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs,
-            max_model_len=max_model_len, page_size=self.page_size, query_tile=config.kernels.query_tile,
-            kv_chunk_pages=kv_chunk, **_spec_ladder_args(config), **backend_ladder)
+        ladder_kw = dict(max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs,
+                         max_model_len=max_model_len, page_size=self.page_size, query_tile=config.kernels.query_tile,
+                         kv_chunk_pages=kv_chunk, **_spec_ladder_args(config))
+        self.ladder = BucketLadder.build(**ladder_kw, **backend_ladder)
+        # The draft cycle's one-token steps (runner/draft_cycle.py: draft steps 2..k of n sequences, n tokens each)
+        # pick their bucket from `decode_ladder`: for a runner built with small_buckets=False (a draft model's) the
+        # ladder plus the backend's small buckets (the GPU's 1-token bucket), used by that one program only, so at
+        # batch 1 the k - 1 steps run 1-row norms, RoPE, scatters, attention tiles and sampler instead of the 16-token
+        # bucket's (the 8B's own batch-1 step: 4.37 vs 4.75 ms device, 2026-12-03). It costs one cycle program more
+        # at warm-up (n = 1's pair) where max_num_seqs > 1, not the 1-token step programs of every kind that made a
+        # draft runner's setup 225 s instead of 39 s on 12-03. An explicit min_bucket_tokens is kept.
+        program_small = ladder_args(config.kernels.min_bucket_tokens).get("small_buckets", ())
+        self.decode_ladder = (BucketLadder.build(**ladder_kw, **backend_ladder, small_buckets=program_small)
+                              if program_small and not backend_ladder.get("small_buckets") else self.ladder)
         # The GPU's extra 1-token bucket (cpu_defaults.GPU_LADDER) compiles in the background after warm-up, so
         # cold start-up pays no compile for it: until its programs are ready a 1-token step runs in the next
         # bucket up (dispatch), as it did before the bucket existed.
