@@ -23,7 +23,7 @@
 #   dprof  the 1B draft's step per kernel in its 16-token bucket, bf16 and int8 (step_profile.py): which of its ~14
 #          kernels a layer hold the excess over its weight-streaming floor (issue 21), before a fused kernel is written
 #   mid    latency batch 16 / 32, cuDNN vs the Pallas kernel (is 64 the right AUTO_CUDNN_MIN_TOKENS?)
-#   onetok the int8 1B draft with the cycle's 1-token bucket at batch 1 (12-06 e), and the 1B step per kernel there
+#   onetok the verify bucket and the draft cycle's 1-token bucket at batch 1 (12-06 e), on and off (two calls)
 #   Cold machine (12-06 e): an 8B model's first start ~100 s of compiles, spec_speed > 240 s: give parts room.
 #   Next (12-06 e's plan; w8a8 ran 12-06 e): PARTS="onetok" first, then "head", "tests attn auto" (the H200's
 #   figures), "serve tp512 mid":
@@ -70,11 +70,12 @@ for part in $PARTS; do case $part in
     run head-1b 260 timeout 260 $PY benchmarks/quantized_decode.py --model llama3.2-1b --methods bf16 \
       int8+floathead int8 int4+floathead int4 --throughput-methods --no-kv-capacity --budget-s 230 \
       --tag tied-head-1b ;;
-  onetok)  # the draft cycle's steps 2..k in a 1-token bucket at batch 1 (ModelRunner.decode_ladder, 2026-12-06 e):
-           # the int8 1B draft's speed-up against 12-06 d's 1.57x (16-token bucket), then its step per kernel
+  onetok)  # batch 1 under speculation (2026-12-06 e): the target verifies one sequence in a (k + 1)-token bucket
+           # (buckets.py verify_bucket) and the draft cycle's steps 2..k run in a 1-token bucket (decode_ladder).
+           # --min-bucket-tokens 16 turns both off (and the plain engine's 1-token bucket: compare tok/s of the
+           # speculative rows, not their ratios); 12-06 d: free drafts 2.58x, int8 1B draft 1.57x
     run onetok 330 timeout 330 $PY $SPEC --tag draft-int8-onetok
-    SP="benchmarks/probes/step_profile.py --model llama3.2-1b --shapes decode-b1 --top 40 --max-num-seqs 16"
-    run prof-t1-int8 120 timeout 120 $PY $SP --min-bucket-tokens 1 --quantization int8 --tag draft1b-t1-int8 ;;
+    run onetok-off 260 timeout 260 $PY $SPEC --min-bucket-tokens 16 --tag draft-int8-onetok-off ;;
   w8a8)  # issue 20's offline int8 >= 1.0x: weight-only int8 ('xla-nk', the default) vs W8A8 above 16 tokens
     QD="benchmarks/quantized_decode.py --methods bf16 int8 int8:xla-nk-w8a8 --decode-batches 1 16 --no-kv-capacity"
     run w8a8 420 timeout 420 $PY $QD --throughput-methods bf16 int8 int8:xla-nk-w8a8 --budget-s 330 --tag w8a8 ;;

@@ -128,3 +128,46 @@ def test_draft_cycle_runs_batch_1_steps_in_a_one_token_bucket(tiny_llama_dir, ba
     assert st["num_verify_steps"] > 0 and st["acceptance_rate"] == 1.0
     prop.kv.check_invariants()
     assert prop.kv.num_used_pages == 0
+
+
+def test_one_sequence_verifies_in_its_own_bucket(tiny_llama_dir, base, monkeypatch):
+    """A speculating runner on the GPU ladder gets a bucket of K + 1 tokens, one sequence and one verify row below its
+    16-token bucket (runner/buckets.py verify_bucket): staggered requests with drafts both accepted and rejected
+    verify in it whenever one sequence is left, and in the larger buckets otherwise, with the greedy outputs of plain
+    decoding, stop tokens and an abort with a step in flight included, and no page leaked. (The CPU ladder is swapped
+    for the GPU's here.)"""
+    from jaxinfer.runner import cpu_defaults
+
+    monkeypatch.setattr(cpu_defaults, "CPU_LADDER", cpu_defaults.GPU_LADDER)
+    llm = jaxinfer.LLM(tiny_llama_dir, num_pages=64, speculative_config=dict(
+        method="ngram", num_speculative_tokens=K, batch_policy=False), **KW)
+    eng = llm.engine
+    first = eng.runner.ladder.buckets[0]
+    assert (first.num_tokens, first.num_seqs, first.spec_rows, first.spec_len) == (K + 1, 1, 1, K)
+    assert [b.num_tokens for b in eng.runner.ladder.buckets[1:]] == [16, 32]
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(3, 512, size=int(rng.integers(1, 30))).tolist() for _ in range(4)]
+    max_tokens = [30, 6, 9, 4]                                       # r0 outlives the others: batches of one
+    ref = [o.outputs[0].token_ids for o in base.generate(prompts, [greedy(m) for m in max_tokens], use_tqdm=False)]
+    stops = {2: [ref[2][5]]} if len(ref[2]) > 6 else {}
+    want = {i: (r[:r.index(stops[i][0]) + 1] if i in stops else r) for i, r in enumerate(ref)}
+    tables = {f"r{i}": p + _noisy(ref[i], rng, 0.3) for i, p in enumerate(prompts)}
+    tables["victim"] = prompts[0] + ref[0]
+    eng.spec = SpecControl(TableProposer(tables, K), K, 8, adaptive=False)
+    used, packed = [], eng.runner._packed_step
+
+    def spy(seqs, bucket):
+        batch, prog = packed(seqs, bucket)
+        used.append((batch.bucket, speculates(seqs)))
+        return batch, prog
+
+    eng.runner._packed_step = spy
+    try:
+        done = run_staggered(eng, prompts, max_tokens, stops, rng, victim_tokens=12, abort_at=3)
+    finally:
+        eng.runner._packed_step = packed
+    assert {i: o.outputs[0].token_ids for i, o in done.items()} == want
+    assert (first, True) in used                                     # a verification in the verify bucket
+    assert any(b != first and s for b, s in used)                    # and in a larger one
+    eng.kv.check_invariants()
+    assert eng.kv.num_used_pages == 0

@@ -10,6 +10,8 @@ follow from T, so the ladder is one list of ints and warm-up compiles exactly le
   W  = pages of max_model_len, rounded up to a multiple of kv_chunk_pages (page-table width)
   R  = min(S, max_spec_seqs)          speculative decoding: verify rows (sequences scoring K + 1 positions);
                                       0 when speculation is off, so the step carries no verification at all
+verify_bucket adds one bucket off this rule below the ladder: T = K + 1, S = 1, R = 1, a single sequence's
+verification (or decode) without the 16-token bucket's padding rows, tiles and verify rows (runner/model_runner.py).
 """
 from __future__ import annotations
 
@@ -38,10 +40,12 @@ class BucketLadder:
     @classmethod
     def build(cls, *, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, page_size: int,
               query_tile: int, kv_chunk_pages: int, min_tokens: int = 16, max_spec_seqs: int = 0,
-              num_spec_tokens: int = 0, growth: int = 2, small_buckets: tuple[int, ...] = ()) -> "BucketLadder":
+              num_spec_tokens: int = 0, growth: int = 2, small_buckets: tuple[int, ...] = (),
+              verify_bucket: bool = False) -> "BucketLadder":
         """Token counts small_buckets (those below min_tokens), then min_tokens, min_tokens * growth, ... below
         max_num_batched_tokens, then max_num_batched_tokens itself (runner/cpu_defaults.py: CPU min_tokens 1,
-        growth 4; GPU small_buckets (1,), the batch-1 decode)."""
+        growth 4; GPU small_buckets (1,), the batch-1 decode). verify_bucket (with speculation): first a bucket of
+        one sequence and K + 1 tokens (one verification), where that is below the first bucket."""
         if growth < 2:
             raise ValueError(f"bucket growth must be >= 2, got {growth}")
         sizes = sorted({t for t in small_buckets if 1 <= t < min(min_tokens, max_num_batched_tokens)})
@@ -62,6 +66,10 @@ class BucketLadder:
             bq = min(query_tile, _DECODE_TILE) if t <= max_num_seqs or t <= max(min_tokens, 1) else query_tile
             r = min(s, max_spec_seqs) if num_spec_tokens else 0
             buckets.append(Bucket(t, s, math.ceil(t / bq) + s, bq, width, r, num_spec_tokens if r else 0))
+        t = num_spec_tokens + 1
+        if verify_bucket and num_spec_tokens and max_spec_seqs and t < buckets[0].num_tokens:
+            bq = min(query_tile, _DECODE_TILE)
+            buckets.insert(0, Bucket(t, 1, math.ceil(t / bq) + 1, bq, width, 1, num_spec_tokens))
         return cls(tuple(buckets))
 
     def pick(self, num_tokens: int, num_seqs: int) -> Bucket:

@@ -148,24 +148,33 @@ class ModelRunner:
         # background: results/gpu-spec-diag-354aeb7-2026-12-03.log).
         backend_ladder = ladder_args(config.kernels.min_bucket_tokens,
                                      small_buckets=small_buckets and config.speculative is None)
+        # The backend's small buckets where it has them (the GPU's 1-token bucket; none on CPU, whose ladder starts
+        # at 1, or with an explicit min_bucket_tokens), for the two buckets below that serve one sequence:
+        program_small = ladder_args(config.kernels.min_bucket_tokens).get("small_buckets", ())
+        # A speculating runner's verification of one sequence (k + 1 tokens) gets a bucket of its own: T = k + 1,
+        # S = R = 1 (runner/buckets.py verify_bucket), where the 16-token bucket it ran in carries min(16,
+        # max_num_seqs) sampled and verify rows (8 x 5 rows of 128k-vocabulary logits at batch 1 with k = 4 and
+        # max_num_seqs 8), 20 attention tiles and 16-row norms, RoPE and scatters: the padding work the 8B's plain
+        # batch-1 step lost with its 1-token bucket (4.75 -> 4.37 ms device, 2026-12-03). Compiled in the background
+        # like that bucket (until ready such a step runs in the next bucket up). Not yet measured on a GPU.
+        verify = bool(program_small) and config.speculative is not None
         ladder_kw = dict(max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs,
                          max_model_len=max_model_len, page_size=self.page_size, query_tile=config.kernels.query_tile,
                          kv_chunk_pages=kv_chunk, **_spec_ladder_args(config))
-        self.ladder = BucketLadder.build(**ladder_kw, **backend_ladder)
+        self.ladder = BucketLadder.build(**ladder_kw, **backend_ladder, verify_bucket=verify)
         # The draft cycle's one-token steps (runner/draft_cycle.py: draft steps 2..k of n sequences, n tokens each)
         # pick their bucket from `decode_ladder`: for a runner built with small_buckets=False (a draft model's) the
-        # ladder plus the backend's small buckets (the GPU's 1-token bucket), used by that one program only, so at
-        # batch 1 the k - 1 steps run 1-row norms, RoPE, scatters, attention tiles and sampler instead of the 16-token
-        # bucket's (the 8B's own batch-1 step: 4.37 vs 4.75 ms device, 2026-12-03). It costs one cycle program more
-        # at warm-up (n = 1's pair) where max_num_seqs > 1, not the 1-token step programs of every kind that made a
-        # draft runner's setup 225 s instead of 39 s on 12-03. An explicit min_bucket_tokens is kept.
-        program_small = ladder_args(config.kernels.min_bucket_tokens).get("small_buckets", ())
-        self.decode_ladder = (BucketLadder.build(**ladder_kw, **backend_ladder, small_buckets=program_small)
-                              if program_small and not backend_ladder.get("small_buckets") else self.ladder)
-        # The GPU's extra 1-token bucket (cpu_defaults.GPU_LADDER) compiles in the background after warm-up, so
-        # cold start-up pays no compile for it: until its programs are ready a 1-token step runs in the next
-        # bucket up (dispatch), as it did before the bucket existed.
-        self._background_tokens = frozenset(backend_ladder.get("small_buckets", ()))
+        # ladder plus the backend's small buckets, used by that one program only, so at batch 1 the k - 1 steps run
+        # 1-row norms, RoPE, scatters, attention tiles and sampler instead of the 16-token bucket's. It costs one
+        # cycle program more at warm-up (n = 1's pair) where max_num_seqs > 1, not the 1-token step programs of every
+        # kind that made a draft runner's setup 225 s instead of 39 s on 12-03. Not yet measured on a GPU.
+        self.decode_ladder = (BucketLadder.build(**ladder_kw, **{**backend_ladder, "small_buckets": program_small})
+                              if program_small and not small_buckets else self.ladder)
+        # The GPU's extra 1-token bucket (cpu_defaults.GPU_LADDER) and the verify bucket compile in the background
+        # after warm-up, so cold start-up pays no compile for them: until their programs are ready such a step runs
+        # in the next bucket up (dispatch), as it did before the bucket existed.
+        self._background_tokens = frozenset(backend_ladder.get("small_buckets", ())) | frozenset(
+            b.num_tokens for b in self.ladder.buckets if verify and b.num_seqs == 1 and b.spec_rows)
         backend = attention_backend.resolve(loaded, config, single_device=plan is None)
         opts = AttentionOptions(kv_chunk, static, backend, interpret=jax.default_backend() == "cpu",
                                 mesh=plan.mesh if plan is not None and plan.tp > 1 else None,

@@ -48,9 +48,10 @@ def test_step_runs_in_a_larger_ready_bucket_while_its_own_compiles():
 
 
 def test_small_buckets_only_without_speculation(monkeypatch, tiny_llama_dir):
-    """The GPU's 1-token bucket (GPU_LADDER small_buckets) is left out of a speculative engine (its verification
-    steps have k + 1 tokens) and of a draft model's runner (its fused k-step programs would compile for it too).
-    Simulated here by giving the CPU the GPU's ladder."""
+    """The GPU's 1-token bucket (GPU_LADDER small_buckets) is left out of a speculative engine, which gets a bucket of
+    one verification instead (k + 1 tokens, one sequence, one verify row), and out of a draft model's runner (its
+    fused k-step programs would compile for it too), whose pipelined cycle alone picks it (decode_ladder).
+    Simulated here by giving the CPU the GPU's ladder; an explicit min_bucket_tokens turns both extras off."""
     from jaxinfer.runner import cpu_defaults
 
     monkeypatch.setattr(cpu_defaults, "CPU_LADDER", dict(cpu_defaults.GPU_LADDER))
@@ -60,9 +61,17 @@ def test_small_buckets_only_without_speculation(monkeypatch, tiny_llama_dir):
     assert [b.num_tokens for b in plain.runner.ladder.buckets] == [1, 16, 32, 64]
     spec = LLM(tiny_llama_dir, speculative_config=dict(method="draft", draft_model=tiny_llama_dir,
                                                        num_speculative_tokens=2, batch_policy=False), **kw)
-    assert [b.num_tokens for b in spec.runner.ladder.buckets] == [16, 32, 64]
+    verify, *rest = spec.runner.ladder.buckets
+    assert (verify.num_tokens, verify.num_seqs, verify.spec_rows, verify.spec_len) == (3, 1, 1, 2)
+    assert [b.num_tokens for b in rest] == [16, 32, 64]
     draft_runner = spec.engine.spec.proposer.runner
     assert [b.num_tokens for b in draft_runner.ladder.buckets] == [16, 32, 64]
+    assert [b.num_tokens for b in draft_runner.decode_ladder.buckets] == [1, 16, 32, 64]
+    spec16 = LLM(tiny_llama_dir, speculative_config=dict(method="draft", draft_model=tiny_llama_dir,
+                                                         num_speculative_tokens=2, batch_policy=False),
+                 **kw, min_bucket_tokens=16)
+    assert [b.num_tokens for b in spec16.runner.ladder.buckets] == [16, 32, 64]
+    assert spec16.engine.spec.proposer.runner.decode_ladder is spec16.engine.spec.proposer.runner.ladder
 
 
 def _tiny():
