@@ -107,25 +107,31 @@ def test_draft_model_cycles_are_pipelined(tiny_llama_dir, base, method):
     assert prop.kv.num_used_pages == 0 and not prop._computed
 
 
-def test_draft_cycle_runs_batch_1_steps_in_a_one_token_bucket(tiny_llama_dir, base, monkeypatch):
-    """A GPU draft runner's own ladder starts at 16 tokens (small_buckets=False: no 1-token step programs), but the
-    pipelined cycle's steps 2..k at batch 1 run in a 1-token bucket (ModelRunner.decode_ladder). The CPU ladder is
-    swapped for the GPU's here: the cycle compiles its (16, 1)-token bucket pair, the draft (the target itself)
-    keeps every draft accepted, and the greedy outputs equal plain decoding's."""
+@pytest.mark.parametrize("method", ["draft", "layer_skip"])
+def test_draft_cycle_runs_batch_1_in_small_buckets(tiny_llama_dir, base, monkeypatch, method):
+    """A GPU draft runner's own ladder starts at 16 tokens (small_buckets=False: no small step programs), but the
+    pipelined cycle at batch 1 runs its 2-token step 1 and 1-token steps 2..k in buckets of 2 and 1 tokens
+    (ModelRunner.decode_ladder), larger batches in the runner's ladder (no pair beyond n = 1's added). The CPU
+    ladder is swapped for the GPU's here: the cycle compiles its (2, 1)-token bucket pair and the greedy outputs
+    equal plain decoding's, with every draft accepted ("draft": the target itself, each cycle folding in the
+    catch-up token) or some rejected ("layer_skip": the cycle's positions shifted back on the device)."""
     from jaxinfer.runner import cpu_defaults
 
     monkeypatch.setattr(cpu_defaults, "CPU_LADDER", cpu_defaults.GPU_LADDER)
+    extra = {"layer_skip": dict(num_draft_layers=1), "draft": dict(draft_model=tiny_llama_dir)}[method]
     llm = jaxinfer.LLM(tiny_llama_dir, num_pages=64, speculative_config=dict(
-        method="draft", draft_model=tiny_llama_dir, num_speculative_tokens=K, batch_policy=False), **KW)
+        method=method, num_speculative_tokens=K, batch_policy=False, **extra), **KW)
     prop = llm.engine.spec.proposer
     assert [b.num_tokens for b in prop.runner.ladder.buckets] == [16, 32]
-    assert [b.num_tokens for b in prop.runner.decode_ladder.buckets] == [1, 16, 32]
+    assert [b.num_tokens for b in prop.runner.decode_ladder.buckets] == [1, 2, 16, 32]
     prompt = np.random.default_rng(9).integers(3, 512, size=21).tolist()
     ref = base.generate([prompt], greedy(20), use_tqdm=False)[0].outputs[0].token_ids
     assert llm.generate([prompt], greedy(20), use_tqdm=False)[0].outputs[0].token_ids == ref
-    assert {(b1.num_tokens, b2.num_tokens) for b1, b2, _ in prop.cycle._compiled} == {(16, 1)}
+    assert {(b1.num_tokens, b2.num_tokens) for b1, b2, _ in prop.cycle._compiled} == {(2, 1)}
+    assert {(b1.num_tokens, b2.num_tokens) for b1, b2 in prop.cycle.buckets()} == {(2, 1), (16, 16)}
     st = llm.engine.spec_stats()
-    assert st["num_verify_steps"] > 0 and st["acceptance_rate"] == 1.0
+    assert st["num_verify_steps"] > 0
+    assert st["acceptance_rate"] == 1.0 if method == "draft" else 0.0 < st["acceptance_rate"] < 1.0
     prop.kv.check_invariants()
     assert prop.kv.num_used_pages == 0
 

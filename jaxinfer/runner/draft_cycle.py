@@ -13,8 +13,8 @@ positions < b + k_i - 1, which covers the b' - 2 the next cycle needs (b' <= b +
 needed while a request stays in consecutive cycles (runner/draft_proposer.py does the rest from the host).
 
 Packing: both batches are packed on the host at the worst-case positions (runner/batch.pack: step 1 in bucket
-pick(2n, n), steps 2..k in pick(n, n) of the runner's decode_ladder, which on a GPU has a 1-token bucket for batch 1
-that the draft runner's own ladder lacks) and corrected on the device by s: positions, slots (from the page table)
+pick(2n, n), steps 2..k in pick(n, n); at n = 1 from the runner's decode_ladder, whose 2- and 1-token buckets the
+draft runner's own ladder lacks on a GPU) and corrected on the device by s: positions, slots (from the page table)
 and query-tile KV lengths. They travel as one int32 and one float32 array ([step 1's | steps 2..k's + rows + k]),
 copied into the runner's donated stage buffers first when it stages its inputs (runner/step.stage_inputs: the
 cycle's k steps are one CUDA graph, whose commands then keep their input addresses from call to call).
@@ -145,7 +145,9 @@ class DraftCycle:
         self._compiled: dict = {}
 
     def _buckets(self, n: int) -> tuple[Bucket, Bucket]:
-        ladder = self.runner.decode_ladder  # (ModelRunner: the ladder + the GPU's 1-token bucket for steps 2..k)
+        # batch 1: ModelRunner.decode_ladder (on a GPU its 2- and 1-token buckets for step 1 and steps 2..k, below
+        # the draft runner's 16-token one); otherwise the runner's own ladder, so n > 1 adds no programs
+        ladder = self.runner.decode_ladder if n == 1 else self.runner.ladder
         return ladder.pick(2 * n, n), ladder.pick(n, n)
 
     def buckets(self) -> list[tuple[Bucket, Bucket]]:

@@ -162,14 +162,16 @@ class ModelRunner:
                          max_model_len=max_model_len, page_size=self.page_size, query_tile=config.kernels.query_tile,
                          kv_chunk_pages=kv_chunk, **_spec_ladder_args(config))
         self.ladder = BucketLadder.build(**ladder_kw, **backend_ladder, verify_bucket=verify)
-        # The draft cycle's one-token steps (runner/draft_cycle.py: draft steps 2..k of n sequences, n tokens each)
-        # pick their bucket from `decode_ladder`: for a runner built with small_buckets=False (a draft model's) the
-        # ladder plus the backend's small buckets, used by that one program only, so at batch 1 the k - 1 steps run
-        # 1-row norms, RoPE, scatters, attention tiles and sampler instead of the 16-token bucket's. It costs one
-        # cycle program more at warm-up (n = 1's pair) where max_num_seqs > 1, not the 1-token step programs of every
-        # kind that made a draft runner's setup 225 s instead of 39 s on 12-03. Not yet measured on a GPU.
-        self.decode_ladder = (BucketLadder.build(**ladder_kw, **{**backend_ladder, "small_buckets": program_small})
-                              if program_small and not small_buckets else self.ladder)
+        # The draft cycle at batch 1 (runner/draft_cycle.py: step 1 = the catch-up + first draft, 2 tokens; steps
+        # 2..k one token each) picks its buckets from `decode_ladder`: for a runner built with small_buckets=False (a
+        # draft model's) the ladder plus 2- and 1-token buckets, used by that one program only, so its k steps run
+        # 2- and 1-row norms, RoPE, scatters, attention tiles and sampler instead of the 16-token bucket's. It costs
+        # one cycle program more at warm-up (n = 1's pair) where max_num_seqs > 1, not the small buckets' step
+        # programs of every kind that made a draft runner's setup 225 s instead of 39 s on 12-03. Not yet measured
+        # on a GPU.
+        cycle_small = tuple(sorted({*program_small, 2})) if program_small else ()
+        self.decode_ladder = (BucketLadder.build(**ladder_kw, **{**backend_ladder, "small_buckets": cycle_small})
+                              if cycle_small and not small_buckets else self.ladder)
         # The GPU's extra 1-token bucket (cpu_defaults.GPU_LADDER) and the verify bucket compile in the background
         # after warm-up, so cold start-up pays no compile for them: until their programs are ready such a step runs
         # in the next bucket up (dispatch), as it did before the bucket existed.

@@ -66,7 +66,7 @@ def test_small_buckets_only_without_speculation(monkeypatch, tiny_llama_dir):
     assert [b.num_tokens for b in rest] == [16, 32, 64]
     draft_runner = spec.engine.spec.proposer.runner
     assert [b.num_tokens for b in draft_runner.ladder.buckets] == [16, 32, 64]
-    assert [b.num_tokens for b in draft_runner.decode_ladder.buckets] == [1, 16, 32, 64]
+    assert [b.num_tokens for b in draft_runner.decode_ladder.buckets] == [1, 2, 16, 32, 64]
     spec16 = LLM(tiny_llama_dir, speculative_config=dict(method="draft", draft_model=tiny_llama_dir,
                                                          num_speculative_tokens=2, batch_policy=False),
                  **kw, min_bucket_tokens=16)
