@@ -24,9 +24,9 @@ from jaxinfer.weights.loader import LoadedModel
 from jaxinfer.outputs import RunnerOutput, SeqInput, StepBatch
 from jaxinfer.runner import attention_backend, param_arena
 from jaxinfer.runner.batch import _TOKEN_IDS, pack, pack_step
-from jaxinfer.runner.buckets import BucketLadder
-from jaxinfer.runner.cpu_defaults import cpu_kv_pages, ladder_args
+from jaxinfer.runner.cpu_defaults import cpu_kv_pages
 from jaxinfer.runner.device_memory import memory_budget
+from jaxinfer.runner.ladders import runner_ladders
 from jaxinfer.runner.penalties import host_row, write_row
 from jaxinfer.weights.prepared import release_writes
 from jaxinfer.runner.program_cache import ProgramCache, abstract_signature, program_cache_enabled, program_key
@@ -141,42 +141,8 @@ class ModelRunner:
             jax.default_backend() != "cpu" or self._kv_shards > 1))
         chunk = config.kernels.kv_chunk_pages or (128 if static else 16)
         kv_chunk = min(chunk, math.ceil(max_model_len / self.page_size))
-        sched = config.scheduler
-        # Speculation: a verification step has k + 1 tokens, so the 1-token bucket serves no decode, and a draft
-        # runner (small_buckets=False) would compile its fused k-step programs for it too (H200, spec engine + 1B
-        # draft: 225 s of setup with it vs 39 s without, and slower cycles while those compiled in the
-        # background: results/gpu-spec-diag-354aeb7-2026-12-03.log).
-        backend_ladder = ladder_args(config.kernels.min_bucket_tokens,
-                                     small_buckets=small_buckets and config.speculative is None)
-        # The backend's small buckets where it has them (the GPU's 1-token bucket; none on CPU, whose ladder starts
-        # at 1, or with an explicit min_bucket_tokens), for the two buckets below that serve one sequence:
-        program_small = ladder_args(config.kernels.min_bucket_tokens).get("small_buckets", ())
-        # A speculating runner's verification of one sequence (k + 1 tokens) gets a bucket of its own: T = k + 1,
-        # S = R = 1 (runner/buckets.py verify_bucket), where the 16-token bucket it ran in carries min(16,
-        # max_num_seqs) sampled and verify rows (8 x 5 rows of 128k-vocabulary logits at batch 1 with k = 4 and
-        # max_num_seqs 8), 20 attention tiles and 16-row norms, RoPE and scatters: the padding work the 8B's plain
-        # batch-1 step lost with its 1-token bucket (4.75 -> 4.37 ms device, 2026-12-03). Compiled in the background
-        # like that bucket (until ready such a step runs in the next bucket up). Not yet measured on a GPU.
-        verify = bool(program_small) and config.speculative is not None
-        ladder_kw = dict(max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs,
-                         max_model_len=max_model_len, page_size=self.page_size, query_tile=config.kernels.query_tile,
-                         kv_chunk_pages=kv_chunk, **_spec_ladder_args(config))
-        self.ladder = BucketLadder.build(**ladder_kw, **backend_ladder, verify_bucket=verify)
-        # The draft cycle at batch 1 (runner/draft_cycle.py: step 1 = the catch-up + first draft, 2 tokens; steps
-        # 2..k one token each) picks its buckets from `decode_ladder`: for a runner built with small_buckets=False (a
-        # draft model's) the ladder plus 2- and 1-token buckets, used by that one program only, so its k steps run
-        # 2- and 1-row norms, RoPE, scatters, attention tiles and sampler instead of the 16-token bucket's. It costs
-        # one cycle program more at warm-up (n = 1's pair) where max_num_seqs > 1, not the small buckets' step
-        # programs of every kind that made a draft runner's setup 225 s instead of 39 s on 12-03. Not yet measured
-        # on a GPU.
-        cycle_small = tuple(sorted({*program_small, 2})) if program_small else ()
-        self.decode_ladder = (BucketLadder.build(**ladder_kw, **{**backend_ladder, "small_buckets": cycle_small})
-                              if cycle_small and not small_buckets else self.ladder)
-        # The GPU's extra 1-token bucket (cpu_defaults.GPU_LADDER) and the verify bucket compile in the background
-        # after warm-up, so cold start-up pays no compile for them: until their programs are ready such a step runs
-        # in the next bucket up (dispatch), as it did before the bucket existed.
-        self._background_tokens = frozenset(backend_ladder.get("small_buckets", ())) | frozenset(
-            b.num_tokens for b in self.ladder.buckets if verify and b.num_seqs == 1 and b.spec_rows)
+        ladders = runner_ladders(config, max_model_len, self.page_size, kv_chunk, small_buckets)
+        self.ladder, self.decode_ladder, self._background_tokens = ladders
         backend = attention_backend.resolve(loaded, config, single_device=plan is None)
         opts = AttentionOptions(kv_chunk, static, backend, interpret=jax.default_backend() == "cpu",
                                 mesh=plan.mesh if plan is not None and plan.tp > 1 else None,
@@ -602,12 +568,3 @@ class InFlight:
     # The carry the next step reads (runner/spec_carry.py); None: out.carry. A device draft source replaces it with
     # one whose draft columns it filled.
     carry: Any = None
-
-
-def _spec_ladder_args(config: EngineConfig) -> dict:
-    """Verify rows per bucket: up to the speculation batch limit, k drafts each; none without speculation."""
-    spec = config.speculative
-    if spec is None:
-        return {}
-    return dict(max_spec_seqs=min(spec.max_batch_size, config.scheduler.max_num_seqs),
-                num_spec_tokens=spec.num_speculative_tokens)

@@ -1,0 +1,63 @@
+"""Which buckets a ModelRunner compiles its programs for (runner/buckets.py builds each ladder):
+
+  ladder              the runner's steps: the backend's ladder (runner/cpu_defaults.ladder_args: the CPU's 1, 4,
+                      16, ...; the GPU's 16, 32, ... plus a 1-token bucket), speculation's verify rows, and on a GPU
+                      a speculating runner's verify bucket (k + 1 tokens, one sequence, one verify row)
+  decode_ladder       the draft cycle's batch-1 buckets (runner/draft_cycle.py): a draft runner's ladder plus 2- and
+                      1-token buckets on a GPU, for that one program; the ladder itself elsewhere
+  background_tokens   token counts of the ladder's buckets compiled in the background after warm-up (until their
+                      programs are ready such a step runs in the next bucket up: ModelRunner._packed_step)
+
+Speculation drops the GPU's 1-token bucket from a runner's own ladder: a verification step has k + 1 tokens, so the
+1-token bucket serves no decode there, and a draft runner (small_buckets=False) would compile its fused k-step
+programs for it too (H200, spec engine + 1B draft: 225 s of setup with it vs 39 s without, and slower cycles while
+those compiled in the background: results/gpu-spec-diag-354aeb7-2026-12-03.log). The two buckets of this module
+that serve one sequence replace it where it paid:
+  * verify bucket: a verification of one sequence ran in the 16-token bucket with min(16, max_num_seqs) sampled and
+    verify rows (8 x 5 rows of 128k-vocabulary logits at batch 1 with k = 4 and max_num_seqs 8), 20 attention tiles
+    and 16-row norms, RoPE and scatters: the padding work the 8B's plain batch-1 step lost with its 1-token bucket
+    (4.75 -> 4.37 ms device, 2026-12-03). Compiled in the background like that bucket.
+  * decode_ladder: the draft cycle at batch 1 (step 1 = the catch-up + first draft, 2 tokens; steps 2..k one token
+    each) runs 2- and 1-row norms, RoPE, scatters, attention tiles and sampler instead of the 16-token bucket's. One
+    cycle program more at warm-up (n = 1's pair) where max_num_seqs > 1, not the small buckets' step programs of
+    every kind.
+Neither is measured on a GPU yet (benchmarks/gpu_round_1207.sh `onetok`; an explicit min_bucket_tokens turns both
+off, as it does the 1-token bucket).
+"""
+from __future__ import annotations
+
+from jaxinfer.config import EngineConfig
+from jaxinfer.runner.buckets import BucketLadder
+from jaxinfer.runner.cpu_defaults import ladder_args
+
+
+def spec_ladder_args(config: EngineConfig) -> dict:
+    """Verify rows per bucket: up to the speculation batch limit, k drafts each; none without speculation."""
+    spec = config.speculative
+    if spec is None:
+        return {}
+    return dict(max_spec_seqs=min(spec.max_batch_size, config.scheduler.max_num_seqs),
+                num_spec_tokens=spec.num_speculative_tokens)
+
+
+def runner_ladders(config: EngineConfig, max_model_len: int, page_size: int, kv_chunk_pages: int,
+                   small_buckets: bool = True) -> tuple[BucketLadder, BucketLadder, frozenset]:
+    """(ladder, decode_ladder, background_tokens) of a runner (module docstring); small_buckets=False: a draft
+    model's runner."""
+    sched = config.scheduler
+    backend_ladder = ladder_args(config.kernels.min_bucket_tokens,
+                                 small_buckets=small_buckets and config.speculative is None)
+    # the backend's small buckets where it has them (the GPU's 1-token bucket; none on CPU, whose ladder starts at
+    # 1, or with an explicit min_bucket_tokens): the condition of both one-sequence buckets
+    program_small = ladder_args(config.kernels.min_bucket_tokens).get("small_buckets", ())
+    verify = bool(program_small) and config.speculative is not None
+    kw = dict(max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs,
+              max_model_len=max_model_len, page_size=page_size, query_tile=config.kernels.query_tile,
+              kv_chunk_pages=kv_chunk_pages, **spec_ladder_args(config))
+    ladder = BucketLadder.build(**kw, **backend_ladder, verify_bucket=verify)
+    cycle_small = tuple(sorted({*program_small, 2})) if program_small else ()
+    decode_ladder = (BucketLadder.build(**kw, **{**backend_ladder, "small_buckets": cycle_small})
+                     if cycle_small and not small_buckets else ladder)
+    background = frozenset(backend_ladder.get("small_buckets", ())) | frozenset(
+        b.num_tokens for b in ladder.buckets if verify and b.num_seqs == 1 and b.spec_rows)
+    return ladder, decode_ladder, background
