@@ -174,6 +174,7 @@ def test_one_sequence_verifies_in_its_own_bucket(tiny_llama_dir, base, monkeypat
         eng.runner._packed_step = packed
     assert {i: o.outputs[0].token_ids for i, o in done.items()} == want
     assert (first, True) in used                                     # a verification in the verify bucket
+    assert (first, False) in used                                    # and a plain decode (no drafts left)
     assert any(b != first and s for b, s in used)                    # and in a larger one
     eng.kv.check_invariants()
     assert eng.kv.num_used_pages == 0
