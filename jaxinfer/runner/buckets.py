@@ -11,7 +11,7 @@ follow from T, so the ladder is one list of ints and warm-up compiles exactly le
   R  = min(S, max_spec_seqs)          speculative decoding: verify rows (sequences scoring K + 1 positions);
                                       0 when speculation is off, so the step carries no verification at all
 verify_bucket adds one bucket off this rule below the ladder: T = K + 1, S = 1, R = 1, a single sequence's
-verification (or decode) without the 16-token bucket's padding rows, tiles and verify rows (runner/model_runner.py).
+verification (or decode) without the 16-token bucket's padding rows, tiles and verify rows (runner/ladders.py).
 """
 from __future__ import annotations
 
