@@ -206,6 +206,9 @@ def main(argv=None):
     ap.add_argument("--accept", type=float, nargs="+", default=[0.5, 0.7, 0.9])
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-oracle-runs", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="timed runs per row (plain, and each draft once its oracle is at the fixed point): the "
+                         "median is reported (one 128-token run at batch 1 is ~0.5 s, noisy on its own)")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--unpipelined", action="store_true",
@@ -260,8 +263,9 @@ def main(argv=None):
             prop.can_pipeline = False
         prop.warmup(progress=False)
         inners[d] = prop
-    for llm in (plain, spec_llm):  # no background compile beside the timed runs (the plain engine's 1-token bucket)
-        llm.runner.finish_background_compiles()
+    # no background compile beside the timed runs (the plain engine's 1-token bucket, the drafts' small buckets)
+    for runner in [plain.runner, spec_llm.runner] + [p.runner for p in inners.values() if hasattr(p, "runner")]:
+        runner.finish_background_compiles()
     setup_s = time.perf_counter() - t0
     print(f"setup (engines, drafts, warm-ups) {setup_s:.1f} s", flush=True)
 
@@ -284,6 +288,8 @@ def main(argv=None):
         prompts = [rng.integers(0, vocab, a.prompt_len).tolist() for _ in range(b)]
         decode_run(plain, prompts, 8, f"warm{b}")  # first-use effects out of the timed run
         base_tps, base_outs = decode_run(plain, prompts, a.new_tokens, f"plain{b}")
+        base_tps = float(np.median([base_tps] + [decode_run(plain, prompts, a.new_tokens, f"plain{b}r{r}")[0]
+                                                 for r in range(1, a.repeats)]))
         print(f"batch {b}: plain {base_tps:.1f} tok/s", flush=True)
         rows.append(dict(batch=b, draft="plain", accept=None, tokens_per_s=round(base_tps, 2), speedup=1.0))
         if a.profile:
@@ -323,6 +329,13 @@ def main(argv=None):
                     if fixed:
                         break
                     oracle = got
+                if fixed:  # the same drafts again: the median of a.repeats timed runs
+                    more = []
+                    for r in range(1, a.repeats):
+                        ids = [f"{tag}r{r}-{i}" for i in range(b)]
+                        use_proposer(ids, oracle)
+                        more.append(decode_run(spec_llm, prompts, a.new_tokens, f"{tag}r{r}")[0])
+                    tps = float(np.median([tps] + more))
                 st = spec_llm.engine.spec_stats()
                 rows.append(dict(batch=b, draft=d, accept=acc, tokens_per_s=round(tps, 2),
                                  speedup=round(tps / base_tps, 3), measured_acceptance=round(st["acceptance_rate"], 4),
