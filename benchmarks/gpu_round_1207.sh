@@ -23,6 +23,7 @@
 #   dprof  the 1B draft's step per kernel in its 16-token bucket, bf16 and int8 (step_profile.py): which of its ~14
 #          kernels a layer hold the excess over its weight-streaming floor (issue 21), before a fused kernel is written
 #   mid    latency batch 16 / 32, cuDNN vs the Pallas kernel (is 64 the right AUTO_CUDNN_MIN_TOKENS?)
+#   onetokab the same, one process (--ab-min16), median of 3 runs a row
 #   onetok the verify bucket and the draft cycle's 1-token bucket at batch 1 (12-06 e), on and off (two calls)
 #   Cold machine (12-06 e): an 8B model's first start ~100 s of compiles, spec_speed > 240 s: give parts room.
 #   Next (12-06 e's plan; w8a8 ran 12-06 e): PARTS="onetok" first, then "head", "tests attn auto" (the H200's
@@ -76,6 +77,9 @@ for part in $PARTS; do case $part in
            # speculative rows, not their ratios); 12-06 d: free drafts 2.58x, int8 1B draft 1.57x
     run onetok 330 timeout 330 $PY $SPEC --tag draft-int8-onetok
     run onetok-off 260 timeout 260 $PY $SPEC --min-bucket-tokens 16 --tag draft-int8-onetok-off ;;
+  onetokab)  # the same A/B in one process (spec_speed --ab-min16: the small buckets switched off from what is compiled;
+             # the first onetok call, afe74e6, let the draft's background compiles run beside its single timed runs)
+    run onetokab 420 timeout 420 $PY $SPEC --ab-min16 --tag draft-int8-onetok-ab ;;
   w8a8)  # issue 20's offline int8 >= 1.0x: weight-only int8 ('xla-nk', the default) vs W8A8 above 16 tokens
     QD="benchmarks/quantized_decode.py --methods bf16 int8 int8:xla-nk-w8a8 --decode-batches 1 16 --no-kv-capacity"
     run w8a8 420 timeout 420 $PY $QD --throughput-methods bf16 int8 int8:xla-nk-w8a8 --budget-s 330 --tag w8a8 ;;

@@ -114,7 +114,7 @@ def _thresholds(rows) -> dict:
     (None: slower already at the smallest batch). SpeculativeConfig.max_batch_size is chosen from this."""
     out = {}
     for r in rows:
-        if r["draft"] == "plain":
+        if r["draft"] == "plain" or r.get("buckets", "default") != "default":
             continue
         key = f"{r['draft']}@{r['accept']}"
         if r["speedup"] > 1.0 and (out.get(key) is None or r["batch"] > out[key]):
@@ -138,6 +138,31 @@ def decode_run(llm, prompts, new_tokens, tag):
                 outs[o.request_id] = o
     dt = time.perf_counter() - t_first
     return len(prompts) * (new_tokens - 1) / dt, outs
+
+
+def _min16_variants(plain, spec_llm, inners) -> list:
+    """--ab-min16: [(name, apply)] for the engines as built and as --min-bucket-tokens 16 builds them, switched from
+    what is compiled: ladders without the buckets below 16 tokens, the draft cycles' batch-1 pair from the draft
+    runner's own ladder (DraftCycle._buckets)."""
+    from jaxinfer.runner.buckets import BucketLadder
+
+    runners = (plain.runner, spec_llm.runner)
+    drafts = [p.runner for p in inners.values() if getattr(p, "runner", None) is not None]
+    built = [(r, r.ladder) for r in runners], [(r, r.decode_ladder) for r in drafts]
+
+    def default():
+        for r, ladder in built[0]:
+            r.ladder = ladder
+        for r, ladder in built[1]:
+            r.decode_ladder = ladder
+
+    def min16():
+        for r, ladder in built[0]:
+            r.ladder = BucketLadder(tuple(b for b in ladder.buckets if b.num_tokens >= 16))
+        for r in drafts:
+            r.decode_ladder = r.ladder
+
+    return [("", default), ("/min16", min16)]
 
 
 def profiled_run(llm, prompts, new_tokens, tag, profile_root, top=12):
@@ -213,6 +238,11 @@ def main(argv=None):
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--unpipelined", action="store_true",
                     help="free drafts from the host (each speculative step finished before the next; the old path)")
+    ap.add_argument("--ab-min16", action="store_true",
+                    help="each batch also with the buckets below 16 tokens out of use, in the same process (their "
+                         "programs stay compiled): plain decoding's 1-token bucket, the verify bucket and the draft "
+                         "cycle's (2, 1) pair (runner/ladders.py), i.e. --min-bucket-tokens 16's ladders; rows "
+                         "named /min16")
     ap.add_argument("--tag", default="", help="appended to the result file's name")
     ap.add_argument("--per-step-drafts", action="store_true",
                     help="draft models dispatch their k steps one by one (not fused into one program)")
@@ -271,6 +301,7 @@ def main(argv=None):
 
     rng = np.random.default_rng(0)
     rows = []
+    variants = _min16_variants(plain, spec_llm, inners) if a.ab_min16 else [("", lambda: None)]
 
     def save():  # after every batch: a run cut by a time limit keeps what it measured
         return write_result("spec-speed-per-step-drafts" if a.per_step_drafts else "spec-speed", dict(
@@ -286,74 +317,79 @@ def main(argv=None):
 
     for b in a.batch:
         prompts = [rng.integers(0, vocab, a.prompt_len).tolist() for _ in range(b)]
-        decode_run(plain, prompts, 8, f"warm{b}")  # first-use effects out of the timed run
-        base_tps, base_outs = decode_run(plain, prompts, a.new_tokens, f"plain{b}")
-        base_tps = float(np.median([base_tps] + [decode_run(plain, prompts, a.new_tokens, f"plain{b}r{r}")[0]
-                                                 for r in range(1, a.repeats)]))
-        print(f"batch {b}: plain {base_tps:.1f} tok/s", flush=True)
-        rows.append(dict(batch=b, draft="plain", accept=None, tokens_per_s=round(base_tps, 2), speedup=1.0))
-        if a.profile:
-            rows[-1]["profile"] = profiled_run(plain, prompts, a.new_tokens, f"pplain{b}", a.profile)
-        if a.host_profile:
-            rows[-1]["host_profile"] = host_profiled_run(plain, prompts, a.new_tokens, f"hplain{b}")
-        plain_outs = [base_outs[f"plain{b}-{i}"].outputs[0].token_ids for i in range(b)]
-        if "none" in inners and not a.unpipelined:  # the device draft table's program compiled outside the timing
-            ids = [f"warmspec{b}-{i}" for i in range(b)]
-            spec_llm.engine.spec = SpecControl(TableProposer({rid: prompts[i] + plain_outs[i] for i, rid in
-                                                              enumerate(ids)}, a.k), a.k, max_batch, adaptive=False)
-            decode_run(spec_llm, prompts, 8, f"warmspec{b}")
-        for d, inner in inners.items():
-            for acc in a.accept:
-                oracle = plain_outs
-                piped = not a.unpipelined and (inner is None or getattr(inner, "can_pipeline", False))
+        for vname, apply_variant in variants:
+            apply_variant()
+            vtag = vname.replace("/", "")
+            decode_run(plain, prompts, 8, f"warm{b}{vtag}")  # first-use effects out of the timed run
+            base_tps, base_outs = decode_run(plain, prompts, a.new_tokens, f"plain{b}{vtag}")
+            base_tps = float(np.median([base_tps] + [
+                decode_run(plain, prompts, a.new_tokens, f"plain{b}{vtag}r{r}")[0] for r in range(1, a.repeats)]))
+            print(f"batch {b}{vname}: plain {base_tps:.1f} tok/s", flush=True)
+            rows.append(dict(batch=b, buckets=vname or "default", draft="plain", accept=None,
+                             tokens_per_s=round(base_tps, 2), speedup=1.0))
+            if a.profile:
+                rows[-1]["profile"] = profiled_run(plain, prompts, a.new_tokens, f"pplain{b}{vtag}", a.profile)
+            if a.host_profile:
+                rows[-1]["host_profile"] = host_profiled_run(plain, prompts, a.new_tokens, f"hplain{b}{vtag}")
+            plain_outs = [base_outs[f"plain{b}{vtag}-{i}"].outputs[0].token_ids for i in range(b)]
+            if "none" in inners and not a.unpipelined:  # the device draft table's program compiled outside the timing
+                ids = [f"warmspec{b}{vtag}-{i}" for i in range(b)]
+                spec_llm.engine.spec = SpecControl(TableProposer({rid: prompts[i] + plain_outs[i] for i, rid in
+                                                                  enumerate(ids)}, a.k), a.k, max_batch, adaptive=False)
+                decode_run(spec_llm, prompts, 8, f"warmspec{b}{vtag}")
+            for d, inner in inners.items():
+                for acc in a.accept:
+                    oracle = plain_outs
+                    piped = not a.unpipelined and (inner is None or getattr(inner, "can_pipeline", False))
 
-                def use_proposer(ids, oracle):
-                    if piped:
-                        noise = np.random.default_rng(b)
-                        proposer = TableProposer({rid: prompts[i] + _corrupt(oracle[i], acc, vocab, noise)
-                                                  for i, rid in enumerate(ids)}, a.k)
-                        if inner is not None:
-                            proposer = DeviceOracle(proposer, inner)
-                    else:
-                        proposer = OracleProposer(dict(zip(ids, oracle)), {rid: a.prompt_len for rid in ids}, acc,
-                                                  vocab, inner, seed=b)
-                    spec_llm.engine.spec = SpecControl(proposer, a.k, max_batch, adaptive=False, pipelined=piped)
+                    def use_proposer(ids, oracle):
+                        if piped:
+                            noise = np.random.default_rng(b)
+                            proposer = TableProposer({rid: prompts[i] + _corrupt(oracle[i], acc, vocab, noise)
+                                                      for i, rid in enumerate(ids)}, a.k)
+                            if inner is not None:
+                                proposer = DeviceOracle(proposer, inner)
+                        else:
+                            proposer = OracleProposer(dict(zip(ids, oracle)), {rid: a.prompt_len for rid in ids}, acc,
+                                                      vocab, inner, seed=b)
+                        spec_llm.engine.spec = SpecControl(proposer, a.k, max_batch, adaptive=False, pipelined=piped)
 
-                for run in range(a.max_oracle_runs):
-                    tag = f"s{b}-{d}-{acc}-{run}"
-                    ids = [f"{tag}-{i}" for i in range(b)]
-                    use_proposer(ids, oracle)
-                    tps, outs = decode_run(spec_llm, prompts, a.new_tokens, tag)
-                    got = [outs[rid].outputs[0].token_ids for rid in ids]
-                    fixed = got == oracle
-                    if fixed:
-                        break
-                    oracle = got
-                if fixed:  # the same drafts again: the median of a.repeats timed runs
-                    more = []
-                    for r in range(1, a.repeats):
-                        ids = [f"{tag}r{r}-{i}" for i in range(b)]
+                    for run in range(a.max_oracle_runs):
+                        tag = f"s{b}{vtag}-{d}-{acc}-{run}"
+                        ids = [f"{tag}-{i}" for i in range(b)]
                         use_proposer(ids, oracle)
-                        more.append(decode_run(spec_llm, prompts, a.new_tokens, f"{tag}r{r}")[0])
-                    tps = float(np.median([tps] + more))
-                st = spec_llm.engine.spec_stats()
-                rows.append(dict(batch=b, draft=d, accept=acc, tokens_per_s=round(tps, 2),
-                                 speedup=round(tps / base_tps, 3), measured_acceptance=round(st["acceptance_rate"], 4),
-                                 tokens_per_verification=round(st["mean_accepted_length"], 3),
-                                 expected_tokens_per_verification=round(_expected_tokens(acc, a.k), 3),
-                                 oracle_runs=run + 1, oracle_fixed_point=fixed, pipelined=piped,
-                                 outputs_equal_plain=got == plain_outs))
-                print(f"batch {b}: draft {d} a={acc}: {tps:.1f} tok/s ({tps / base_tps:.2f}x), "
-                      f"{st['mean_accepted_length']:.2f} tok/verify, oracle runs {run + 1}, fixed point {fixed}",
-                      flush=True)
-                if a.profile and acc == a.accept[0]:  # the same run again, traced
-                    tag = f"p{b}-{d}-{acc}"
-                    use_proposer([f"{tag}-{i}" for i in range(b)], oracle)
-                    rows[-1]["profile"] = profiled_run(spec_llm, prompts, a.new_tokens, tag, a.profile)
-                if a.host_profile and acc == a.accept[0]:  # and under cProfile: where the host time goes
-                    tag = f"h{b}-{d}-{acc}"
-                    use_proposer([f"{tag}-{i}" for i in range(b)], oracle)
-                    rows[-1]["host_profile"] = host_profiled_run(spec_llm, prompts, a.new_tokens, tag)
+                        tps, outs = decode_run(spec_llm, prompts, a.new_tokens, tag)
+                        got = [outs[rid].outputs[0].token_ids for rid in ids]
+                        fixed = got == oracle
+                        if fixed:
+                            break
+                        oracle = got
+                    if fixed:  # the same drafts again: the median of a.repeats timed runs
+                        more = []
+                        for r in range(1, a.repeats):
+                            ids = [f"{tag}r{r}-{i}" for i in range(b)]
+                            use_proposer(ids, oracle)
+                            more.append(decode_run(spec_llm, prompts, a.new_tokens, f"{tag}r{r}")[0])
+                        tps = float(np.median([tps] + more))
+                    st = spec_llm.engine.spec_stats()
+                    rows.append(dict(
+                        batch=b, buckets=vname or "default", draft=d, accept=acc, tokens_per_s=round(tps, 2),
+                        speedup=round(tps / base_tps, 3), measured_acceptance=round(st["acceptance_rate"], 4),
+                        tokens_per_verification=round(st["mean_accepted_length"], 3),
+                        expected_tokens_per_verification=round(_expected_tokens(acc, a.k), 3),
+                        oracle_runs=run + 1, oracle_fixed_point=fixed, pipelined=piped,
+                        outputs_equal_plain=got == plain_outs))
+                    print(f"batch {b}{vname}: draft {d} a={acc}: {tps:.1f} tok/s ({tps / base_tps:.2f}x), "
+                          f"{st['mean_accepted_length']:.2f} tok/verify, oracle runs {run + 1}, fixed point {fixed}",
+                          flush=True)
+                    if a.profile and acc == a.accept[0]:  # the same run again, traced
+                        tag = f"p{b}{vtag}-{d}-{acc}"
+                        use_proposer([f"{tag}-{i}" for i in range(b)], oracle)
+                        rows[-1]["profile"] = profiled_run(spec_llm, prompts, a.new_tokens, tag, a.profile)
+                    if a.host_profile and acc == a.accept[0]:  # and under cProfile: where the host time goes
+                        tag = f"h{b}{vtag}-{d}-{acc}"
+                        use_proposer([f"{tag}-{i}" for i in range(b)], oracle)
+                        rows[-1]["host_profile"] = host_profiled_run(spec_llm, prompts, a.new_tokens, tag)
         path = save()
     print("wrote", path)
 
