@@ -23,12 +23,12 @@
 #   dprof  the 1B draft's step per kernel in its 16-token bucket, bf16 and int8 (step_profile.py): which of its ~14
 #          kernels a layer hold the excess over its weight-streaming floor (issue 21), before a fused kernel is written
 #   mid    latency batch 16 / 32, cuDNN vs the Pallas kernel (is 64 the right AUTO_CUDNN_MIN_TOKENS?)
-#   onetokab the same, one process (--ab-min16), median of 3 runs a row
+#   onetokab the same A/B in one process (--ab-min16), median of 3 runs a row, < 300 s on a cold machine (estimate)
 #   onetok the verify bucket and the draft cycle's 1-token bucket at batch 1 (12-06 e), on and off (two calls)
 #   Cold machine (12-06 e): an 8B model's first start ~100 s of compiles, spec_speed > 240 s: give parts room.
-#   Next (12-06 e's plan; w8a8 ran 12-06 e): PARTS="onetok" first, then "head", "tests attn auto" (the H200's
-#   figures), "serve tp512 mid":
-#   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="onetok" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
+#   Next (2026-12-06 f: onetok ran once, afe74e6; the draft cycle's pair measured slower and is off since):
+#   PARTS="onetokab" first, then "head", "tests attn auto" (the H200's figures), "serve tp512 mid":
+#   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="onetokab" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
 GPU_ROUND=gpu-round-1207
 source "$(dirname "$0")/gpu_lib.sh"
 PARTS=${PARTS:-tests attn auto serve tp512 spec dprof mid}
@@ -77,9 +77,9 @@ for part in $PARTS; do case $part in
            # speculative rows, not their ratios); 12-06 d: free drafts 2.58x, int8 1B draft 1.57x
     run onetok 330 timeout 330 $PY $SPEC --tag draft-int8-onetok
     run onetok-off 260 timeout 260 $PY $SPEC --min-bucket-tokens 16 --tag draft-int8-onetok-off ;;
-  onetokab)  # the same A/B in one process (spec_speed --ab-min16: the small buckets switched off from what is compiled;
-             # the first onetok call, afe74e6, let the draft's background compiles run beside its single timed runs)
-    run onetokab 420 timeout 420 $PY $SPEC --ab-min16 --tag draft-int8-onetok-ab ;;
+  onetokab)  # the verify bucket and the draft cycle's (2, 1) pair A/B'd in one process (spec_speed --ab-min16: rows
+             # as built, /min16, /cycle-pair; median of 3 runs a row); 16-token steps only: fewer programs to compile
+    run onetokab 300 timeout 300 $PY $SPEC --ab-min16 --max-num-batched-tokens 16 --tag draft-int8-onetok-ab ;;
   w8a8)  # issue 20's offline int8 >= 1.0x: weight-only int8 ('xla-nk', the default) vs W8A8 above 16 tokens
     QD="benchmarks/quantized_decode.py --methods bf16 int8 int8:xla-nk-w8a8 --decode-batches 1 16 --no-kv-capacity"
     run w8a8 420 timeout 420 $PY $QD --throughput-methods bf16 int8 int8:xla-nk-w8a8 --budget-s 330 --tag w8a8 ;;

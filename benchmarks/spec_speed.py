@@ -140,29 +140,25 @@ def decode_run(llm, prompts, new_tokens, tag):
     return len(prompts) * (new_tokens - 1) / dt, outs
 
 
-def _min16_variants(plain, spec_llm, inners) -> list:
-    """--ab-min16: [(name, apply)] for the engines as built and as --min-bucket-tokens 16 builds them, switched from
-    what is compiled: ladders without the buckets below 16 tokens, the draft cycles' batch-1 pair from the draft
-    runner's own ladder (DraftCycle._buckets)."""
+def _bucket_variants(plain, spec_llm, inners) -> list:
+    """--ab-min16: [(name, apply)], each switched from what is compiled (runner/ladders.py):
+      ""             the engines as built (the verify bucket on, the draft cycle's (2, 1) pair off)
+      "/min16"       as --min-bucket-tokens 16 builds them: ladders without the buckets below 16 tokens
+      "/cycle-pair"  as built, with the draft cycles' batch-1 pair (DraftCycle.small_pair; compiled here first)"""
     from jaxinfer.runner.buckets import BucketLadder
 
-    runners = (plain.runner, spec_llm.runner)
-    drafts = [p.runner for p in inners.values() if getattr(p, "runner", None) is not None]
-    built = [(r, r.ladder) for r in runners], [(r, r.decode_ladder) for r in drafts]
+    built = [(r, r.ladder) for r in (plain.runner, spec_llm.runner)]
+    cycles = [(p.cycle, p.carry_shape) for p in inners.values() if getattr(p, "cycle", None) is not None]
 
-    def default():
-        for r, ladder in built[0]:
-            r.ladder = ladder
-        for r, ladder in built[1]:
-            r.decode_ladder = ladder
+    def use(min16: bool, pair: bool):
+        for r, ladder in built:
+            r.ladder = BucketLadder(tuple(b for b in ladder.buckets if b.num_tokens >= 16)) if min16 else ladder
+        for cycle, carry_shape in cycles:
+            cycle.small_pair = pair
+            cycle.warmup(carry_shape)  # (compiles only a pair not compiled yet)
 
-    def min16():
-        for r, ladder in built[0]:
-            r.ladder = BucketLadder(tuple(b for b in ladder.buckets if b.num_tokens >= 16))
-        for r in drafts:
-            r.decode_ladder = r.ladder
-
-    return [("", default), ("/min16", min16)]
+    return [("", lambda: use(False, False)), ("/min16", lambda: use(True, False)),
+            ("/cycle-pair", lambda: use(False, True))]
 
 
 def profiled_run(llm, prompts, new_tokens, tag, profile_root, top=12):
@@ -239,10 +235,10 @@ def main(argv=None):
     ap.add_argument("--unpipelined", action="store_true",
                     help="free drafts from the host (each speculative step finished before the next; the old path)")
     ap.add_argument("--ab-min16", action="store_true",
-                    help="each batch also with the buckets below 16 tokens out of use, in the same process (their "
-                         "programs stay compiled): plain decoding's 1-token bucket, the verify bucket and the draft "
-                         "cycle's (2, 1) pair (runner/ladders.py), i.e. --min-bucket-tokens 16's ladders; rows "
-                         "named /min16")
+                    help="each batch also with the buckets below 16 tokens out of use (plain decoding's 1-token "
+                         "bucket and the verify bucket: --min-bucket-tokens 16's ladders, rows /min16) and with the "
+                         "draft cycle's (2, 1) pair on (rows /cycle-pair), switched in one process "
+                         "(runner/ladders.py)")
     ap.add_argument("--tag", default="", help="appended to the result file's name")
     ap.add_argument("--per-step-drafts", action="store_true",
                     help="draft models dispatch their k steps one by one (not fused into one program)")
@@ -301,7 +297,7 @@ def main(argv=None):
 
     rng = np.random.default_rng(0)
     rows = []
-    variants = _min16_variants(plain, spec_llm, inners) if a.ab_min16 else [("", lambda: None)]
+    variants = _bucket_variants(plain, spec_llm, inners) if a.ab_min16 else [("", lambda: None)]
 
     def save():  # after every batch: a run cut by a time limit keeps what it measured
         return write_result("spec-speed-per-step-drafts" if a.per_step_drafts else "spec-speed", dict(

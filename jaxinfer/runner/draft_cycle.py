@@ -13,11 +13,12 @@ positions < b + k_i - 1, which covers the b' - 2 the next cycle needs (b' <= b +
 needed while a request stays in consecutive cycles (runner/draft_proposer.py does the rest from the host).
 
 Packing: both batches are packed on the host at the worst-case positions (runner/batch.pack: step 1 in bucket
-pick(2n, n), steps 2..k in pick(n, n); at n = 1 from the runner's decode_ladder, whose 2- and 1-token buckets the
-draft runner's own ladder lacks on a GPU) and corrected on the device by s: positions, slots (from the page table)
-and query-tile KV lengths. They travel as one int32 and one float32 array ([step 1's | steps 2..k's + rows + k]),
-copied into the runner's donated stage buffers first when it stages its inputs (runner/step.stage_inputs: the
-cycle's k steps are one CUDA graph, whose commands then keep their input addresses from call to call).
+pick(2n, n), steps 2..k in pick(n, n); at n = 1 under DraftCycle.small_pair from the runner's decode_ladder, whose
+2- and 1-token buckets the draft runner's own ladder lacks on a GPU) and corrected on the device by s: positions,
+slots (from the page table) and query-tile KV lengths. They travel as one int32 and one float32 array ([step 1's |
+steps 2..k's + rows + k]), copied into the runner's donated stage buffers first when it stages its inputs
+(runner/step.stage_inputs: the cycle's k steps are one CUDA graph, whose commands then keep their input addresses
+from call to call).
 Programs: one per n-bucket pair for exactly num_steps = k_max steps, compiled at warm-up.
 """
 from __future__ import annotations
@@ -76,6 +77,13 @@ def _shifted(ints, f: _Fields, bucket: Bucket, tok_seq, tok_delta, go, ps: int):
 class DraftCycle:
     """k greedy draft steps (the first with the catch-up token folded in) of a ModelRunner's model, reading the
     target's carry, in one dispatch. Single-device runners only."""
+
+    # A/B switch (off): batch 1's cycle in the draft runner's decode_ladder pair, a 2-token step 1 and 1-token steps
+    # 2..k, instead of its ladder's (16, 16). Its one GPU measurement went the wrong way: H100, 8B target, int8 1B
+    # draft, k = 4, a = 0.7, spec_speed.py at afe74e6 (the 8B's verify bucket on in both), 236.8 tok/s with the pair
+    # against 272.1 without (results/spec-speed-draft-int8-onetok{,-off}-afe74e6-2026-12-06.json; one timed run a
+    # row, in two processes). Its in-process A/B: spec_speed.py --ab-min16 (the "/cycle-pair" rows).
+    small_pair = False
 
     def __init__(self, runner, num_steps: int):
         if num_steps < 1:
@@ -145,9 +153,9 @@ class DraftCycle:
         self._compiled: dict = {}
 
     def _buckets(self, n: int) -> tuple[Bucket, Bucket]:
-        # batch 1: ModelRunner.decode_ladder (on a GPU its 2- and 1-token buckets for step 1 and steps 2..k, below
-        # the draft runner's 16-token one); otherwise the runner's own ladder, so n > 1 adds no programs
-        ladder = self.runner.decode_ladder if n == 1 else self.runner.ladder
+        # batch 1 with small_pair: ModelRunner.decode_ladder (on a GPU its 2- and 1-token buckets for step 1 and
+        # steps 2..k, below the draft runner's 16-token one); otherwise the runner's own ladder (no programs added)
+        ladder = self.runner.decode_ladder if n == 1 and self.small_pair else self.runner.ladder
         return ladder.pick(2 * n, n), ladder.pick(n, n)
 
     def buckets(self) -> list[tuple[Bucket, Bucket]]:

@@ -3,8 +3,8 @@
   ladder              the runner's steps: the backend's ladder (runner/cpu_defaults.ladder_args: the CPU's 1, 4,
                       16, ...; the GPU's 16, 32, ... plus a 1-token bucket), speculation's verify rows, and on a GPU
                       a speculating runner's verify bucket (k + 1 tokens, one sequence, one verify row)
-  decode_ladder       the draft cycle's batch-1 buckets (runner/draft_cycle.py): a draft runner's ladder plus 2- and
-                      1-token buckets on a GPU, for that one program; the ladder itself elsewhere
+  decode_ladder       the draft cycle's batch-1 buckets under DraftCycle.small_pair (an A/B switch, off): a draft
+                      runner's ladder plus 2- and 1-token buckets on a GPU, for that one program; the ladder elsewhere
   background_tokens   token counts of the ladder's buckets compiled in the background after warm-up (until their
                       programs are ready such a step runs in the next bucket up: ModelRunner._packed_step)
 
@@ -19,10 +19,13 @@ that serve one sequence replace it where it paid:
     (4.75 -> 4.37 ms device, 2026-12-03). Compiled in the background like that bucket.
   * decode_ladder: the draft cycle at batch 1 (step 1 = the catch-up + first draft, 2 tokens; steps 2..k one token
     each) runs 2- and 1-row norms, RoPE, scatters, attention tiles and sampler instead of the 16-token bucket's. One
-    cycle program more at warm-up (n = 1's pair) where max_num_seqs > 1, not the small buckets' step programs of
-    every kind.
-Neither is measured on a GPU yet (benchmarks/gpu_round_1207.sh `onetok`; an explicit min_bucket_tokens turns both
-off, as it does the 1-token bucket).
+    cycle program more at warm-up (n = 1's pair), not the small buckets' step programs of every kind.
+One GPU measurement of each (H100, 8B target, int8 1B draft, k = 4, a = 0.7, spec_speed.py at afe74e6, both on against
+--min-bucket-tokens 16, one timed run a row in two processes: results/spec-speed-draft-int8-onetok{,-off}-afe74e6-
+2026-12-06.json): free drafts 479.6 vs 462.1 tok/s (+3.8%: the verify bucket, on by default); the draft model,
+both on, 236.8 vs 272.1 (-13%). The verify bucket alone made the free drafts faster, so the cycle's pair is the
+suspect and is off (DraftCycle.small_pair) until an in-process A/B (spec_speed.py --ab-min16) says otherwise. An
+explicit min_bucket_tokens turns both off, as it does the 1-token bucket.
 """
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ def test_step_runs_in_a_larger_ready_bucket_while_its_own_compiles():
 def test_small_buckets_only_without_speculation(monkeypatch, tiny_llama_dir):
     """The GPU's 1-token bucket (GPU_LADDER small_buckets) is left out of a speculative engine, which gets a bucket of
     one verification instead (k + 1 tokens, one sequence, one verify row), and out of a draft model's runner (its
-    fused k-step programs would compile for it too), whose pipelined cycle alone picks it (decode_ladder).
+    fused k-step programs would compile for it too), whose pipelined cycle alone can pick it (decode_ladder).
     Simulated here by giving the CPU the GPU's ladder; an explicit min_bucket_tokens turns both extras off."""
     from jaxinfer.runner import cpu_defaults
 
@@ -67,6 +67,9 @@ def test_small_buckets_only_without_speculation(monkeypatch, tiny_llama_dir):
     draft_runner = spec.engine.spec.proposer.runner
     assert [b.num_tokens for b in draft_runner.ladder.buckets] == [16, 32, 64]
     assert [b.num_tokens for b in draft_runner.decode_ladder.buckets] == [1, 2, 16, 32, 64]
+    # the cycle takes that pair only under its A/B switch (DraftCycle.small_pair, off: measured slower)
+    pairs = {(b1.num_tokens, b2.num_tokens) for b1, b2 in spec.engine.spec.proposer.cycle.buckets()}
+    assert pairs == {(16, 16)}
     spec16 = LLM(tiny_llama_dir, speculative_config=dict(method="draft", draft_model=tiny_llama_dir,
                                                          num_speculative_tokens=2, batch_policy=False),
                  **kw, min_bucket_tokens=16)
