@@ -22,12 +22,13 @@
 #   w8a8   int8 with W8A8 above 16 tokens vs weight-only int8 vs bf16: decode batch 1 / 16 and offline (issue 20)
 #   dprof  the 1B draft's step per kernel in its 16-token bucket, bf16 and int8 (step_profile.py): which of its ~14
 #          kernels a layer hold the excess over its weight-streaming floor (issue 21), before a fused kernel is written
+#   dprof1 the int8 1B step per kernel in its 1-token bucket vs the 16-token one (the cycle pair's suspect)
 #   mid    latency batch 16 / 32, cuDNN vs the Pallas kernel (is 64 the right AUTO_CUDNN_MIN_TOKENS?)
 #   onetokab the same A/B in one process (--ab-min16), median of 3 runs a row, < 300 s on a cold machine (estimate)
 #   onetok the verify bucket and the draft cycle's 1-token bucket at batch 1 (12-06 e), on and off (two calls)
 #   Cold machine (12-06 e): an 8B model's first start ~100 s of compiles, spec_speed > 240 s: give parts room.
 #   Next (2026-12-06 f: onetok ran once, afe74e6; the draft cycle's pair measured slower and is off since):
-#   PARTS="onetokab" first, then "head", "tests attn auto" (the H200's figures), "serve tp512 mid":
+#   PARTS="onetokab dprof1" first, then "head", "tests attn auto" (the H200's figures), "serve tp512 mid":
 #   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="onetokab" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
 GPU_ROUND=gpu-round-1207
 source "$(dirname "$0")/gpu_lib.sh"
@@ -89,6 +90,12 @@ for part in $PARTS; do case $part in
   dprof)
     SP="benchmarks/probes/step_profile.py --model llama3.2-1b --shapes decode-b1 --top 40 --max-num-seqs 16"
     run prof-t16 100 timeout 100 $PY $SP --min-bucket-tokens 16 --tag draft1b-t16
+    run prof-t16-int8 100 timeout 100 $PY $SP --min-bucket-tokens 16 --quantization int8 --tag draft1b-t16-int8 ;;
+  dprof1)  # the int8 1B step in its 1-token bucket against the 16-token one, per kernel: does the int8 small-M
+            # kernel's row padding below 16 rows (kernel_nk._pad_rows) add ops (the draft cycle's (2, 1) pair,
+            # DraftCycle.small_pair, measured slower once)? Look for pad fusions in the t1 profile's top ops
+    SP="benchmarks/probes/step_profile.py --model llama3.2-1b --shapes decode-b1 --top 40 --max-num-seqs 16"
+    run prof-t1-int8 100 timeout 100 $PY $SP --quantization int8 --tag draft1b-t1-int8
     run prof-t16-int8 100 timeout 100 $PY $SP --min-bucket-tokens 16 --quantization int8 --tag draft1b-t16-int8 ;;
   mid)
     for be in cudnn pallas; do
