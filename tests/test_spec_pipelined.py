@@ -112,12 +112,11 @@ def test_draft_cycle_runs_batch_1_in_small_buckets(tiny_llama_dir, base, monkeyp
     """A GPU draft runner's own ladder starts at 16 tokens (small_buckets=False: no small step programs), but under
     DraftCycle.small_pair (an A/B switch, off by default) the pipelined cycle at batch 1 runs its 2-token step 1 and
     1-token steps 2..k in buckets of 2 and 1 tokens (ModelRunner.decode_ladder), larger batches in the runner's
-    ladder (no pair beyond n = 1's added). The CPU
-    ladder is swapped for the GPU's here: the cycle compiles its (2, 1)-token bucket pair and the greedy outputs
-    equal plain decoding's, with every draft accepted ("draft": the target itself, each cycle folding in the
-    catch-up token) or some rejected ("layer_skip": the cycle's positions shifted back on the device)."""
+    ladder (no pair beyond n = 1's added). The CPU ladder is swapped for the GPU's here: the cycle compiles its
+    (2, 1)-token bucket pair and the greedy outputs equal plain decoding's, with every draft accepted ("draft": the
+    target itself, each cycle folding in the catch-up token) or some rejected ("layer_skip": the cycle's positions
+    shifted back on the device)."""
     from jaxinfer.runner import cpu_defaults
-
     from jaxinfer.runner.draft_cycle import DraftCycle
 
     monkeypatch.setattr(cpu_defaults, "CPU_LADDER", cpu_defaults.GPU_LADDER)
