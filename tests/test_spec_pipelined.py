@@ -32,7 +32,7 @@ def _noisy(ref, rng, p_bad):
 
 
 @pytest.mark.parametrize("p_bad", [0.0, 0.3])
-def test_pipelined_greedy_identical_to_plain(base, spec_llm, p_bad):
+def test_pipelined_greedy_identical_to_plain(base, spec_llm, monkeypatch, p_bad):
     rng = np.random.default_rng(int(p_bad * 10))
     prompts = [rng.integers(3, 512, size=int(rng.integers(1, 40))).tolist() for _ in range(8)]
     max_tokens = [int(rng.integers(1, 24)) for _ in prompts]
@@ -50,11 +50,8 @@ def test_pipelined_greedy_identical_to_plain(base, spec_llm, p_bad):
         launched.append((speculates(inputs), prev is not None))
         return dispatch(inputs, prev, *a)
 
-    eng.runner.dispatch = spy
-    try:
-        done = run_staggered(eng, prompts, max_tokens, stops, rng, victim_tokens=30, abort_at=5)
-    finally:
-        eng.runner.dispatch = dispatch
+    monkeypatch.setattr(eng.runner, "dispatch", spy)
+    done = run_staggered(eng, prompts, max_tokens, stops, rng, victim_tokens=30, abort_at=5)
     assert {i: o.outputs[0].token_ids for i, o in done.items()} == want
     for i, o in done.items():
         assert o.outputs[0].finish_reason == ("stop" if i in stops else "length")
@@ -170,11 +167,8 @@ def test_one_sequence_verifies_in_its_own_bucket(tiny_llama_dir, base, monkeypat
         used.append((batch.bucket, speculates(seqs)))
         return batch, prog
 
-    eng.runner._packed_step = spy
-    try:
-        done = run_staggered(eng, prompts, max_tokens, stops, rng, victim_tokens=12, abort_at=3)
-    finally:
-        eng.runner._packed_step = packed
+    monkeypatch.setattr(eng.runner, "_packed_step", spy)
+    done = run_staggered(eng, prompts, max_tokens, stops, rng, victim_tokens=12, abort_at=3)
     assert {i: o.outputs[0].token_ids for i, o in done.items()} == want
     assert (first, True) in used                                     # a verification in the verify bucket
     assert (first, False) in used                                    # and a plain decode (no drafts left)
