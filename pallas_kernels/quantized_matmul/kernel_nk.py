@@ -16,7 +16,7 @@ lowers to XLA's own Triton custom call. This port made the int8 step 3.17 ms (31
 Work decomposition (as triton_small_m.int8_nk_kernel, DOT form): grid = (N / bn, split, Mp / bm); program
 (n, s, m) streams weight rows [n bn, (n + 1) bn) over the K range [s ks, (s + 1) ks) in steps of bk:
   acc[bm, bn] += x[bm, bk] @ q_t[bn, bk].T   (int8 -> bf16 in registers, exact; f32 accumulation; bm = 16 rows,
-                                              rows past M are zero padding)
+                                              rows past M: zero padding, or below 16 rows x's last row repeated)
 and writes acc * scale to part[s]; XLA sums the split partials (deterministic, no atomics). Shapes the kernel
 does not take (`supports`) stay on XLA's convert + dot.
 
@@ -52,10 +52,10 @@ def supports(K: int, N: int, cfg: Config) -> bool:
 
 
 def _kernel(x_ref, w_ref, s_ref, o_ref, *, bm: int, bn: int, bk: int, ks: int):
-    """x_ref [Mp, K], w_ref int8 [N, K], s_ref f32 [N] (whole arrays, indexed here); o_ref: this program's f32
-    block [bm, bn] of part[split, Mp, N]."""
+    """x_ref [Mp or M < bm, K], w_ref int8 [N, K], s_ref f32 [N] (whole arrays, indexed here); o_ref: this
+    program's f32 block [bm, bn] of part[split, Mp, N]."""
     rows = pl.ds(pl.multiple_of(pl.program_id(0) * bn, bn), bn)
-    xrows = pl.ds(pl.multiple_of(pl.program_id(2) * bm, bm), bm)
+    xrows = _x_rows(x_ref.shape[0], bm)
     k_begin = pl.program_id(1) * ks
 
     def body(i, acc):
@@ -69,18 +69,29 @@ def _kernel(x_ref, w_ref, s_ref, o_ref, *, bm: int, bn: int, bk: int, ks: int):
     o_ref[...] = acc * s_ref[rows].astype(jnp.float32)[None, :]
 
 
+def _x_rows(M: int, bm: int):
+    """The x rows program m reads: bm rows from m bm, or, where x has fewer than bm rows (a 1..8-token decode bucket,
+    grid m = 1), rows 0..M-1 then row M-1 repeated: an index array, so x needs no padding op before the call (one
+    pad fusion per matmul, ~110 tiny kernels a step in a 1B draft's 1-token bucket). The repeated rows' outputs
+    land in part's rows >= M, which are cut; they read the same cache lines, no extra HBM traffic."""
+    if M < bm:
+        return jnp.minimum(lax.broadcasted_iota(jnp.int32, (bm,), 0), M - 1)
+    return pl.ds(pl.multiple_of(pl.program_id(2) * bm, bm), bm)
+
+
 def _pad_rows(x2, bm: int):
-    """x [M, K] -> [Mp, K], Mp the next multiple of bm (zero rows: no effect on the kept rows, cut after)."""
+    """x [M, K] -> [Mp, K], Mp the next multiple of bm (zero rows, cut after); none below bm rows (_x_rows)."""
     M = x2.shape[0]
     Mp = -(-M // bm) * bm
-    return x2 if Mp == M else jnp.pad(x2, ((0, Mp - M), (0, 0)))
+    return x2 if Mp == M or M < bm else jnp.pad(x2, ((0, Mp - M), (0, 0)))
 
 
 def _split_k_call(kernel, ins, *, cfg: Config, split: int, N: int, M: int, out_dtype, interpret: bool, name: str):
-    """Both kernels' launch: grid (N / bn, split, Mp / bm) over whole-array inputs (ins[0] is x padded to Mp rows),
-    each program writing its f32 [bm, bn] block of part[split, Mp, N]; XLA sums the splits and cuts the padding."""
-    Mp = ins[0].shape[0]
+    """Both kernels' launch: grid (N / bn, split, Mp / bm) over whole-array inputs (ins[0] is x, padded to Mp rows
+    above bm rows), each program writing its f32 [bm, bn] block of part[split, Mp, N]; XLA sums the splits and cuts
+    the rows past M."""
     bm, bn = cfg.block_m, cfg.block_n
+    Mp = -(-M // bm) * bm
     params = None
     if not interpret and _TritonCompilerParams is not None:
         params = _TritonCompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -138,12 +149,11 @@ def _nibble_plane(w, shift: int):
 
 
 def _int4_kernel(x_ref, w_ref, s_ref, o_ref, xs_ref, out_ref, *, bm: int, bn: int, g: int, ks: int, dot: bool):
-    """x_ref [Mp, K], w_ref int32 [N, K/8], s_ref / o_ref [K/g, N], xs_ref f32 [Mp, K/g] (whole arrays);
-    out_ref: this program's f32 block [bm, bn] of part[split, Mp, N]."""
+    """x_ref [Mp or M < bm, K], w_ref int32 [N, K/8], s_ref / o_ref [K/g, N], xs_ref f32 [Mp or M, K/g] (whole
+    arrays); out_ref: this program's f32 block [bm, bn] of part[split, Mp, N]."""
     W4, H = g // 8, g // 2
     rows = pl.ds(pl.multiple_of(pl.program_id(0) * bn, bn), bn)
-    m0 = pl.program_id(2) * bm
-    xrows = pl.ds(pl.multiple_of(m0, bm), bm)
+    xrows = _x_rows(x_ref.shape[0], bm)
     k_begin = pl.program_id(1) * ks
 
     def body(i, acc):

@@ -7,6 +7,7 @@ several split-K factors. The interpreter's bf16 dot is wrong (numpy has no bf16)
 (f32 operands); the bf16-operand form is checked on the GPU (test_triton_small_m_gpu.py)."""
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -133,7 +134,8 @@ def test_not_usable_on_cpu():
 @pytest.mark.parametrize("M,K,N,bn,bk,split", [(1, 512, 64, 32, 128, 2), (5, 256, 96, 32, 64, 2),
                                                (16, 384, 32, 16, 128, 1), (20, 256, 48, 16, 64, 4)])
 def test_pallas_int8_nk_matches_reference(M, K, N, bn, bk, split):
-    """Rows past M padded and cut, split partials summed, N in whole blocks; against the jnp reference."""
+    """Below 16 rows x's last row read again (no pad), above them rows padded; rows past M cut, split partials
+    summed, N in whole blocks; against the jnp reference."""
     from pallas_kernels.quantized_matmul import kernel_nk
 
     rng = np.random.default_rng(M + K + N)
@@ -144,6 +146,27 @@ def test_pallas_int8_nk_matches_reference(M, K, N, bn, bk, split):
     got = kernel_nk.int8_matmul_nk(x, jnp.asarray(q.T), scale, interpret=True, cfg=cfg)
     want = qr.int8_matmul_reference(x, jnp.asarray(q), scale)
     assert got.shape == (M, N) and rel_err(got, want) < 1e-5
+
+
+@pytest.mark.parametrize("M,pads", [(1, False), (8, False), (16, False), (20, True)])
+def test_pallas_nk_pads_x_only_above_16_rows(M, pads):
+    """A decode bucket of 1..16 rows calls the kernel on x as it is: no pad op before the pallas_call (the kernel
+    reads x's last row again instead); only a ragged M above 16 is padded to whole blocks."""
+    from pallas_kernels.quantized_matmul import kernel_nk
+
+    cfg = T.Config(16, 32, 64, 1, True, 4, 3)
+    q, s = jnp.ones((64, 128), jnp.int8), jnp.ones((64,), jnp.float32)
+    p4, sc = jnp.ones((64, 64), jnp.uint8), jnp.ones((1, 64), jnp.float32)
+    for f in (lambda x: kernel_nk.int8_matmul_nk(x, q, s, interpret=True, cfg=cfg),
+              lambda x: kernel_nk.int4_matmul_nk(x, p4, sc, sc, group_size=128, interpret=True,
+                                                 cfg=T.Config(16, 32, 128, 1, True, 4, 3))):
+        names, todo = set(), [jax.make_jaxpr(f)(jnp.ones((M, 128), jnp.float32)).jaxpr]
+        while todo:                                  # the ops outside the kernel, through nested jits
+            for e in todo.pop().eqns:
+                names.add(e.primitive.name)
+                if e.primitive.name in ("pjit", "jit"):
+                    todo.append(e.params["jaxpr"].jaxpr)
+        assert "pallas_call" in names and ("pad" in names) == pads, names
 
 
 def test_pallas_int8_nk_refuses_partial_blocks():
@@ -160,7 +183,7 @@ def test_pallas_int8_nk_refuses_partial_blocks():
     (1, 256, 64, 32, True, False, 32, 2),      # FMA form, 4 groups in 2 splits
     (1, 384, 32, 64, False, False, 16, 3),
     (1, 512, 32, 128, False, False, 32, 1),
-    (5, 512, 48, 128, True, True, 16, 2),      # tensor-core form (g = 128), M < 16 padded
+    (5, 512, 48, 128, True, True, 16, 2),      # tensor-core form (g = 128), M < 16: last row repeated
     (18, 256, 32, 128, False, True, 16, 1),    # two M blocks
 ])
 def test_pallas_int4_nk_matches_reference(M, K, N, g, symmetric, dot, bn, split):
