@@ -25,6 +25,7 @@
 #   dprof1 the int8 1B step per kernel in its 1-token bucket vs the 16-token one (the cycle pair's suspect)
 #   mid    latency batch 16 / 32, cuDNN vs the Pallas kernel (is 64 the right AUTO_CUDNN_MIN_TOKENS?)
 #   onetokab the same A/B in one process (--ab-min16), median of 3 runs a row, < 300 s on a cold machine (estimate)
+#   nktest the small-M int8 / int4 kernels' GPU tests (no x padding below 16 rows since d1c89d6)
 #   onetok the verify bucket and the draft cycle's 1-token bucket at batch 1 (12-06 e), on and off (two calls)
 #   Cold machine (12-06 e): an 8B model's first start ~100 s of compiles, spec_speed > 240 s: give parts room.
 #   Next (2026-12-06 f: onetok ran once, afe74e6; the draft cycle's pair measured slower and is off since):
@@ -84,6 +85,9 @@ for part in $PARTS; do case $part in
   w8a8)  # issue 20's offline int8 >= 1.0x: weight-only int8 ('xla-nk', the default) vs W8A8 above 16 tokens
     QD="benchmarks/quantized_decode.py --methods bf16 int8 int8:xla-nk-w8a8 --decode-batches 1 16 --no-kv-capacity"
     run w8a8 420 timeout 420 $PY $QD --throughput-methods bf16 int8 int8:xla-nk-w8a8 --budget-s 330 --tag w8a8 ;;
+  nktest)  # the small-M kernels on the GPU (d1c89d6: below 16 rows x's last row is read again instead of padded)
+    run nktest 120 timeout 120 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
+      tests/kernels/test_triton_small_m_gpu.py ;;
   tests)
     run tests 150 timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
       tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py ;;
