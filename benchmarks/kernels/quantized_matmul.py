@@ -100,6 +100,15 @@ def _families():
     }
 
 
+def _nk_override(qnk, **kw):
+    """kernel_nk.int8_matmul_nk with its default configuration's fields replaced (split_k, block_n, ...)."""
+    def op(x, w):
+        N, K = w["q"].shape
+        cfg = dataclasses.replace(qnk.config_for(x.shape[0], K, N), **kw)
+        return qnk.int8_matmul_nk(x, w["q"], w["scale"], cfg=cfg)
+    return op
+
+
 def variants(interpret: bool):
     """name -> (family, op(x, leaves) -> [M, N], reference kind, model path it measures or None)."""
     from pallas_kernels.quantized_matmul import kernel as qk
@@ -149,6 +158,11 @@ def variants(interpret: bool):
         "int8_pallas_nk": ("int8_nk", lambda x, w: qnk.int8_matmul_nk(x, w["q"], w["scale"]), "int8",
                            ("int8nk", "pallas-nk")),
         "int8_mosaic_nk": ("int8_nk", lambda x, w: qm8.int8_matmul_mosaic(x, w["q"], w["scale"]), "int8", None),
+        # the Pallas-Triton kernel with the split / BN overridden (small shapes, e.g. the 1B draft's o / qkv, run
+        # 2-3.6x their floor in the engine's default split of ~512 programs: 12-06 g step profile)
+        **{f"int8_pallas_nk_{tag}": ("int8_nk", _nk_override(qnk, **kw), "int8", None)
+           for tag, kw in (("s1", dict(split_k=1)), ("s2", dict(split_k=2)), ("s4", dict(split_k=4)),
+                           ("bn32", dict(block_n=32)), ("st2", dict(num_stages=2)))},
         # the many-token Mosaic kernel's int8 form (mosaic_int4_wide.int8_matmul_mosaic_wide, 2026-12-05 c)
         "int8_wide_nk": ("int8_nk", lambda x, w: qmw.int8_matmul_mosaic_wide(x, w["q"], w["scale"]), "int8", None),
         "int8_convert_nk": ("int8_nk", lambda x, w: qf.int8_convert_xla(x, w["q"], w["scale"], layout="nk"),

@@ -18,8 +18,10 @@ from pallas_kernels.paged_attention import cudnn_paged
 # decode-shaped, and each of a sequence's k + 1 tokens would re-read its KV as a row of its own. (A spec run with
 # cuDNN in 'auto', 12-06 c, gave the 1B int8 draft 1.23x against 1.54x on another H100, but its steps ran in buckets
 # of more tokens than sequences, i.e. on the Pallas kernel: that gap is not cuDNN's and is not yet explained.)
+# The minimum was 64 until 12-06 g: latency batch 16 / 32 (one H100 call, 65dcd08, results/latency-mid-*) ran 2,497
+# vs 2,405 and 4,562 vs 4,301 tok/s with cuDNN (+3.8%, +6.1%); below 16 tokens nothing is measured but batch 1 (equal).
 AUTO_CUDNN = True
-AUTO_CUDNN_MIN_TOKENS = 64
+AUTO_CUDNN_MIN_TOKENS = 16
 
 
 def auto_attention_backend(loaded: LoadedModel, config: EngineConfig, single_device: bool = True) -> str:

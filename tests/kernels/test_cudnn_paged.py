@@ -213,11 +213,11 @@ def test_cudnn_backend_matches_the_reference_on_mixed_steps(monkeypatch, step):
 
 
 @pytest.mark.parametrize("backend,speculative,expected", [
-    ("auto", False, ("cudnn", 64)), ("auto", True, ("pallas", 64)), ("cudnn", True, ("cudnn", 1)),
+    ("auto", False, ("cudnn", 16)), ("auto", True, ("pallas", 16)), ("cudnn", True, ("cudnn", 1)),
     ("pallas", False, ("pallas", 1))])
 def test_auto_attention_policy_on_a_gpu(monkeypatch, backend, speculative, expected):
     """What runner/attention_backend.py chooses on a GPU (the device and jax's private cuDNN call stood in for): 'auto'
-    takes cuDNN without speculation (verification rows would re-read their KV per token) and only in buckets of >= 64
+    takes cuDNN without speculation (verification rows would re-read their KV per token) and only in buckets of >= 16
     tokens; an explicit backend is kept, an explicit 'cudnn' in every decode-shaped bucket."""
     from jaxinfer.config import EngineConfig, KernelConfig, SpeculativeConfig
     from jaxinfer.runner import attention_backend
