@@ -28,8 +28,8 @@
 #   nktest the small-M int8 / int4 kernels' GPU tests (no x padding below 16 rows since d1c89d6)
 #   onetok the verify bucket and the draft cycle's 1-token bucket at batch 1 (12-06 e), on and off (two calls)
 #   Cold machine (12-06 e): an 8B model's first start ~100 s of compiles, spec_speed > 240 s: give parts room.
-#   Next (2026-12-06 f: onetok ran once, afe74e6; the draft cycle's pair measured slower and is off since):
-#   PARTS="onetokab dprof1" first, then "head", "tests attn auto" (the H200's figures), "serve tp512 mid":
+#   12-06 g ran nktest onetokab dprof1 tp512 attn w8a8 mid head (H100; benchmarks/README.md "2026-12-06 g").
+#   Next: the H200's figures, "tests attn auto", then "serve tp512 mid" (AUTO_CUDNN_MIN_TOKENS is 16 since 12-06 g):
 #   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="onetokab" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
 GPU_ROUND=gpu-round-1207
 source "$(dirname "$0")/gpu_lib.sh"

@@ -82,9 +82,11 @@ class DraftCycle:
     # 2..k, instead of its ladder's (16, 16). Its one GPU measurement went the wrong way: H100, 8B target, int8 1B
     # draft, k = 4, a = 0.7, spec_speed.py at afe74e6 (the 8B's verify bucket on in both), 236.8 tok/s with the pair
     # against 272.1 without (results/spec-speed-draft-int8-onetok{,-off}-afe74e6-2026-12-06.json; one timed run a
-    # row, in two processes). Its in-process A/B: spec_speed.py --ab-min16 (the "/cycle-pair" rows). A candidate
-    # cause, unmeasured: below 16 rows the int8 small-M kernel pads x to 16 (kernel_nk._pad_rows), one more op per
-    # matmul where XLA does not fuse the pad into its producer; the free-draft rows (no int8) only gained.
+    # row, in two processes). The in-process A/B (spec_speed.py --ab-min16, 12-06 g, 65dcd08, H100, median of 3, run
+    # twice), after the int8 kernel stopped padding x below 16 rows (d1c89d6): 286.0 tok/s with the pair against
+    # 290.8 without (results/spec-speed-draft-int8-onetok-ab-65dcd08-2026-12-06.json). The reason: the int8 1B step
+    # takes 1.044 ms in its 1-token bucket and 1.052 ms in its 16-token one (step-profile-draft1b-t{1,16}-int8-*),
+    # so a smaller bucket saves the draft nothing.
     small_pair = False
 
     def __init__(self, runner, num_steps: int):

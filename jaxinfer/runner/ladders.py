@@ -24,8 +24,9 @@ One GPU measurement of each (H100, 8B target, int8 1B draft, k = 4, a = 0.7, spe
 --min-bucket-tokens 16, one timed run a row in two processes: results/spec-speed-draft-int8-onetok{,-off}-afe74e6-
 2026-12-06.json): free drafts 479.6 vs 462.1 tok/s (+3.8%: the verify bucket, on by default); the draft model,
 both on, 236.8 vs 272.1 (-13%). The verify bucket alone made the free drafts faster, so the cycle's pair is the
-suspect and is off (DraftCycle.small_pair) until an in-process A/B (spec_speed.py --ab-min16) says otherwise. An
-explicit min_bucket_tokens turns both off, as it does the 1-token bucket.
+suspect and is off (DraftCycle.small_pair). The in-process A/B (spec_speed.py --ab-min16, 12-06 g, after the int8
+kernel stopped padding x) kept it off: 286.0 vs 290.8 tok/s, the int8 1B step taking the same 1.04-1.05 ms in
+its 1- and 16-token buckets. An explicit min_bucket_tokens turns both off, as it does the 1-token bucket.
 """
 from __future__ import annotations
 
