@@ -26,11 +26,14 @@
 #   mid    latency batch 16 / 32, cuDNN vs the Pallas kernel (is 64 the right AUTO_CUDNN_MIN_TOKENS?)
 #   onetokab the same A/B in one process (--ab-min16), median of 3 runs a row, < 300 s on a cold machine (estimate)
 #   nktest the small-M int8 / int4 kernels' GPU tests (no x padding below 16 rows since d1c89d6)
+#   ctiles / ctilestp  prefill attention through cuDNN, one row a query tile (JAXINFER_CUDNN_PREFILL): GPU tests and
+#          per op (~350 s), then offline with / without it (~340 s)
 #   onetok the verify bucket and the draft cycle's 1-token bucket at batch 1 (12-06 e), on and off (two calls)
 #   Cold machine (12-06 e): an 8B model's first start ~100 s of compiles, spec_speed > 240 s: give parts room.
 #   12-06 g ran nktest onetokab dprof1 tp512 attn w8a8 mid head (H100; benchmarks/README.md "2026-12-06 g").
-#   Next: the H200's figures, "tests attn auto", then "serve tp512 mid" (AUTO_CUDNN_MIN_TOKENS is 16 since 12-06 g):
-#   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="onetokab" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
+#   Next: "ctiles" then "ctilestp", the H200's figures "tests attn auto", then "serve tp512 mid"
+#   (AUTO_CUDNN_MIN_TOKENS is 16 since 12-06 g):
+#   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="ctiles" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
 GPU_ROUND=gpu-round-1207
 source "$(dirname "$0")/gpu_lib.sh"
 PARTS=${PARTS:-tests attn auto serve tp512 spec dprof mid}
@@ -88,6 +91,15 @@ for part in $PARTS; do case $part in
   nktest)  # the small-M kernels on the GPU (d1c89d6: below 16 rows x's last row is read again instead of padded)
     run nktest 120 timeout 120 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
       tests/kernels/test_triton_small_m_gpu.py ;;
+  ctiles)  # the cuDNN tile form of prefill attention (JAXINFER_CUDNN_PREFILL, off by default): its GPU tests (real
+           # cuDNN log-sum-exp), then per op beside the Pallas kernel and cuDNN's dense attention (issue 17: <= 1.5x)
+    run ctiles-tests 150 timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
+      tests/kernels/test_cudnn_paged.py
+    run ctiles-kernel 200 timeout 200 $PY benchmarks/kernels/prefill_attention.py --chunk 512 2048 4096 \
+      --variants 16:4:4 --cudnn-tiles 16 64 --budget-s 150 ;;
+  ctilestp)  # offline 1000 x 512/256 with and without it ('auto': cuDNN decodes from 16 tokens in both)
+    run tp-ctiles 170 JAXINFER_CUDNN_PREFILL=1 timeout 170 $PY benchmarks/throughput.py --workload fixed --tag ctiles
+    run tp-auto 170 timeout 170 $PY benchmarks/throughput.py --workload fixed --tag auto16 ;;
   tests)
     run tests 150 timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
       tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py ;;

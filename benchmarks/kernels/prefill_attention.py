@@ -6,6 +6,8 @@ whole prompt of `chunk` tokens is one chunk (context 0, causal), chunks {512, 10
 in one process:
   * the kernel (pages per loop step 1 / 4 / 8), reading K/V from shuffled pages through the page table that `pack`
     builds with the engine's ladder settings;
+  * (GPU) the engine's cuDNN tile form (`--cudnn-tiles`: cudnn_paged.cudnn_tile_attention, one cuDNN row a query
+    tile on the same pages, the tile's own keys in jnp, merged by log-sum-exp; the JAXINFER_CUDNN_PREFILL A/B);
   * `jax.nn.dot_product_attention(..., is_causal=True, implementation="cudnn")` on dense [1, chunk, heads, 128]
     arrays holding the same K/V (GQA handled by cuDNN), and the XLA implementation as a second peer;
   * time = median of `--reps` timed runs of a jitted scan of `--inner` dependent calls, / inner;
@@ -35,6 +37,7 @@ from benchmarks.kernels.paged_attention import measure, rel_norm  # noqa: E402
 from jaxinfer.outputs import SeqInput  # noqa: E402
 from jaxinfer.runner.batch import pack  # noqa: E402
 from jaxinfer.runner.buckets import BucketLadder  # noqa: E402
+from pallas_kernels.paged_attention.cudnn_paged import cudnn_tile_attention  # noqa: E402
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention  # noqa: E402
 
 H, KVH, D, PS = 32, 8, 128, 16
@@ -84,6 +87,9 @@ def main():
     ap.add_argument("--variants", nargs="+", default=["16:4:4", "16:8:4", "32:4:4", "32:4:8", "64:4:8", "64:8:8"],
                     help="kernel variants query_tile:pages_per_block:num_warps (R = query_tile x 4 q heads rows "
                          "per program for the 8B shape)")
+    ap.add_argument("--cudnn-tiles", type=int, nargs="*", default=[16, 64],
+                    help="GPU: query tiles of the cuDNN tile form (cudnn_paged.cudnn_tile_attention, "
+                         "JAXINFER_CUDNN_PREFILL) to time beside the kernel")
     ap.add_argument("--interpret", action="store_true", help="kernel in interpret mode (CPU smoke test only)")
     add_profile_arg(ap)
     a = ap.parse_args()
@@ -113,6 +119,14 @@ def main():
             buckets[name] = str(hbv.bucket)
             impls[name] = ((qp, kp, vp, *md), lambda x, kk, vv, *m, ppb=ppb, nw=nw: ragged_paged_attention(
                 x, kk, vv, *m, sm_scale=sm_scale, pages_per_block=ppb, num_warps=nw, interpret=a.interpret))
+        for qt in (a.cudnn_tiles if on_gpu else []):  # the engine's A/B form: one cuDNN row a query tile
+            _, _, _, qp, _, _, hbv = build(chunk, query_tile=qt)
+            md = tuple(jnp.asarray(hbv.arrays[n]) for n in
+                       ("positions", "tile_tokens", "tile_seq", "tile_kv_len", "page_tables"))
+            name = f"cudnn_tiles_q{qt}"
+            buckets[name] = str(hbv.bucket)
+            impls[name] = ((qp, kp, vp, *md), lambda x, kk, vv, *m: cudnn_tile_attention(x, kk, vv, *m,
+                                                                                         sm_scale=sm_scale))
         peers = ["cudnn", "xla"] if on_gpu else ["xla"]
         for impl in peers:
             impls[impl] = ((q[None], k[None], v[None]), lambda x, kk, vv, impl=impl: jax.nn.dot_product_attention(
@@ -123,7 +137,7 @@ def main():
             try:
                 timing, first = measure(fn, args, a.inner, a.reps, warmup=2)
                 us = timing["us"]
-                out = first[0] if not name.startswith("kernel") else first
+                out = first[0] if not name.startswith(("kernel", "cudnn_tiles")) else first
                 row.update(us=us, tflops=flops / (us * 1e-6) / 1e12, pct_matmul=100 * flops / (us * 1e-6) / rate,
                            rel_err_vs_f32=rel_norm(out, ref, chunk))
             except Exception as e:  # one failing variant must not lose the run

@@ -28,11 +28,13 @@ import inspect
 import jax.numpy as jnp
 
 
-def cudnn_sdpa(q, k_pages, v_pages, q_len, kv_len, table, *, scale: float, causal: bool = False):
+def cudnn_sdpa(q, k_pages, v_pages, q_len, kv_len, table, *, scale: float, causal: bool = False,
+               return_lse: bool = False):
     """cuDNN paged attention. q [B, L, N, D]; pools [num_pages, page_size, KVH, D] (N a multiple of KVH); table
     i32[B, 1, W, 1] (None: dense K / V [B, S, KVH, D], for comparisons); q_len / kv_len i32[B]: query row i < q_len
     of batch row b sees keys < kv_len[b] (causal: also cuDNN's causal mask, whose alignment when q_len < kv_len is
-    the probe's question, benchmarks/probes/cudnn_paged_attention.py). -> [B, L, N, D]."""
+    the probe's question, benchmarks/probes/cudnn_paged_attention.py). -> [B, L, N, D]; return_lse: also the
+    rows' log-sum-exp of the scaled scores, f32 [B, N, L] (jax's `return_residual`, FlashAttention-2's L)."""
     from jax._src.cudnn import fused_attention_stablehlo as fa
 
     none = jnp.zeros(0, q.dtype)
@@ -42,14 +44,15 @@ def cudnn_sdpa(q, k_pages, v_pages, q_len, kv_len, table, *, scale: float, causa
               variadic_args=(False, False),
               mask_type=fa.MaskType.PADDING_CAUSAL if causal else fa.MaskType.PADDING,
               layout=fa.AttentionLayout.BTNH.value, sliding_window_length=None,
-              cudnn_version=fa.check_cudnn_version(), return_residual=False)
+              cudnn_version=fa.check_cudnn_version(), return_residual=return_lse)
     assert set(kw) == set(_OUR_KEYWORDS)  # (available() checks this jax against the same names)
     params = inspect.signature(fa._dot_product_attention_fwd).parameters
     missing = _missing_parameters(params, kw)
     if missing:  # a jax whose private signature moved on (parameters with defaults keep them)
         raise NotImplementedError(f"jax {__import__('jax').__version__}'s cuDNN attention wants {missing}; use "
                                   "attention_backend='pallas'")
-    return fa._dot_product_attention_fwd(**{p: kw[p] for p in params if p in kw})
+    out = fa._dot_product_attention_fwd(**{p: kw[p] for p in params if p in kw})
+    return tuple(out[:2]) if return_lse else out
 
 
 _OUR_KEYWORDS = ("query", "key", "value", "bias", "q_seqlen", "kv_seqlen", "q_offsets", "kv_offsets", "page_table_k",
@@ -128,3 +131,61 @@ def cudnn_rows(q, k_pages, v_pages, kv_len, seq, page_tables, *, sm_scale: float
     out = sdpa(q[:, None], k_pages, v_pages, jnp.ones((R,), jnp.int32), kv_len.astype(jnp.int32), table,
                scale=sm_scale)
     return out.reshape(R, H, D).astype(q.dtype)                       # [R, 1, H, D] -> [R, H, D]
+
+
+def cudnn_tile_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, tile_kv_len, page_tables, *,
+                         sm_scale: float, sdpa=cudnn_sdpa):
+    """Prefill-shaped buckets through cuDNN, one batch row a query TILE (an A/B form, off by default:
+    models/attention.py, JAXINFER_CUDNN_PREFILL). q [T, H, D] -> [T, H, D]; arguments as
+    ragged_paged_attention_reference. A tile holds n <= Bq consecutive tokens of one sequence at positions
+    p0 .. p0 + n - 1, p0 = tile_kv_len - n (the context cached before the tile). Its attention is split in two and
+    merged by log-sum-exp (FlashAttention-2's L, which cuDNN returns), because cuDNN's causal mask is top-left
+    (a chunk after its context needs bottom-right):
+      context  cuDNN paged, no mask: the tile's Bq x G query rows (G = H / KVH heads of a KV head folded into the
+               row axis, [NT, Bq G, KVH, D], so each KV head's context is read once a tile as by the Pallas kernel,
+               with 64 rows a cuDNN block at Bq 16, G 4) see keys [0, p0) of the sequence's pages
+      tile     jnp: the tile's own n keys (gathered from the pages: written before attention), causal, f32
+    Costs over the Pallas kernel's reads: the tile part's [NT, KVH, G, Bq, Bq] scores (tiny) and the merge."""
+    T, H, D = q.shape
+    NT, Bq = tile_tokens.shape
+    KVH, ps = k_pages.shape[2], k_pages.shape[1]
+    G = H // KVH
+    valid = tile_tokens < T                                                    # [NT, Bq]
+    tok = jnp.minimum(tile_tokens, T - 1)
+    n = valid.sum(axis=1).astype(jnp.int32)
+    p0 = jnp.maximum(tile_kv_len.astype(jnp.int32) - n, 0)                     # context before each tile
+    qt = q[tok]                                                                # [NT, Bq, H, D]
+    # context part: [NT, Bq, KVH, G, D] -> [NT, Bq G, KVH, D] (row i G + g: token i, query head kvh G + g)
+    qf = qt.reshape(NT, Bq, KVH, G, D).transpose(0, 1, 3, 2, 4).reshape(NT, Bq * G, KVH, D)
+    table = page_tables[tile_seq][:, None, :, None]                            # [NT, 1, W, 1]
+    oc, lc = sdpa(qf, k_pages, v_pages, jnp.full((NT,), Bq * G, jnp.int32), jnp.maximum(p0, 1), table,
+                  scale=sm_scale, return_lse=True)                             # [NT, Bq G, KVH, D], [NT, KVH, Bq G]
+    oc = oc.reshape(NT, Bq, G, KVH, D).transpose(0, 1, 3, 2, 4).reshape(NT, Bq, H, D).astype(jnp.float32)
+    lc = lc.reshape(NT, KVH, Bq, G).transpose(0, 2, 1, 3).reshape(NT, Bq, H)
+    lc = jnp.where((p0 > 0)[:, None, None], lc, -jnp.inf)                      # no context: weight 0
+    # tile part: keys at positions p0 + j (j < n), gathered from the sequence's pages
+    pos = jnp.where(valid, positions[tok], p0[:, None])                        # [NT, Bq] (slots: a real key)
+    pages = jnp.take_along_axis(page_tables[tile_seq], pos // ps, axis=1)      # [NT, Bq]
+    kt = k_pages[pages, pos % ps].astype(jnp.float32)                          # [NT, Bq, KVH, D]
+    vt = v_pages[pages, pos % ps].astype(jnp.float32)
+    qg = qt.reshape(NT, Bq, KVH, G, D).astype(jnp.float32)
+    s = jnp.einsum("nikgd,njkd->nkgij", qg, kt) * sm_scale                     # [NT, KVH, G, Bq, Bq]
+    i, j = jnp.arange(Bq)[:, None], jnp.arange(Bq)[None, :]
+    vis = (j <= i)[None] & valid[:, None, :]                                   # [NT, Bq(i), Bq(j)]
+    s = jnp.where(vis[:, None, None], s, -jnp.inf)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    e = jnp.exp(s - m)
+    den = e.sum(axis=-1)                                                       # [NT, KVH, G, Bq]
+    ot = jnp.einsum("nkgij,njkd->nikgd", e, vt) / jnp.maximum(den, 1e-30).transpose(0, 3, 1, 2)[..., None]
+    ot = ot.reshape(NT, Bq, H, D)
+    lt = jnp.where(den > 0, jnp.log(jnp.maximum(den, 1e-30)) + m[..., 0], -jnp.inf)
+    lt = lt.transpose(0, 3, 1, 2).reshape(NT, Bq, H)
+    # merge: softmax over both key sets = the two partial softmaxes weighted by their sums exp(L)
+    mx = jnp.maximum(lc, lt)
+    mx = jnp.where(jnp.isfinite(mx), mx, 0.0)
+    wc, wt = jnp.exp(lc - mx)[..., None], jnp.exp(lt - mx)[..., None]
+    out = (wc * oc + wt * ot) / jnp.maximum(wc + wt, 1e-30)                   # [NT, Bq, H, D]
+    flat = jnp.where(valid, tile_tokens, T).reshape(-1)
+    res = jnp.zeros((T + 1, H, D), q.dtype).at[flat].set(out.reshape(-1, H, D).astype(q.dtype))
+    return res[:T]

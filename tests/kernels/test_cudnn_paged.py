@@ -25,9 +25,10 @@ def _float32_matmuls():
         yield
 
 
-def dense_sdpa(q, k_pages, v_pages, q_len, kv_len, table, *, scale, causal=False):
+def dense_sdpa(q, k_pages, v_pages, q_len, kv_len, table, *, scale, causal=False, return_lse=False):
     """cuDNN's paged contract in plain jnp, dense softmax: q [B, L, H, D]; row b's keys are its table's pages in
-    order; key j is visible to query i when j < kv_len[b] (and, causal, j <= kv_len[b] - q_len[b] + i)."""
+    order; key j is visible to query i when j < kv_len[b] (and, causal, j <= kv_len[b] - q_len[b] + i);
+    return_lse: also the log-sum-exp of each row's visible scaled scores, [B, H, L]."""
     B, L, H, D = q.shape
     kvh = k_pages.shape[2]
     pages = table[:, 0, :, 0]                                               # [B, W]
@@ -41,7 +42,8 @@ def dense_sdpa(q, k_pages, v_pages, q_len, kv_len, table, *, scale, causal=False
         vis &= j[None, None, :] <= (kv_len - q_len)[:, None, None] + i[None, :, None]
     s = jnp.where(vis[:, None], s, -jnp.inf)
     p = jax.nn.softmax(s, axis=-1)
-    return jnp.einsum("bhls,bshd->blhd", jnp.nan_to_num(p), v, precision="highest")
+    out = jnp.einsum("bhls,bshd->blhd", jnp.nan_to_num(p), v, precision="highest")
+    return (out, jax.nn.logsumexp(s, axis=-1)) if return_lse else out
 
 
 @pytest.mark.parametrize("heads,kv_heads,ps,query_tile", [(8, 2, 16, 8), (4, 4, 16, 4), (8, 1, 32, 16)])
@@ -93,6 +95,52 @@ def test_a_key_past_the_position_would_be_caught():
     assert rel_err(out[:d["n_tok"]], ref[:d["n_tok"]]) > 0.05
 
 
+# ---- prefill-shaped buckets: one cuDNN row a query tile, the tile's own keys in jnp, merged by log-sum-exp --------
+@pytest.mark.parametrize("heads,kv_heads,ps,query_tile", [(8, 2, 16, 8), (4, 4, 16, 4), (8, 1, 32, 16),
+                                                           (8, 2, 16, 16)])
+def test_tile_rows_match_reference(heads, kv_heads, ps, query_tile):
+    """cudnn_tile_attention on prefill chunks after cached context, fresh prompts (no context: the tile part
+    alone) and decodes in one step, partial and empty tiles, padding tokens: equal to the reference."""
+    from pallas_kernels.paged_attention.cudnn_paged import cudnn_tile_attention
+
+    d = build(np.random.default_rng(heads * 3 + ps + query_tile), cases(ps), heads, kv_heads, 32, ps,
+              query_tile=query_tile)
+    args = kernel_args(d)
+    ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=32 ** -0.5, kv_chunk_pages=2))
+    out = np.asarray(cudnn_tile_attention(*args, sm_scale=32 ** -0.5, sdpa=dense_sdpa))
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+    assert np.all(out[unreferenced(d)] == 0)
+
+
+def test_tile_rows_with_garbage_in_padding_and_unused_pages():
+    from pallas_kernels.paged_attention.cudnn_paged import cudnn_tile_attention
+
+    d = build(np.random.default_rng(13), cases(16)[1:], 8, 2, 32, 16, garbage=1e4, query_tile=8)
+    args = kernel_args(d)
+    ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=0.2, kv_chunk_pages=2))
+    out = np.asarray(cudnn_tile_attention(*args, sm_scale=0.2, sdpa=dense_sdpa))
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("flaw", ["context_key_short", "lse_off"])
+def test_tile_merge_would_be_caught(flaw):
+    """The test can fail: a context part that misses the last cached key, or whose log-sum-exp is off by log 2
+    (the merge weighting the parts wrongly), differs from the reference."""
+    from pallas_kernels.paged_attention.cudnn_paged import cudnn_tile_attention
+
+    def flawed(q, kp, vp, q_len, kv_len, table, *, scale, causal=False, return_lse=False):
+        if flaw == "context_key_short":
+            return dense_sdpa(q, kp, vp, q_len, jnp.maximum(kv_len - 1, 1), table, scale=scale,
+                              return_lse=return_lse)
+        out, lse = dense_sdpa(q, kp, vp, q_len, kv_len, table, scale=scale, return_lse=True)
+        return out, lse + jnp.log(2.0)
+    d = build(np.random.default_rng(17), cases(16), 8, 2, 32, 16, query_tile=8)
+    args = kernel_args(d)
+    ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=0.2, kv_chunk_pages=2))
+    out = np.asarray(cudnn_tile_attention(*args, sm_scale=0.2, sdpa=flawed))
+    assert rel_err(out[:d["n_tok"]], ref[:d["n_tok"]]) > 1e-3
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
 @pytest.mark.parametrize("kind", ["decode", "mixed"])
@@ -112,6 +160,27 @@ def test_gpu_cudnn_matches_reference(kind):
     with jax.default_matmul_precision("highest"):
         ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=D ** -0.5, kv_chunk_pages=16), np.float32)
     out = np.asarray(jax.jit(lambda *a: cudnn_paged_attention(*a, sm_scale=D ** -0.5))(*args), np.float32)
+    assert rel_err(out[:n], ref[:n]) < 1e-2
+    assert np.all(out[unreferenced(d)] == 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
+@pytest.mark.parametrize("query_tile", [16, 64])
+def test_gpu_cudnn_tiles_match_reference(query_tile):
+    """The tile form (cudnn_tile_attention) with the real cuDNN call and its log-sum-exp at 32 q heads / 8 KV
+    heads / D 128, page 16, bf16: prefill chunks after context, fresh prompts and decodes, against the reference."""
+    from pallas_kernels.paged_attention.cudnn_paged import cudnn_tile_attention
+
+    ps, H, KVH, D = 16, 32, 8, 128
+    steps = [(0, 37), (300, 100), (1000, 16), (31, 50), (0, 1), (900, 1), (1999, 1), (64, 200), (0, 300)]
+    d = build(np.random.default_rng(12), steps, H, KVH, D, ps, max_tokens=1024, max_seqs=32, query_tile=query_tile,
+              max_model_len=4096)
+    args = kernel_args(d, jnp.bfloat16)
+    n = d["n_tok"]
+    with jax.default_matmul_precision("highest"):
+        ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=D ** -0.5, kv_chunk_pages=16), np.float32)
+    out = np.asarray(jax.jit(lambda *a: cudnn_tile_attention(*a, sm_scale=D ** -0.5))(*args), np.float32)
     assert rel_err(out[:n], ref[:n]) < 1e-2
     assert np.all(out[unreferenced(d)] == 0)
 
@@ -210,6 +279,46 @@ def test_cudnn_backend_matches_the_reference_on_mixed_steps(monkeypatch, step):
     n = sum(n for _, n in steps)
     np.testing.assert_allclose(np.asarray(out)[:n], np.asarray(ref)[:n], rtol=2e-5, atol=2e-5)
     assert calls == ([T] if step == "mixed" else [])
+
+
+@pytest.mark.parametrize("step", ["mixed", "prefill"])
+def test_cudnn_prefill_switch_takes_prefill_buckets(monkeypatch, step):
+    """JAXINFER_CUDNN_PREFILL=1 (AttentionOptions.cudnn_prefill): a prefill-shaped bucket goes through the tile
+    form (its stand-in), a decode-shaped one still through the per-token rows; both match the reference."""
+    from jaxinfer.models import attention as attn
+    from jaxinfer.runner import attention_backend
+    from pallas_kernels.paged_attention.cudnn_paged import cudnn_tile_attention
+
+    monkeypatch.delenv("JAXINFER_CUDNN_PREFILL", raising=False)
+    assert not attention_backend.cudnn_prefill()
+    monkeypatch.setenv("JAXINFER_CUDNN_PREFILL", "1")
+    assert attention_backend.cudnn_prefill()
+    calls = []
+
+    def rows(*a, **kw):
+        calls.append("rows")
+        return cudnn_paged_attention(*a, **kw, sdpa=dense_sdpa)
+
+    def tiles(*a, **kw):
+        calls.append("tiles")
+        return cudnn_tile_attention(*a, **kw, sdpa=dense_sdpa)
+    monkeypatch.setattr(attn, "cudnn_paged_attention", rows)
+    monkeypatch.setattr(attn, "cudnn_tile_attention", tiles)
+    D, KVH, ps = 32, 2, 16
+    steps = MIXED if step == "mixed" else cases(ps)
+    d = (_mixed_step(np.random.default_rng(6), KVH=KVH, D=D) if step == "mixed" else
+         build(np.random.default_rng(8), steps, 8, KVH, D, ps, max_seqs=16, max_tokens=256, query_tile=8))
+    a, T = d["a"], d["batch"].bucket.num_tokens
+    md = attn.AttentionMetadata(*(jnp.asarray(a[n]) for n in ("positions", "slot_mapping", "tile_tokens",
+                                                             "tile_seq", "tile_kv_len", "page_tables")))
+    opts = attn.AttentionOptions(2, False, "cudnn", interpret=True, cudnn_prefill=True)
+    zeros = jnp.zeros((T, KVH, D), jnp.float32)
+    slotless = md._replace(slot_mapping=jnp.full((T,), -1, jnp.int32))
+    out, _, _ = attn.paged_attention(d["q"], zeros, zeros, d["kp"], d["vp"], slotless, opts, sm_scale=D ** -0.5)
+    ref = ragged_paged_attention_reference(*kernel_args(d), sm_scale=D ** -0.5, kv_chunk_pages=2)
+    n = sum(n for _, n in steps)
+    np.testing.assert_allclose(np.asarray(out)[:n], np.asarray(ref)[:n], rtol=2e-5, atol=2e-5)
+    assert calls == (["rows"] if step == "mixed" else ["tiles"])
 
 
 @pytest.mark.parametrize("backend,speculative,expected", [
