@@ -12,7 +12,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.paged_attention.cudnn_paged import cudnn_paged_attention
+from pallas_kernels.paged_attention.cudnn_paged import cudnn_paged_attention, cudnn_tile_attention
 from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference
 from tests.kernels.paged_cases import build, cases, kernel_args, rel_err, unreferenced
 
@@ -46,16 +46,22 @@ def dense_sdpa(q, k_pages, v_pages, q_len, kv_len, table, *, scale, causal=False
     return (out, jax.nn.logsumexp(s, axis=-1)) if return_lse else out
 
 
-@pytest.mark.parametrize("heads,kv_heads,ps,query_tile", [(8, 2, 16, 8), (4, 4, 16, 4), (8, 1, 32, 16)])
-def test_token_rows_match_reference(heads, kv_heads, ps, query_tile):
+IMPLS = {"rows": cudnn_paged_attention, "tiles": cudnn_tile_attention}
+
+
+@pytest.mark.parametrize("impl", ["rows", "tiles"])
+@pytest.mark.parametrize("heads,kv_heads,ps,query_tile", [(8, 2, 16, 8), (4, 4, 16, 4), (8, 1, 32, 16),
+                                                           (8, 2, 16, 16)])
+def test_token_and_tile_rows_match_reference(impl, heads, kv_heads, ps, query_tile):
     """Prefill chunks after cached context, fresh prompts and decodes in one step, with empty tiles and padding
-    tokens (correct for any mix; the engine uses it for decode-shaped buckets only)."""
+    tokens, through one cuDNN row a token (correct for any mix; the engine uses it for decode-shaped buckets) and
+    one row a query tile (cudnn_tile_attention: the context part, the tile part alone for fresh prompts, merged)."""
     d = build(np.random.default_rng(heads + ps + query_tile), cases(ps), heads, kv_heads, 32, ps,
               query_tile=query_tile)
     assert d["batch"].bucket.num_tiles > int((d["a"]["tile_kv_len"] > 0).sum())  # some tiles are empty
     args = kernel_args(d)
     ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=32 ** -0.5, kv_chunk_pages=2))
-    out = np.asarray(cudnn_paged_attention(*args, sm_scale=32 ** -0.5, sdpa=dense_sdpa))
+    out = np.asarray(IMPLS[impl](*args, sm_scale=32 ** -0.5, sdpa=dense_sdpa))
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
     assert np.all(out[unreferenced(d)] == 0)
 
@@ -71,13 +77,14 @@ def test_decode_step_of_one_token_tiles():
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
 
 
-def test_garbage_in_padding_and_unused_pages():
+@pytest.mark.parametrize("impl", ["rows", "tiles"])
+def test_garbage_in_padding_and_unused_pages(impl):
     """Large values in unused pages, page 0, each last page's tail, unused table entries and the padding rows of
     q / positions: referenced rows match the reference, padding rows come back zero."""
     d = build(np.random.default_rng(3), cases(16)[1:], 8, 2, 32, 16, garbage=1e4)
     args = kernel_args(d)
     ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=0.2, kv_chunk_pages=2))
-    out = np.asarray(cudnn_paged_attention(*args, sm_scale=0.2, sdpa=dense_sdpa))
+    out = np.asarray(IMPLS[impl](*args, sm_scale=0.2, sdpa=dense_sdpa))
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
     unref = unreferenced(d)
     assert unref.sum() > 0 and np.all(out[unref] == 0)
@@ -96,38 +103,10 @@ def test_a_key_past_the_position_would_be_caught():
 
 
 # ---- prefill-shaped buckets: one cuDNN row a query tile, the tile's own keys in jnp, merged by log-sum-exp --------
-@pytest.mark.parametrize("heads,kv_heads,ps,query_tile", [(8, 2, 16, 8), (4, 4, 16, 4), (8, 1, 32, 16),
-                                                           (8, 2, 16, 16)])
-def test_tile_rows_match_reference(heads, kv_heads, ps, query_tile):
-    """cudnn_tile_attention on prefill chunks after cached context, fresh prompts (no context: the tile part
-    alone) and decodes in one step, partial and empty tiles, padding tokens: equal to the reference."""
-    from pallas_kernels.paged_attention.cudnn_paged import cudnn_tile_attention
-
-    d = build(np.random.default_rng(heads * 3 + ps + query_tile), cases(ps), heads, kv_heads, 32, ps,
-              query_tile=query_tile)
-    args = kernel_args(d)
-    ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=32 ** -0.5, kv_chunk_pages=2))
-    out = np.asarray(cudnn_tile_attention(*args, sm_scale=32 ** -0.5, sdpa=dense_sdpa))
-    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
-    assert np.all(out[unreferenced(d)] == 0)
-
-
-def test_tile_rows_with_garbage_in_padding_and_unused_pages():
-    from pallas_kernels.paged_attention.cudnn_paged import cudnn_tile_attention
-
-    d = build(np.random.default_rng(13), cases(16)[1:], 8, 2, 32, 16, garbage=1e4, query_tile=8)
-    args = kernel_args(d)
-    ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=0.2, kv_chunk_pages=2))
-    out = np.asarray(cudnn_tile_attention(*args, sm_scale=0.2, sdpa=dense_sdpa))
-    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
-
-
 @pytest.mark.parametrize("flaw", ["context_key_short", "lse_off"])
 def test_tile_merge_would_be_caught(flaw):
     """The test can fail: a context part that misses the last cached key, or whose log-sum-exp is off by log 2
     (the merge weighting the parts wrongly), differs from the reference."""
-    from pallas_kernels.paged_attention.cudnn_paged import cudnn_tile_attention
-
     def flawed(q, kp, vp, q_len, kv_len, table, *, scale, causal=False, return_lse=False):
         if flaw == "context_key_short":
             return dense_sdpa(q, kp, vp, q_len, jnp.maximum(kv_len - 1, 1), table, scale=scale,
@@ -143,9 +122,11 @@ def test_tile_merge_would_be_caught(flaw):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
-@pytest.mark.parametrize("kind", ["decode", "mixed"])
-def test_gpu_cudnn_matches_reference(kind):
-    """The real cuDNN call at 32 q heads / 8 KV heads / D 128, page 16, bf16."""
+@pytest.mark.parametrize("kind,query_tile", [("decode", 16), ("mixed", 16), ("tiles", 16), ("tiles", 64)])
+def test_gpu_cudnn_matches_reference(kind, query_tile):
+    """The real cuDNN call at 32 q heads / 8 KV heads / D 128, page 16, bf16: one row a token on decode and mixed
+    steps; the tile form (cudnn_tile_attention, cuDNN's log-sum-exp) on prefill chunks after context, fresh
+    prompts and decodes."""
     ps, H, KVH, D = 16, 32, 8, 128
     rng = np.random.default_rng(11)
     if kind == "decode":
@@ -153,34 +134,15 @@ def test_gpu_cudnn_matches_reference(kind):
         max_tokens = 64
     else:
         steps = [(0, 37), (300, 100), (1000, 16), (31, 50), (0, 1), (900, 1), (1999, 1), (64, 200)]
-        max_tokens = 512
-    d = build(rng, steps, H, KVH, D, ps, max_tokens=max_tokens, max_seqs=32, query_tile=16, max_model_len=4096)
-    args = kernel_args(d, jnp.bfloat16)
-    n = d["n_tok"]
-    with jax.default_matmul_precision("highest"):
-        ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=D ** -0.5, kv_chunk_pages=16), np.float32)
-    out = np.asarray(jax.jit(lambda *a: cudnn_paged_attention(*a, sm_scale=D ** -0.5))(*args), np.float32)
-    assert rel_err(out[:n], ref[:n]) < 1e-2
-    assert np.all(out[unreferenced(d)] == 0)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
-@pytest.mark.parametrize("query_tile", [16, 64])
-def test_gpu_cudnn_tiles_match_reference(query_tile):
-    """The tile form (cudnn_tile_attention) with the real cuDNN call and its log-sum-exp at 32 q heads / 8 KV
-    heads / D 128, page 16, bf16: prefill chunks after context, fresh prompts and decodes, against the reference."""
-    from pallas_kernels.paged_attention.cudnn_paged import cudnn_tile_attention
-
-    ps, H, KVH, D = 16, 32, 8, 128
-    steps = [(0, 37), (300, 100), (1000, 16), (31, 50), (0, 1), (900, 1), (1999, 1), (64, 200), (0, 300)]
-    d = build(np.random.default_rng(12), steps, H, KVH, D, ps, max_tokens=1024, max_seqs=32, query_tile=query_tile,
+        steps, max_tokens = (steps + [(0, 300)], 1024) if kind == "tiles" else (steps, 512)
+    d = build(rng, steps, H, KVH, D, ps, max_tokens=max_tokens, max_seqs=32, query_tile=query_tile,
               max_model_len=4096)
     args = kernel_args(d, jnp.bfloat16)
     n = d["n_tok"]
     with jax.default_matmul_precision("highest"):
         ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=D ** -0.5, kv_chunk_pages=16), np.float32)
-    out = np.asarray(jax.jit(lambda *a: cudnn_tile_attention(*a, sm_scale=D ** -0.5))(*args), np.float32)
+    impl = IMPLS["tiles" if kind == "tiles" else "rows"]
+    out = np.asarray(jax.jit(lambda *a: impl(*a, sm_scale=D ** -0.5))(*args), np.float32)
     assert rel_err(out[:n], ref[:n]) < 1e-2
     assert np.all(out[unreferenced(d)] == 0)
 
@@ -249,50 +211,16 @@ def _mixed_step(rng, H=8, KVH=2, D=32, ps=16):
     return d
 
 
+@pytest.mark.parametrize("cudnn_prefill", [False, True])
 @pytest.mark.parametrize("step", ["mixed", "prefill"])
-def test_cudnn_backend_matches_the_reference_on_mixed_steps(monkeypatch, step):
+def test_cudnn_backend_matches_the_reference_on_mixed_steps(monkeypatch, step, cudnn_prefill):
     """Decodes beside a prompt chunk and a verification: in a decode-shaped bucket whole through cuDNN (its
-    stand-in), in a prefill-shaped bucket (more tokens than sequences) through the Pallas kernel (interpret mode);
-    both match the reference. (A split form, cuDNN for the decodes only and the Pallas kernel for the rest in every
+    stand-in, one row a token), in a prefill-shaped bucket (more tokens than sequences) through the Pallas kernel
+    (interpret mode), or with cudnn_prefill (JAXINFER_CUDNN_PREFILL=1) through cuDNN's tile form (its stand-in);
+    all match the reference. (A split form, cuDNN for the decodes only and the Pallas kernel for the rest in every
     bucket, measured no offline gain on an H100 and was removed: benchmarks/README.md 2026-12-06 d.)"""
     from jaxinfer.models import attention as attn
 
-    calls = []
-
-    def whole(*a, **kw):
-        calls.append(a[0].shape[0])
-        return cudnn_paged_attention(*a, **kw, sdpa=dense_sdpa)
-    monkeypatch.setattr(attn, "cudnn_paged_attention", whole)
-    D, KVH, ps = 32, 2, 16
-    steps = MIXED if step == "mixed" else cases(ps)
-    d = (_mixed_step(np.random.default_rng(6), KVH=KVH, D=D) if step == "mixed" else
-         build(np.random.default_rng(7), steps, 8, KVH, D, ps, max_seqs=16, max_tokens=256, query_tile=4))
-    a, T, S = d["a"], d["batch"].bucket.num_tokens, d["batch"].bucket.num_seqs
-    assert (T > S) == (step == "prefill"), d["batch"].bucket
-    md = attn.AttentionMetadata(*(jnp.asarray(a[n]) for n in ("positions", "slot_mapping", "tile_tokens",
-                                                             "tile_seq", "tile_kv_len", "page_tables")))
-    opts = attn.AttentionOptions(2, False, "cudnn", interpret=True)
-    zeros = jnp.zeros((T, KVH, D), jnp.float32)
-    slotless = md._replace(slot_mapping=jnp.full((T,), -1, jnp.int32))
-    out, _, _ = attn.paged_attention(d["q"], zeros, zeros, d["kp"], d["vp"], slotless, opts, sm_scale=D ** -0.5)
-    ref = ragged_paged_attention_reference(*kernel_args(d), sm_scale=D ** -0.5, kv_chunk_pages=2)
-    n = sum(n for _, n in steps)
-    np.testing.assert_allclose(np.asarray(out)[:n], np.asarray(ref)[:n], rtol=2e-5, atol=2e-5)
-    assert calls == ([T] if step == "mixed" else [])
-
-
-@pytest.mark.parametrize("step", ["mixed", "prefill"])
-def test_cudnn_prefill_switch_takes_prefill_buckets(monkeypatch, step):
-    """JAXINFER_CUDNN_PREFILL=1 (AttentionOptions.cudnn_prefill): a prefill-shaped bucket goes through the tile
-    form (its stand-in), a decode-shaped one still through the per-token rows; both match the reference."""
-    from jaxinfer.models import attention as attn
-    from jaxinfer.runner import attention_backend
-    from pallas_kernels.paged_attention.cudnn_paged import cudnn_tile_attention
-
-    monkeypatch.delenv("JAXINFER_CUDNN_PREFILL", raising=False)
-    assert not attention_backend.cudnn_prefill()
-    monkeypatch.setenv("JAXINFER_CUDNN_PREFILL", "1")
-    assert attention_backend.cudnn_prefill()
     calls = []
 
     def rows(*a, **kw):
@@ -307,18 +235,31 @@ def test_cudnn_prefill_switch_takes_prefill_buckets(monkeypatch, step):
     D, KVH, ps = 32, 2, 16
     steps = MIXED if step == "mixed" else cases(ps)
     d = (_mixed_step(np.random.default_rng(6), KVH=KVH, D=D) if step == "mixed" else
-         build(np.random.default_rng(8), steps, 8, KVH, D, ps, max_seqs=16, max_tokens=256, query_tile=8))
-    a, T = d["a"], d["batch"].bucket.num_tokens
+         build(np.random.default_rng(7), steps, 8, KVH, D, ps, max_seqs=16, max_tokens=256, query_tile=4))
+    a, T, S = d["a"], d["batch"].bucket.num_tokens, d["batch"].bucket.num_seqs
+    assert (T > S) == (step == "prefill"), d["batch"].bucket
     md = attn.AttentionMetadata(*(jnp.asarray(a[n]) for n in ("positions", "slot_mapping", "tile_tokens",
                                                              "tile_seq", "tile_kv_len", "page_tables")))
-    opts = attn.AttentionOptions(2, False, "cudnn", interpret=True, cudnn_prefill=True)
+    opts = attn.AttentionOptions(2, False, "cudnn", interpret=True, cudnn_prefill=cudnn_prefill)
     zeros = jnp.zeros((T, KVH, D), jnp.float32)
     slotless = md._replace(slot_mapping=jnp.full((T,), -1, jnp.int32))
     out, _, _ = attn.paged_attention(d["q"], zeros, zeros, d["kp"], d["vp"], slotless, opts, sm_scale=D ** -0.5)
     ref = ragged_paged_attention_reference(*kernel_args(d), sm_scale=D ** -0.5, kv_chunk_pages=2)
     n = sum(n for _, n in steps)
     np.testing.assert_allclose(np.asarray(out)[:n], np.asarray(ref)[:n], rtol=2e-5, atol=2e-5)
-    assert calls == (["rows"] if step == "mixed" else ["tiles"])
+    assert calls == (["rows"] if step == "mixed" else ["tiles"] if cudnn_prefill else [])
+
+
+def test_cudnn_prefill_switch_reads_the_environment(monkeypatch):
+    """JAXINFER_CUDNN_PREFILL: off when unset or "0", on when "1" (runner/attention_backend.cudnn_prefill)."""
+    from jaxinfer.runner import attention_backend
+
+    monkeypatch.delenv("JAXINFER_CUDNN_PREFILL", raising=False)
+    assert not attention_backend.cudnn_prefill()
+    monkeypatch.setenv("JAXINFER_CUDNN_PREFILL", "0")
+    assert not attention_backend.cudnn_prefill()
+    monkeypatch.setenv("JAXINFER_CUDNN_PREFILL", "1")
+    assert attention_backend.cudnn_prefill()
 
 
 @pytest.mark.parametrize("backend,speculative,expected", [
