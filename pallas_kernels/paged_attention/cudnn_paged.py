@@ -133,6 +133,9 @@ def cudnn_rows(q, k_pages, v_pages, kv_len, seq, page_tables, *, sm_scale: float
     return out.reshape(R, H, D).astype(q.dtype)                       # [R, 1, H, D] -> [R, H, D]
 
 
+FOLD_MAX_ROWS = 64   # cudnn_tile_attention folds a tile's heads into its rows up to this many rows (Bq x G)
+
+
 def cudnn_tile_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, tile_kv_len, page_tables, *,
                          sm_scale: float, sdpa=cudnn_sdpa):
     """Prefill-shaped buckets through cuDNN, one batch row a query TILE (an A/B form, off by default:
@@ -141,9 +144,10 @@ def cudnn_tile_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, 
     p0 .. p0 + n - 1, p0 = tile_kv_len - n (the context cached before the tile). Its attention is split in two and
     merged by log-sum-exp (FlashAttention-2's L, which cuDNN returns), because cuDNN's causal mask is top-left
     (a chunk after its context needs bottom-right):
-      context  cuDNN paged, no mask: the tile's Bq x G query rows (G = H / KVH heads of a KV head folded into the
-               row axis, [NT, Bq G, KVH, D], so each KV head's context is read once a tile as by the Pallas kernel,
-               with 64 rows a cuDNN block at Bq 16, G 4) see keys [0, p0) of the sequence's pages
+      context  cuDNN paged, no mask: the tile's query rows see keys [0, p0) of the sequence's pages. Up to
+               FOLD_MAX_ROWS rows (Bq 16, G 4) the G = H / KVH heads of a KV head are folded into the row axis,
+               [NT, Bq G, KVH, D], so one cuDNN block of rows holds 64 and each KV head's context is read once a
+               tile, as by the Pallas kernel; bigger tiles go in as they are, [NT, Bq, H, D] (cuDNN's GQA)
       tile     jnp: the tile's own n keys (gathered from the pages: written before attention), causal, f32
     Costs over the Pallas kernel's reads: the tile part's [NT, KVH, G, Bq, Bq] scores (tiny) and the merge."""
     T, H, D = q.shape
@@ -155,13 +159,20 @@ def cudnn_tile_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, 
     n = valid.sum(axis=1).astype(jnp.int32)
     p0 = jnp.maximum(tile_kv_len.astype(jnp.int32) - n, 0)                     # context before each tile
     qt = q[tok]                                                                # [NT, Bq, H, D]
-    # context part: [NT, Bq, KVH, G, D] -> [NT, Bq G, KVH, D] (row i G + g: token i, query head kvh G + g)
-    qf = qt.reshape(NT, Bq, KVH, G, D).transpose(0, 1, 3, 2, 4).reshape(NT, Bq * G, KVH, D)
     table = page_tables[tile_seq][:, None, :, None]                            # [NT, 1, W, 1]
-    oc, lc = sdpa(qf, k_pages, v_pages, jnp.full((NT,), Bq * G, jnp.int32), jnp.maximum(p0, 1), table,
-                  scale=sm_scale, return_lse=True)                             # [NT, Bq G, KVH, D], [NT, KVH, Bq G]
-    oc = oc.reshape(NT, Bq, G, KVH, D).transpose(0, 1, 3, 2, 4).reshape(NT, Bq, H, D).astype(jnp.float32)
-    lc = lc.reshape(NT, KVH, Bq, G).transpose(0, 2, 1, 3).reshape(NT, Bq, H)
+    kv_len = jnp.maximum(p0, 1)
+    if Bq * G <= FOLD_MAX_ROWS:
+        # context part, folded: [NT, Bq, KVH, G, D] -> [NT, Bq G, KVH, D] (row i G + g: token i, head kvh G + g)
+        qf = qt.reshape(NT, Bq, KVH, G, D).transpose(0, 1, 3, 2, 4).reshape(NT, Bq * G, KVH, D)
+        oc, lc = sdpa(qf, k_pages, v_pages, jnp.full((NT,), Bq * G, jnp.int32), kv_len, table, scale=sm_scale,
+                      return_lse=True)                                         # [NT, Bq G, KVH, D], [NT, KVH, Bq G]
+        oc = oc.reshape(NT, Bq, G, KVH, D).transpose(0, 1, 3, 2, 4).reshape(NT, Bq, H, D)
+        lc = lc.reshape(NT, KVH, Bq, G).transpose(0, 2, 1, 3).reshape(NT, Bq, H)
+    else:   # tiles of >= FOLD_MAX_ROWS / G tokens fill cuDNN's row blocks alone: its own GQA, no transposes
+        oc, lc = sdpa(qt, k_pages, v_pages, jnp.full((NT,), Bq, jnp.int32), kv_len, table, scale=sm_scale,
+                      return_lse=True)                                         # [NT, Bq, H, D], [NT, H, Bq]
+        lc = lc.transpose(0, 2, 1)
+    oc = oc.astype(jnp.float32)
     lc = jnp.where((p0 > 0)[:, None, None], lc, -jnp.inf)                      # no context: weight 0
     # tile part: keys at positions p0 + j (j < n), gathered from the sequence's pages
     pos = jnp.where(valid, positions[tok], p0[:, None])                        # [NT, Bq] (slots: a real key)
