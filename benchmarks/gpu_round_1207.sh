@@ -27,7 +27,7 @@
 #   onetokab the same A/B in one process (--ab-min16), median of 3 runs a row, < 300 s on a cold machine (estimate)
 #   nktest the small-M int8 / int4 kernels' GPU tests (no x padding below 16 rows since d1c89d6)
 #   ctiles / ctilestp  prefill attention through cuDNN, one row a query tile (JAXINFER_CUDNN_PREFILL): GPU tests and
-#          per op (~350 s), then offline with / without it (~340 s)
+#          per op (~350 s), then offline with / without it (~340 s); ctilestp64 the same with 64-token tiles
 #   onetok the verify bucket and the draft cycle's 1-token bucket at batch 1 (12-06 e), on and off (two calls)
 #   Cold machine (12-06 e): an 8B model's first start ~100 s of compiles, spec_speed > 240 s: give parts room.
 #   12-06 g ran nktest onetokab dprof1 tp512 attn w8a8 mid head (H100; benchmarks/README.md "2026-12-06 g").
@@ -100,6 +100,10 @@ for part in $PARTS; do case $part in
   ctilestp)  # offline 1000 x 512/256 with and without it ('auto': cuDNN decodes from 16 tokens in both)
     run tp-ctiles 170 JAXINFER_CUDNN_PREFILL=1 timeout 170 $PY benchmarks/throughput.py --workload fixed --tag ctiles
     run tp-auto 170 timeout 170 $PY benchmarks/throughput.py --workload fixed --tag auto16 ;;
+  ctilestp64)  # the same with 64-token query tiles (cuDNN's GQA form, no head folding), then the kernel's
+    run tp-ctiles64 170 JAXINFER_CUDNN_PREFILL=1 timeout 170 $PY benchmarks/throughput.py --workload fixed \
+      --query-tile 64 --tag ctiles64
+    run tp-auto64 170 timeout 170 $PY benchmarks/throughput.py --workload fixed --query-tile 64 --tag auto64 ;;
   tests)
     run tests 150 timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
       tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py ;;

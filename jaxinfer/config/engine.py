@@ -241,13 +241,14 @@ class KernelConfig:
         "auto", "reference (jnp), pallas (the Pallas kernel; interpret mode on CPU, slow), cudnn (cuDNN's fused "
                 "attention on the paged cache in decode-shaped steps, the Pallas kernel in the others: CUDA GPUs, "
                 "bf16 / fp16 KV, no sliding window) or auto (on one GPU without speculation cuDNN in decode-shaped "
-                "steps of >= 64 tokens, 1.23x the kernel's batch-256 decode on an H100, else the kernel; the "
+                "steps of >= 16 tokens, 1.23x the kernel's batch-256 decode on an H100, else the kernel; the "
                 "reference off the GPU)",
         choices=ATTENTION_BACKENDS)
     kv_loop: str = _opt("auto", "reference attention: static (unrolled over the page-table width; no "
                                 "device-to-host syncs: GPU), dynamic (while loop up to the longest context: CPU)",
                         choices=("auto", "static", "dynamic"))
-    query_tile: int = _opt(16, "reference attention: tokens of one sequence per query tile")
+    query_tile: int = _opt(16, "attention: tokens of one sequence per query tile in steps of more tokens than "
+                               "sequences (the reference, the Pallas kernel, cuDNN's tile form)")
     kv_chunk_pages: int | None = _opt(None, "reference attention: KV pages per loop iteration (default: 128 "
                                             "with the static loop, 16 with the dynamic one)")
     min_bucket_tokens: int | None = _opt(None, "tokens of the smallest step shape; a step of fewer tokens pads to it "
