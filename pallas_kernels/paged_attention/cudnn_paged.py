@@ -149,7 +149,8 @@ def cudnn_tile_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, 
                [NT, Bq G, KVH, D], so one cuDNN block of rows holds 64 and each KV head's context is read once a
                tile, as by the Pallas kernel; bigger tiles go in as they are, [NT, Bq, H, D] (cuDNN's GQA)
       tile     jnp: the tile's own n keys (gathered from the pages: written before attention), causal, f32
-    Costs over the Pallas kernel's reads: the tile part's [NT, KVH, G, Bq, Bq] scores (tiny) and the merge."""
+    Costs beyond the cuDNN call, each a pass over [T, H, D] or less: the query gather (and, folded, a transpose each
+    way), the tile part (its [NT, KVH, G, Bq, Bq] scores are small), the merge and the scatter back to tokens."""
     T, H, D = q.shape
     NT, Bq = tile_tokens.shape
     KVH, ps = k_pages.shape[2], k_pages.shape[1]
