@@ -103,6 +103,31 @@ def test_a_key_past_the_position_would_be_caught():
 
 
 # ---- prefill-shaped buckets: one cuDNN row a query tile, the tile's own keys in jnp, merged by log-sum-exp --------
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="the GPU runs the real call (test_gpu_cudnn_...)")
+@pytest.mark.parametrize("query_tile", [16, 64])
+def test_tile_form_lowers_for_cuda_with_its_lse(monkeypatch, query_tile):
+    """On the CPU, lowered for CUDA (cuDNN's version stood in for): this jax takes the tile form's paged call with
+    return_residual, one fused-attention custom call whose second result is the f32 [tiles, heads, rows] log-sum-exp
+    the merge reads (folded: 8 KV heads x 64 rows at 16-token tiles; 64-token tiles: 32 heads x 64 rows)."""
+    import re
+
+    from jax._src.cudnn import fused_attention_stablehlo as fa
+
+    from pallas_kernels.paged_attention.cudnn_paged import cudnn_tile_attention
+    monkeypatch.setattr(fa, "check_cudnn_version", lambda: 91900)
+    d = build(np.random.default_rng(2), [(0, 100), (40, 30), (7, 1)], 32, 8, 128, 16, max_tokens=256,
+              query_tile=query_tile)
+    args = kernel_args(d, jnp.bfloat16)
+    text = jax.jit(lambda *a: cudnn_tile_attention(*a, sm_scale=0.1)).trace(*args).lower(
+        lowering_platforms=("cuda",)).as_text()
+    calls = [line for line in text.splitlines() if "custom_call @__cudnn$fmha" in line]
+    config = calls[0].replace("\\22", '"') if len(calls) == 1 else ""       # (the backend config's quotes: \22)
+    assert '"is_paged_attention": true' in config, calls
+    NT = d["batch"].bucket.num_tiles
+    heads, rows = (8, query_tile * 4) if query_tile * 4 <= 64 else (32, query_tile)   # folded or cuDNN's GQA
+    assert re.search(rf"tensor<{NT}x{heads}x{rows}xf32>", calls[0]), calls[0][-400:]
+
+
 @pytest.mark.parametrize("flaw", ["context_key_short", "lse_off"])
 def test_tile_merge_would_be_caught(flaw):
     """The test can fail: a context part that misses the last cached key, or whose log-sum-exp is off by log 2
