@@ -160,7 +160,8 @@ def cudnn_tile_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, 
     n = valid.sum(axis=1).astype(jnp.int32)
     p0 = jnp.maximum(tile_kv_len.astype(jnp.int32) - n, 0)                     # context before each tile
     qt = q[tok]                                                                # [NT, Bq, H, D]
-    table = page_tables[tile_seq][:, None, :, None]                            # [NT, 1, W, 1]
+    tables = page_tables[tile_seq]                                             # [NT, W]
+    table = tables[:, None, :, None]                                           # [NT, 1, W, 1] (cuDNN's form)
     kv_len = jnp.maximum(p0, 1)
     if Bq * G <= FOLD_MAX_ROWS:
         # context part, folded: [NT, Bq, KVH, G, D] -> [NT, Bq G, KVH, D] (row i G + g: token i, head kvh G + g)
@@ -177,7 +178,7 @@ def cudnn_tile_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, 
     lc = jnp.where((p0 > 0)[:, None, None], lc, -jnp.inf)                      # no context: weight 0
     # tile part: keys at positions p0 + j (j < n), gathered from the sequence's pages
     pos = jnp.where(valid, positions[tok], p0[:, None])                        # [NT, Bq] (slots: a real key)
-    pages = jnp.take_along_axis(page_tables[tile_seq], pos // ps, axis=1)      # [NT, Bq]
+    pages = jnp.take_along_axis(tables, pos // ps, axis=1)                     # [NT, Bq]
     kt = k_pages[pages, pos % ps].astype(jnp.float32)                          # [NT, Bq, KVH, D]
     vt = v_pages[pages, pos % ps].astype(jnp.float32)
     qg = qt.reshape(NT, Bq, KVH, G, D).astype(jnp.float32)
