@@ -88,9 +88,11 @@ for part in $PARTS; do case $part in
   w8a8)  # issue 20's offline int8 >= 1.0x: weight-only int8 ('xla-nk', the default) vs W8A8 above 16 tokens
     QD="benchmarks/quantized_decode.py --methods bf16 int8 int8:xla-nk-w8a8 --decode-batches 1 16 --no-kv-capacity"
     run w8a8 420 timeout 420 $PY $QD --throughput-methods bf16 int8 int8:xla-nk-w8a8 --budget-s 330 --tag w8a8 ;;
-  nktest)  # the small-M kernels on the GPU (d1c89d6: below 16 rows x's last row is read again instead of padded)
+  nktest)  # the small-M kernels on the GPU (d1c89d6: below 16 rows x's last row is read again instead of padded);
+           # the Pallas port and the engine path only: the jax-triton tests need jax-triton, which the device lacks
+           # (12-06 g: 37 of them failed there on the import, the 19 others passed)
     run nktest 120 timeout 120 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
-      tests/kernels/test_triton_small_m_gpu.py ;;
+      -k "pallas or engine_path" tests/kernels/test_triton_small_m_gpu.py ;;
   ctiles)  # the cuDNN tile form of prefill attention (JAXINFER_CUDNN_PREFILL, off by default): its GPU tests (real
            # cuDNN log-sum-exp), then per op beside the Pallas kernel and cuDNN's dense attention (issue 17: <= 1.5x)
     run ctiles-tests 150 timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
