@@ -158,8 +158,8 @@ def variants(interpret: bool):
         "int8_pallas_nk": ("int8_nk", lambda x, w: qnk.int8_matmul_nk(x, w["q"], w["scale"]), "int8",
                            ("int8nk", "pallas-nk")),
         "int8_mosaic_nk": ("int8_nk", lambda x, w: qm8.int8_matmul_mosaic(x, w["q"], w["scale"]), "int8", None),
-        # the Pallas-Triton kernel with the split / BN overridden (small shapes, e.g. the 1B draft's o / qkv, run
-        # 2-3.6x their floor in the engine's default split of ~512 programs: 12-06 g step profile)
+        # the Pallas-Triton kernel with the split / BN / stages overridden: on the 1B draft's shapes the default
+        # configuration took 12-24 us at M = 1 against 1.4-11 us floors (12-06 g, benchmarks/README.md)
         **{f"int8_pallas_nk_{tag}": ("int8_nk", _nk_override(qnk, **kw), "int8", None)
            for tag, kw in (("s1", dict(split_k=1)), ("s2", dict(split_k=2)), ("s4", dict(split_k=4)),
                            ("bn32", dict(block_n=32)), ("st2", dict(num_stages=2)))},

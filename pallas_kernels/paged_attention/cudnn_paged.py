@@ -160,12 +160,13 @@ def cudnn_tile_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, 
     n = valid.sum(axis=1).astype(jnp.int32)
     p0 = jnp.maximum(tile_kv_len.astype(jnp.int32) - n, 0)                     # context before each tile
     qt = q[tok]                                                                # [NT, Bq, H, D]
+    q5 = qt.reshape(NT, Bq, KVH, G, D)                                         # head h = kvh G + g
     tables = page_tables[tile_seq]                                             # [NT, W]
     table = tables[:, None, :, None]                                           # [NT, 1, W, 1] (cuDNN's form)
     kv_len = jnp.maximum(p0, 1)
     if Bq * G <= FOLD_MAX_ROWS:
         # context part, folded: [NT, Bq, KVH, G, D] -> [NT, Bq G, KVH, D] (row i G + g: token i, head kvh G + g)
-        qf = qt.reshape(NT, Bq, KVH, G, D).transpose(0, 1, 3, 2, 4).reshape(NT, Bq * G, KVH, D)
+        qf = q5.transpose(0, 1, 3, 2, 4).reshape(NT, Bq * G, KVH, D)
         oc, lc = sdpa(qf, k_pages, v_pages, jnp.full((NT,), Bq * G, jnp.int32), kv_len, table, scale=sm_scale,
                       return_lse=True)                                         # [NT, Bq G, KVH, D], [NT, KVH, Bq G]
         oc = oc.reshape(NT, Bq, G, KVH, D).transpose(0, 1, 3, 2, 4).reshape(NT, Bq, H, D)
@@ -181,8 +182,7 @@ def cudnn_tile_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, 
     pages = jnp.take_along_axis(tables, pos // ps, axis=1)                     # [NT, Bq]
     kt = k_pages[pages, pos % ps].astype(jnp.float32)                          # [NT, Bq, KVH, D]
     vt = v_pages[pages, pos % ps].astype(jnp.float32)
-    qg = qt.reshape(NT, Bq, KVH, G, D).astype(jnp.float32)
-    s = jnp.einsum("nikgd,njkd->nkgij", qg, kt) * sm_scale                     # [NT, KVH, G, Bq, Bq]
+    s = jnp.einsum("nikgd,njkd->nkgij", q5.astype(jnp.float32), kt) * sm_scale  # [NT, KVH, G, Bq, Bq]
     i, j = jnp.arange(Bq)[:, None], jnp.arange(Bq)[None, :]
     vis = (j <= i)[None] & valid[:, None, :]                                   # [NT, Bq(i), Bq(j)]
     s = jnp.where(vis[:, None, None], s, -jnp.inf)
