@@ -6,6 +6,8 @@ whole prompt of `chunk` tokens is one chunk (context 0, causal), chunks {512, 10
 in one process:
   * the kernel (pages per loop step 1 / 4 / 8), reading K/V from shuffled pages through the page table that `pack`
     builds with the engine's ladder settings;
+  * (GPU, `--cudnn-seq`) the sequence form (cudnn_paged.cudnn_sequence_attention: one cuDNN row the chunk, its
+    context part paged without a mask, empty here, its own keys dense and causal, merged by log-sum-exp);
   * (GPU) the engine's cuDNN tile form (`--cudnn-tiles`: cudnn_paged.cudnn_tile_attention, one cuDNN row a query
     tile on the same pages, the tile's own keys in jnp, merged by log-sum-exp; the JAXINFER_CUDNN_PREFILL A/B);
   * `jax.nn.dot_product_attention(..., is_causal=True, implementation="cudnn")` on dense [1, chunk, heads, 128]
@@ -37,7 +39,8 @@ from benchmarks.kernels.paged_attention import measure, rel_norm  # noqa: E402
 from jaxinfer.outputs import SeqInput  # noqa: E402
 from jaxinfer.runner.batch import pack  # noqa: E402
 from jaxinfer.runner.buckets import BucketLadder  # noqa: E402
-from pallas_kernels.paged_attention.cudnn_paged import cudnn_tile_attention  # noqa: E402
+from pallas_kernels.paged_attention.cudnn_paged import (cudnn_sequence_attention,  # noqa: E402
+                                                       cudnn_tile_attention)
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention  # noqa: E402
 
 H, KVH, D, PS = 32, 8, 128, 16
@@ -90,6 +93,8 @@ def main():
     ap.add_argument("--cudnn-tiles", type=int, nargs="*", default=[16, 64],
                     help="GPU: query tiles of the cuDNN tile form (cudnn_paged.cudnn_tile_attention, "
                          "JAXINFER_CUDNN_PREFILL) to time beside the kernel")
+    ap.add_argument("--cudnn-seq", action="store_true",
+                    help="GPU: also the sequence form (cudnn_paged.cudnn_sequence_attention, one cuDNN row a chunk)")
     ap.add_argument("--interpret", action="store_true", help="kernel in interpret mode (CPU smoke test only)")
     add_profile_arg(ap)
     a = ap.parse_args()
@@ -127,6 +132,12 @@ def main():
             buckets[name] = str(hbv.bucket)
             impls[name] = ((qp, kp, vp, *md), lambda x, kk, vv, *m: cudnn_tile_attention(x, kk, vv, *m,
                                                                                          sm_scale=sm_scale))
+        if on_gpu and a.cudnn_seq:  # one cuDNN row the sequence's chunk: context part (empty here) + causal part
+            pt = jnp.asarray(hb.arrays["page_tables"])
+            rows = (jnp.arange(chunk, dtype=jnp.int32)[None], jnp.zeros((1,), jnp.int32), jnp.zeros((1,), jnp.int32))
+            buckets["cudnn_seq"] = str(hb.bucket)
+            impls["cudnn_seq"] = ((q_pad, kp, vp, *rows, pt), lambda x, kk, vv, *m: cudnn_sequence_attention(
+                x, kk, vv, *m, sm_scale=sm_scale))
         peers = ["cudnn", "xla"] if on_gpu else ["xla"]
         for impl in peers:
             impls[impl] = ((q[None], k[None], v[None]), lambda x, kk, vv, impl=impl: jax.nn.dot_product_attention(
@@ -137,7 +148,7 @@ def main():
             try:
                 timing, first = measure(fn, args, a.inner, a.reps, warmup=2)
                 us = timing["us"]
-                out = first[0] if not name.startswith(("kernel", "cudnn_tiles")) else first
+                out = first[0] if name in ("cudnn", "xla") else first
                 row.update(us=us, tflops=flops / (us * 1e-6) / 1e12, pct_matmul=100 * flops / (us * 1e-6) / rate,
                            rel_err_vs_f32=rel_norm(out, ref, chunk))
             except Exception as e:  # one failing variant must not lose the run

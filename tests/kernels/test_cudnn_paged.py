@@ -12,7 +12,8 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.paged_attention.cudnn_paged import cudnn_paged_attention, cudnn_tile_attention
+from pallas_kernels.paged_attention.cudnn_paged import (cudnn_paged_attention, cudnn_sequence_attention,
+                                                       cudnn_tile_attention)
 from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference
 from tests.kernels.paged_cases import build, cases, kernel_args, rel_err, unreferenced
 
@@ -31,9 +32,12 @@ def dense_sdpa(q, k_pages, v_pages, q_len, kv_len, table, *, scale, causal=False
     return_lse: also the log-sum-exp of each row's visible scaled scores, [B, H, L]."""
     B, L, H, D = q.shape
     kvh = k_pages.shape[2]
-    pages = table[:, 0, :, 0]                                               # [B, W]
-    k = k_pages[pages].reshape(B, -1, kvh, D)                                # [B, S, kvh, D]
-    v = v_pages[pages].reshape(B, -1, kvh, D)
+    if table is None:                                                       # dense K / V [B, S, kvh, D]
+        k, v = k_pages, v_pages
+    else:
+        pages = table[:, 0, :, 0]                                           # [B, W]
+        k = k_pages[pages].reshape(B, -1, kvh, D)                            # [B, S, kvh, D]
+        v = v_pages[pages].reshape(B, -1, kvh, D)
     k, v = jnp.repeat(k, H // kvh, axis=2), jnp.repeat(v, H // kvh, axis=2)
     s = jnp.einsum("blhd,bshd->bhls", q, k, precision="highest") * scale
     j, i = jnp.arange(k.shape[1]), jnp.arange(L)
@@ -145,13 +149,57 @@ def test_tile_merge_would_be_caught(flaw):
     assert rel_err(out[:d["n_tok"]], ref[:d["n_tok"]]) > 1e-3
 
 
+def sequence_rows(d, case_list, L):
+    """The sequence form's rows of a built step: one row a sequence (its tokens' flat indices, T past its chunk),
+    its page-table row, its cached context; one more all-empty row."""
+    T = d["batch"].bucket.num_tokens
+    rows = np.full((len(case_list) + 1, L), T, np.int32)
+    for i, (ctx, n) in enumerate(case_list):
+        s0 = d["batch"].token_offsets[i]
+        rows[i, :n] = np.arange(s0, s0 + n)
+    seq = np.arange(len(case_list) + 1, dtype=np.int32)
+    p0 = np.array([c for c, _ in case_list] + [0], np.int32)
+    return jnp.asarray(rows), jnp.asarray(seq), jnp.asarray(p0)
+
+
+def sequence_form(args, rows, sm_scale, sdpa=None):
+    q, kp, vp, positions, tile_tokens, tile_seq, tile_kv_len, page_tables = args
+    kw = {} if sdpa is None else dict(sdpa=sdpa)
+    return cudnn_sequence_attention(q, kp, vp, *rows, page_tables, sm_scale=sm_scale, **kw)
+
+
+@pytest.mark.parametrize("flaw", [None, "context_key_short", "lse_off"])
+def test_sequence_form_matches_reference(flaw):
+    """One cuDNN row a sequence's chunk (context part paged without a mask, chunk part dense and causal, merged):
+    the reference on prefill chunks after context, fresh prompts and decodes; the flawed stand-ins (a context short
+    of its last key, a log-sum-exp off by log 2) are caught."""
+    def sdpa(q, kp, vp, q_len, kv_len, table, *, scale, causal=False, return_lse=False):
+        if flaw == "context_key_short" and table is not None:
+            kv_len = jnp.maximum(kv_len - 1, 1)
+        out, lse = dense_sdpa(q, kp, vp, q_len, kv_len, table, scale=scale, causal=causal, return_lse=True)
+        return out, (lse + jnp.log(2.0) if flaw == "lse_off" and table is not None else lse)
+    case_list = cases(16)
+    d = build(np.random.default_rng(23), case_list, 8, 2, 32, 16, query_tile=8, garbage=3.0)
+    args = kernel_args(d)
+    rows = sequence_rows(d, case_list, 64)
+    ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=0.2, kv_chunk_pages=2))
+    out = np.asarray(sequence_form(args, rows, 0.2, sdpa))
+    n = d["n_tok"]
+    if flaw is None:
+        assert rel_err(out[:n], ref[:n]) < 2e-5
+        assert np.all(out[n:] == 0)
+    else:
+        assert rel_err(out[:n], ref[:n]) > 1e-3
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
-@pytest.mark.parametrize("kind,query_tile", [("decode", 16), ("mixed", 16), ("tiles", 16), ("tiles", 64)])
+@pytest.mark.parametrize("kind,query_tile", [("decode", 16), ("mixed", 16), ("tiles", 16), ("tiles", 64),
+                                             ("seq", 16)])
 def test_gpu_cudnn_matches_reference(kind, query_tile):
     """The real cuDNN call at 32 q heads / 8 KV heads / D 128, page 16, bf16: one row a token on decode and mixed
     steps; the tile form (cudnn_tile_attention, cuDNN's log-sum-exp) on prefill chunks after context, fresh
-    prompts and decodes."""
+    prompts and decodes; the sequence form (cudnn_sequence_attention) on the mixed step."""
     ps, H, KVH, D = 16, 32, 8, 128
     rng = np.random.default_rng(11)
     if kind == "decode":
@@ -166,8 +214,12 @@ def test_gpu_cudnn_matches_reference(kind, query_tile):
     n = d["n_tok"]
     with jax.default_matmul_precision("highest"):
         ref = np.asarray(ragged_paged_attention_reference(*args, sm_scale=D ** -0.5, kv_chunk_pages=16), np.float32)
-    impl = IMPLS["tiles" if kind == "tiles" else "rows"]
-    out = np.asarray(jax.jit(lambda *a: impl(*a, sm_scale=D ** -0.5))(*args), np.float32)
+    if kind == "seq":   # the sequence form: one row a sequence's chunk
+        rows = sequence_rows(d, steps, 256)
+        out = np.asarray(jax.jit(lambda *a: sequence_form(a, rows, D ** -0.5))(*args), np.float32)
+    else:
+        impl = IMPLS["tiles" if kind == "tiles" else "rows"]
+        out = np.asarray(jax.jit(lambda *a: impl(*a, sm_scale=D ** -0.5))(*args), np.float32)
     assert rel_err(out[:n], ref[:n]) < 1e-2
     assert np.all(out[unreferenced(d)] == 0)
 
