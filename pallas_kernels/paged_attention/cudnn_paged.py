@@ -217,7 +217,7 @@ def cudnn_sequence_attention(q, k_pages, v_pages, row_tokens, row_seq, row_p0, p
     Tokens of q in no row come back as zeros."""
     T, H, D = q.shape
     P, L = row_tokens.shape
-    KVH, ps = k_pages.shape[2], k_pages.shape[1]
+    ps = k_pages.shape[1]
     valid = row_tokens < T                                                     # [P, L]
     n = valid.sum(axis=1).astype(jnp.int32)
     p0 = row_p0.astype(jnp.int32)
