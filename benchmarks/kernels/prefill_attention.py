@@ -6,8 +6,9 @@ whole prompt of `chunk` tokens is one chunk (context 0, causal), chunks {512, 10
 in one process:
   * the kernel (pages per loop step 1 / 4 / 8), reading K/V from shuffled pages through the page table that `pack`
     builds with the engine's ladder settings;
-  * (GPU, `--cudnn-seq`) the sequence form (cudnn_paged.cudnn_sequence_attention: one cuDNN row the chunk, its
-    context part paged without a mask, empty here, its own keys dense and causal, merged by log-sum-exp);
+  * (GPU, `--cudnn-seq R..`) the sequence form (cudnn_paged.cudnn_sequence_attention: the chunk in cuDNN rows of R
+    tokens, 0 = one row; a row's context part, the rows before it, paged without a mask, its own keys dense and
+    causal, merged by log-sum-exp);
   * (GPU) the engine's cuDNN tile form (`--cudnn-tiles`: cudnn_paged.cudnn_tile_attention, one cuDNN row a query
     tile on the same pages, the tile's own keys in jnp, merged by log-sum-exp; the JAXINFER_CUDNN_PREFILL A/B);
   * `jax.nn.dot_product_attention(..., is_causal=True, implementation="cudnn")` on dense [1, chunk, heads, 128]
@@ -93,8 +94,9 @@ def main():
     ap.add_argument("--cudnn-tiles", type=int, nargs="*", default=[16, 64],
                     help="GPU: query tiles of the cuDNN tile form (cudnn_paged.cudnn_tile_attention, "
                          "JAXINFER_CUDNN_PREFILL) to time beside the kernel")
-    ap.add_argument("--cudnn-seq", action="store_true",
-                    help="GPU: also the sequence form (cudnn_paged.cudnn_sequence_attention, one cuDNN row a chunk)")
+    ap.add_argument("--cudnn-seq", type=int, nargs="*", default=[],
+                    help="GPU: also the sequence form (cudnn_paged.cudnn_sequence_attention) with the chunk in rows "
+                         "of these many tokens (0: the whole chunk one row; each row's context = the rows before)")
     ap.add_argument("--interpret", action="store_true", help="kernel in interpret mode (CPU smoke test only)")
     add_profile_arg(ap)
     a = ap.parse_args()
@@ -132,12 +134,18 @@ def main():
             buckets[name] = str(hbv.bucket)
             impls[name] = ((qp, kp, vp, *md), lambda x, kk, vv, *m: cudnn_tile_attention(x, kk, vv, *m,
                                                                                          sm_scale=sm_scale))
-        if on_gpu and a.cudnn_seq:  # one cuDNN row the sequence's chunk: context part (empty here) + causal part
-            pt = jnp.asarray(hb.arrays["page_tables"])
-            rows = (jnp.arange(chunk, dtype=jnp.int32)[None], jnp.zeros((1,), jnp.int32), jnp.zeros((1,), jnp.int32))
-            buckets["cudnn_seq"] = str(hb.bucket)
-            impls["cudnn_seq"] = ((q_pad, kp, vp, *rows, pt), lambda x, kk, vv, *m: cudnn_sequence_attention(
-                x, kk, vv, *m, sm_scale=sm_scale))
+        for rl in (a.cudnn_seq if on_gpu else []):  # the sequence form, the chunk in rows of rl tokens (0: one)
+            rl = rl or chunk
+            if rl > chunk:
+                continue
+            nr = -(-chunk // rl)   # row r: tokens [r rl, (r + 1) rl), context r rl (the rows before it)
+            toks = np.arange(nr * rl).reshape(nr, rl)
+            rows = (jnp.asarray(np.where(toks < chunk, toks, q_pad.shape[0]), jnp.int32), jnp.zeros((nr,), jnp.int32),
+                    jnp.asarray(np.arange(nr) * rl, jnp.int32))
+            name = f"cudnn_seq_r{rl}"
+            buckets[name] = str(hb.bucket)
+            impls[name] = ((q_pad, kp, vp, *rows, jnp.asarray(hb.arrays["page_tables"])),
+                           lambda x, kk, vv, *m: cudnn_sequence_attention(x, kk, vv, *m, sm_scale=sm_scale))
         peers = ["cudnn", "xla"] if on_gpu else ["xla"]
         for impl in peers:
             impls[impl] = ((q[None], k[None], v[None]), lambda x, kk, vv, impl=impl: jax.nn.dot_product_attention(
