@@ -99,11 +99,12 @@ for part in $PARTS; do case $part in
       tests/kernels/test_cudnn_paged.py
     run ctiles-kernel 200 timeout 200 $PY benchmarks/kernels/prefill_attention.py --chunk 512 2048 4096 \
       --variants 16:4:4 --cudnn-tiles 16 64 --budget-s 150 ;;
-  cseq)  # the sequence form (cudnn_sequence_attention: one cuDNN row a chunk, 12-06 h): GPU tests, then per op
+  cseq)  # the sequence form (cudnn_sequence_attention: cuDNN rows of a chunk, 12-06 h): per op (its rel_err against
+         # the f32 reference checks the real cuDNN's numbers too), then the GPU tests
+    run cseq-kernel 120 timeout 120 $PY benchmarks/kernels/prefill_attention.py --chunk 512 2048 4096 \
+      --variants 16:4:4 --cudnn-tiles --cudnn-seq 0 256 512 --budget-s 90
     run cseq-tests 150 timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
-      -k "sequence or gpu_cudnn" tests/kernels/test_cudnn_paged.py
-    run cseq-kernel 200 timeout 200 $PY benchmarks/kernels/prefill_attention.py --chunk 512 2048 4096 \
-      --variants 16:4:4 --cudnn-tiles --cudnn-seq 0 256 512 --budget-s 150 ;;
+      -k "sequence or gpu_cudnn" tests/kernels/test_cudnn_paged.py ;;
   ctilestp)  # offline 1000 x 512/256 with and without it ('auto': cuDNN decodes from 16 tokens in both)
     run tp-ctiles 170 JAXINFER_CUDNN_PREFILL=1 timeout 170 $PY benchmarks/throughput.py --workload fixed --tag ctiles
     run tp-auto 170 timeout 170 $PY benchmarks/throughput.py --workload fixed --tag auto16 ;;
