@@ -140,11 +140,11 @@ def main():
                 continue
             nr = -(-chunk // rl)   # row r: tokens [r rl, (r + 1) rl), context r rl (the rows before it)
             toks = np.arange(nr * rl).reshape(nr, rl)
-            rows = (jnp.asarray(np.where(toks < chunk, toks, q_pad.shape[0]), jnp.int32), jnp.zeros((nr,), jnp.int32),
+            srows = (jnp.asarray(np.where(toks < chunk, toks, q_pad.shape[0]), jnp.int32), jnp.zeros((nr,), jnp.int32),
                     jnp.asarray(np.arange(nr) * rl, jnp.int32))
             name = f"cudnn_seq_r{rl}"
             buckets[name] = str(hb.bucket)
-            impls[name] = ((q_pad, kp, vp, *rows, jnp.asarray(hb.arrays["page_tables"])),
+            impls[name] = ((q_pad, kp, vp, *srows, jnp.asarray(hb.arrays["page_tables"])),
                            lambda x, kk, vv, *m: cudnn_sequence_attention(x, kk, vv, *m, sm_scale=sm_scale))
         peers = ["cudnn", "xla"] if on_gpu else ["xla"]
         for impl in peers:
