@@ -26,14 +26,15 @@
 #   mid    latency batch 16 / 32, cuDNN vs the Pallas kernel (is 64 the right AUTO_CUDNN_MIN_TOKENS?)
 #   onetokab the same A/B in one process (--ab-min16), median of 3 runs a row, < 300 s on a cold machine (estimate)
 #   nktest the small-M int8 / int4 kernels' GPU tests (no x padding below 16 rows since d1c89d6)
-#   ctiles / ctilestp  prefill attention through cuDNN, one row a query tile (JAXINFER_CUDNN_PREFILL): GPU tests and
-#          per op (~350 s), then offline with / without it (~340 s); ctilestp64 the same with 64-token tiles
+#   ctiles prefill attention through cuDNN, one row a query tile: GPU tests and per op (~350 s; 12-06 h: 3.0-3.3x
+#          cuDNN dense, slower than the Pallas kernel, so its engine switch and the offline parts were removed)
+#   cseq   the sequence form (one cuDNN row a chunk or a part of it) per op, then its GPU tests (~70 s; 12-06 h)
 #   onetok the verify bucket and the draft cycle's 1-token bucket at batch 1 (12-06 e), on and off (two calls)
 #   Cold machine (12-06 e): an 8B model's first start ~100 s of compiles, spec_speed > 240 s: give parts room.
 #   12-06 g ran nktest onetokab dprof1 tp512 attn w8a8 mid head (H100; benchmarks/README.md "2026-12-06 g").
-#   Next: "ctiles" then "ctilestp", the H200's figures "tests attn auto", then "serve tp512 mid"
+#   12-06 h ran ctiles attn, then cseq (H100). Next: the H200's figures "tests attn auto", then "serve tp512 mid"
 #   (AUTO_CUDNN_MIN_TOKENS is 16 since 12-06 g):
-#   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="ctiles" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
+#   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="tests attn" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
 GPU_ROUND=gpu-round-1207
 source "$(dirname "$0")/gpu_lib.sh"
 PARTS=${PARTS:-tests attn auto serve tp512 spec dprof mid}
@@ -93,8 +94,8 @@ for part in $PARTS; do case $part in
            # (12-06 g: 37 of them failed there on the import, the 19 others passed)
     run nktest 120 timeout 120 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
       -k "pallas or engine_path" tests/kernels/test_triton_small_m_gpu.py ;;
-  ctiles)  # the cuDNN tile form of prefill attention (JAXINFER_CUDNN_PREFILL, off by default): its GPU tests (real
-           # cuDNN log-sum-exp), then per op beside the Pallas kernel and cuDNN's dense attention (issue 17: <= 1.5x)
+  ctiles)  # the cuDNN tile form of prefill attention (cudnn_prefill_forms.py): its GPU tests (real cuDNN
+           # log-sum-exp), then per op beside the Pallas kernel and cuDNN's dense attention (issue 17: <= 1.5x)
     run ctiles-tests 150 timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
       tests/kernels/test_cudnn_paged.py
     run ctiles-kernel 200 timeout 200 $PY benchmarks/kernels/prefill_attention.py --chunk 512 2048 4096 \
@@ -105,13 +106,6 @@ for part in $PARTS; do case $part in
       --variants 16:4:4 --cudnn-tiles --cudnn-seq 0 256 512 --budget-s 90
     run cseq-tests 150 timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
       -k "sequence or gpu_cudnn" tests/kernels/test_cudnn_paged.py ;;
-  ctilestp)  # offline 1000 x 512/256 with and without it ('auto': cuDNN decodes from 16 tokens in both)
-    run tp-ctiles 170 JAXINFER_CUDNN_PREFILL=1 timeout 170 $PY benchmarks/throughput.py --workload fixed --tag ctiles
-    run tp-auto 170 timeout 170 $PY benchmarks/throughput.py --workload fixed --tag auto16 ;;
-  ctilestp64)  # the same with 64-token query tiles (cuDNN's GQA form, no head folding), then the kernel's
-    run tp-ctiles64 170 JAXINFER_CUDNN_PREFILL=1 timeout 170 $PY benchmarks/throughput.py --workload fixed \
-      --query-tile 64 --tag ctiles64
-    run tp-auto64 170 timeout 170 $PY benchmarks/throughput.py --workload fixed --query-tile 64 --tag auto64 ;;
   tests)
     run tests 150 timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
       tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py ;;

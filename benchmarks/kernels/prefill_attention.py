@@ -6,11 +6,11 @@ whole prompt of `chunk` tokens is one chunk (context 0, causal), chunks {512, 10
 in one process:
   * the kernel (pages per loop step 1 / 4 / 8), reading K/V from shuffled pages through the page table that `pack`
     builds with the engine's ladder settings;
-  * (GPU, `--cudnn-seq R..`) the sequence form (cudnn_paged.cudnn_sequence_attention: the chunk in cuDNN rows of R
-    tokens, 0 = one row; a row's context part, the rows before it, paged without a mask, its own keys dense and
-    causal, merged by log-sum-exp);
-  * (GPU) the engine's cuDNN tile form (`--cudnn-tiles`: cudnn_paged.cudnn_tile_attention, one cuDNN row a query
-    tile on the same pages, the tile's own keys in jnp, merged by log-sum-exp; the JAXINFER_CUDNN_PREFILL A/B);
+  * (GPU, `--cudnn-seq R..`) the sequence form (cudnn_prefill_forms.cudnn_sequence_attention: the chunk in cuDNN
+    rows of R tokens, 0 = one row; a row's context part, the rows before it, paged without a mask, its own keys
+    dense and causal, merged by log-sum-exp);
+  * (GPU) the cuDNN tile form (`--cudnn-tiles`: cudnn_prefill_forms.cudnn_tile_attention, one cuDNN row a query
+    tile on the same pages, the tile's own keys in jnp, merged by log-sum-exp);
   * `jax.nn.dot_product_attention(..., is_causal=True, implementation="cudnn")` on dense [1, chunk, heads, 128]
     arrays holding the same K/V (GQA handled by cuDNN), and the XLA implementation as a second peer;
   * time = median of `--reps` timed runs of a jitted scan of `--inner` dependent calls, / inner;
@@ -40,8 +40,8 @@ from benchmarks.kernels.paged_attention import measure, rel_norm  # noqa: E402
 from jaxinfer.outputs import SeqInput  # noqa: E402
 from jaxinfer.runner.batch import pack  # noqa: E402
 from jaxinfer.runner.buckets import BucketLadder  # noqa: E402
-from pallas_kernels.paged_attention.cudnn_paged import (cudnn_sequence_attention,  # noqa: E402
-                                                       cudnn_tile_attention)
+from pallas_kernels.paged_attention.cudnn_prefill_forms import (cudnn_sequence_attention,  # noqa: E402
+                                                               cudnn_tile_attention)
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention  # noqa: E402
 
 H, KVH, D, PS = 32, 8, 128, 16
@@ -92,11 +92,11 @@ def main():
                     help="kernel variants query_tile:pages_per_block:num_warps (R = query_tile x 4 q heads rows "
                          "per program for the 8B shape)")
     ap.add_argument("--cudnn-tiles", type=int, nargs="*", default=[16, 64],
-                    help="GPU: query tiles of the cuDNN tile form (cudnn_paged.cudnn_tile_attention, "
-                         "JAXINFER_CUDNN_PREFILL) to time beside the kernel")
-    ap.add_argument("--cudnn-seq", type=int, nargs="*", default=[],
-                    help="GPU: also the sequence form (cudnn_paged.cudnn_sequence_attention) with the chunk in rows "
-                         "of these many tokens (0: the whole chunk one row; each row's context = the rows before)")
+                    help="GPU: query tiles of the cuDNN tile form (cudnn_prefill_forms.cudnn_tile_attention) to "
+                         "time beside the kernel")
+    ap.add_argument("--cudnn-seq", type=int, nargs="*", default=[0, 512],
+                    help="GPU: also the sequence form (cudnn_prefill_forms.cudnn_sequence_attention) with the chunk "
+                         "in rows of these many tokens (0: the whole chunk one row; a row's context: the rows before)")
     ap.add_argument("--interpret", action="store_true", help="kernel in interpret mode (CPU smoke test only)")
     add_profile_arg(ap)
     a = ap.parse_args()

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import jax
 from jax.sharding import PartitionSpec as P
 
-from pallas_kernels.paged_attention.cudnn_paged import cudnn_paged_attention, cudnn_tile_attention
+from pallas_kernels.paged_attention.cudnn_paged import cudnn_paged_attention
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention
 from pallas_kernels.paged_attention.kv_quant import QuantizedPages
 from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference, write_kv_pages
@@ -67,7 +67,6 @@ class AttentionOptions(NamedTuple):
     mesh: Any = None          # tensor parallelism: a Mesh with a "model" axis; attention runs per KV-head shard
     num_sms: int = 132        # pallas: streaming multiprocessors of the GPU (decode_kv_splits); H100 / H200: 132
     cudnn_min_tokens: int = 1  # cudnn: the fewest tokens a bucket needs to run (its decodes) through cuDNN
-    cudnn_prefill: bool = False  # cudnn: prefill-shaped buckets through cuDNN too, a row a query tile (A/B, off)
 
 
 class AttentionMetadata(NamedTuple):
@@ -113,12 +112,8 @@ def _paged_attention_local(q, k, v, k_pages, v_pages, md, opts, sm_scale, slidin
             out = cudnn_paged_attention(q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len,
                                         md.page_tables, sm_scale=sm_scale)
             return out, k_pages, v_pages
-        # prefill-shaped buckets: the Pallas kernel (cuDNN's one row a token would re-read a chunk's KV per token),
-        # or under the A/B switch one cuDNN row a query tile (cudnn_paged.cudnn_tile_attention)
-        if opts.cudnn_prefill and T > S:
-            out = cudnn_tile_attention(q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len,
-                                       md.page_tables, sm_scale=sm_scale)
-            return out, k_pages, v_pages
+        # prefill-shaped buckets: the Pallas kernel (cuDNN's one row a token would re-read a chunk's KV per token;
+        # the two cuDNN prefill forms of cudnn_prefill_forms.py measured slower than the kernel or short of 1.5x)
     if opts.backend in ("pallas", "cudnn"):
         splits = kernel_split_options(md.page_tables.shape[0] - 1, kd.shape[2], opts.num_sms)  # rows: S + 1
         out = ragged_paged_attention(

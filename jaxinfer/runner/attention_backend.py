@@ -6,7 +6,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxinfer.env_switch import switch
 from jaxinfer.config import EngineConfig
 from jaxinfer.weights.loader import LoadedModel
 from pallas_kernels.paged_attention import cudnn_paged
@@ -42,13 +41,6 @@ def cudnn_min_tokens(config: EngineConfig) -> int:
     """The fewest tokens a bucket needs for cuDNN to run its attention (AttentionOptions.cudnn_min_tokens): an
     explicit attention_backend='cudnn' takes every decode-shaped bucket, 'auto' those where it measured faster."""
     return AUTO_CUDNN_MIN_TOKENS if config.kernels.attention_backend == "auto" else 1
-
-
-def cudnn_prefill() -> bool:
-    """Whether a runner on cuDNN runs its prefill-shaped buckets through cuDNN too, one batch row a query tile
-    (cudnn_paged.cudnn_tile_attention; AttentionOptions.cudnn_prefill): an A/B switch, JAXINFER_CUDNN_PREFILL=1,
-    off by default until measured against the Pallas kernel (issue 17: prefill attention 2.00x cuDNN's dense)."""
-    return switch("JAXINFER_CUDNN_PREFILL", default=False)
 
 
 def cudnn_attention_problem(loaded: LoadedModel, config: EngineConfig) -> str | None:

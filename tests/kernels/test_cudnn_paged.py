@@ -12,8 +12,8 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.paged_attention.cudnn_paged import (cudnn_paged_attention, cudnn_sequence_attention,
-                                                       cudnn_tile_attention)
+from pallas_kernels.paged_attention.cudnn_paged import cudnn_paged_attention
+from pallas_kernels.paged_attention.cudnn_prefill_forms import cudnn_sequence_attention, cudnn_tile_attention
 from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference
 from tests.kernels.paged_cases import build, cases, kernel_args, rel_err, unreferenced
 
@@ -117,7 +117,6 @@ def test_tile_form_lowers_for_cuda_with_its_lse(monkeypatch, query_tile):
 
     from jax._src.cudnn import fused_attention_stablehlo as fa
 
-    from pallas_kernels.paged_attention.cudnn_paged import cudnn_tile_attention
     monkeypatch.setattr(fa, "check_cudnn_version", lambda: 91900)
     d = build(np.random.default_rng(2), [(0, 100), (40, 30), (7, 1)], 32, 8, 128, 16, max_tokens=256,
               query_tile=query_tile)
@@ -288,14 +287,13 @@ def _mixed_step(rng, H=8, KVH=2, D=32, ps=16):
     return d
 
 
-@pytest.mark.parametrize("cudnn_prefill", [False, True])
 @pytest.mark.parametrize("step", ["mixed", "prefill"])
-def test_cudnn_backend_matches_the_reference_on_mixed_steps(monkeypatch, step, cudnn_prefill):
+def test_cudnn_backend_matches_the_reference_on_mixed_steps(monkeypatch, step):
     """Decodes beside a prompt chunk and a verification: in a decode-shaped bucket whole through cuDNN (its
     stand-in, one row a token), in a prefill-shaped bucket (more tokens than sequences) through the Pallas kernel
-    (interpret mode), or with cudnn_prefill (JAXINFER_CUDNN_PREFILL=1) through cuDNN's tile form (its stand-in);
-    all match the reference. (A split form, cuDNN for the decodes only and the Pallas kernel for the rest in every
-    bucket, measured no offline gain on an H100 and was removed: benchmarks/README.md 2026-12-06 d.)"""
+    (interpret mode); both match the reference. (A split form, cuDNN for the decodes only and the Pallas kernel for
+    the rest in every bucket, measured no offline gain on an H100 and was removed: benchmarks/README.md 2026-12-06
+    d; so was the tile form's switch, 12-06 h.)"""
     from jaxinfer.models import attention as attn
 
     calls = []
@@ -303,12 +301,7 @@ def test_cudnn_backend_matches_the_reference_on_mixed_steps(monkeypatch, step, c
     def rows(*a, **kw):
         calls.append("rows")
         return cudnn_paged_attention(*a, **kw, sdpa=dense_sdpa)
-
-    def tiles(*a, **kw):
-        calls.append("tiles")
-        return cudnn_tile_attention(*a, **kw, sdpa=dense_sdpa)
     monkeypatch.setattr(attn, "cudnn_paged_attention", rows)
-    monkeypatch.setattr(attn, "cudnn_tile_attention", tiles)
     D, KVH, ps = 32, 2, 16
     steps = MIXED if step == "mixed" else cases(ps)
     d = (_mixed_step(np.random.default_rng(6), KVH=KVH, D=D) if step == "mixed" else
@@ -317,26 +310,14 @@ def test_cudnn_backend_matches_the_reference_on_mixed_steps(monkeypatch, step, c
     assert (T > S) == (step == "prefill"), d["batch"].bucket
     md = attn.AttentionMetadata(*(jnp.asarray(a[n]) for n in ("positions", "slot_mapping", "tile_tokens",
                                                              "tile_seq", "tile_kv_len", "page_tables")))
-    opts = attn.AttentionOptions(2, False, "cudnn", interpret=True, cudnn_prefill=cudnn_prefill)
+    opts = attn.AttentionOptions(2, False, "cudnn", interpret=True)
     zeros = jnp.zeros((T, KVH, D), jnp.float32)
     slotless = md._replace(slot_mapping=jnp.full((T,), -1, jnp.int32))
     out, _, _ = attn.paged_attention(d["q"], zeros, zeros, d["kp"], d["vp"], slotless, opts, sm_scale=D ** -0.5)
     ref = ragged_paged_attention_reference(*kernel_args(d), sm_scale=D ** -0.5, kv_chunk_pages=2)
     n = sum(n for _, n in steps)
     np.testing.assert_allclose(np.asarray(out)[:n], np.asarray(ref)[:n], rtol=2e-5, atol=2e-5)
-    assert calls == (["rows"] if step == "mixed" else ["tiles"] if cudnn_prefill else [])
-
-
-def test_cudnn_prefill_switch_reads_the_environment(monkeypatch):
-    """JAXINFER_CUDNN_PREFILL: off when unset or "0", on when "1" (runner/attention_backend.cudnn_prefill)."""
-    from jaxinfer.runner import attention_backend
-
-    monkeypatch.delenv("JAXINFER_CUDNN_PREFILL", raising=False)
-    assert not attention_backend.cudnn_prefill()
-    monkeypatch.setenv("JAXINFER_CUDNN_PREFILL", "0")
-    assert not attention_backend.cudnn_prefill()
-    monkeypatch.setenv("JAXINFER_CUDNN_PREFILL", "1")
-    assert attention_backend.cudnn_prefill()
+    assert calls == (["rows"] if step == "mixed" else [])
 
 
 @pytest.mark.parametrize("backend,speculative,expected", [
