@@ -16,7 +16,8 @@ folding the G query heads of a KV head into the row's query length (q [T, G, KVH
 This suits decode steps (one token a sequence: each row streams its sequence's KV once). A prefill chunk of L tokens
 would read its sequence's KV L times, so the engine uses it only in buckets with no more tokens than sequences
 (models/attention.py) and the Pallas kernel elsewhere. (Splitting mixed steps, cuDNN rows for the decodes only
-and the Pallas kernel for the rest, measured no offline gain on an H100: 8,682 vs 8,790 output tok/s, removed.)
+and the Pallas kernel for the rest, measured no offline gain on an H100: 8,682 vs 8,790 output tok/s, removed.
+Two forms for prefill chunks, measured short of the kernel or of 1.5x cuDNN dense: cudnn_prefill_forms.py.)
 
 The cuDNN call is jax's private `_dot_product_attention_fwd` (the public `jax.nn.dot_product_attention` passes no
 page tables); `sdpa` replaces it (tests: a jnp stand-in with the same contract, since cuDNN needs the GPU).

@@ -162,6 +162,7 @@ def sequence_rows(d, case_list, L):
 
 
 def sequence_form(args, rows, sm_scale, sdpa=None):
+    """cudnn_sequence_attention on kernel_args' arguments and sequence_rows' rows (sdpa None: the real cuDNN)."""
     q, kp, vp, positions, tile_tokens, tile_seq, tile_kv_len, page_tables = args
     kw = {} if sdpa is None else dict(sdpa=sdpa)
     return cudnn_sequence_attention(q, kp, vp, *rows, page_tables, sm_scale=sm_scale, **kw)
