@@ -28,11 +28,13 @@
 #   nktest the small-M int8 / int4 kernels' GPU tests (no x padding below 16 rows since d1c89d6)
 #   ctiles prefill attention through cuDNN, one row a query tile: GPU tests and per op (~350 s; 12-06 h: 3.0-3.3x
 #          cuDNN dense, slower than the Pallas kernel, so its engine switch and the offline parts were removed)
+#   vocab  the 1B int8 draft with its head cut to 32k ids vs the whole head (issue 21; ~330 s on a cold machine)
 #   cseq   the sequence form (one cuDNN row a chunk or a part of it) per op, then its GPU tests (~70 s; 12-06 h)
 #   onetok the verify bucket and the draft cycle's 1-token bucket at batch 1 (12-06 e), on and off (two calls)
 #   Cold machine (12-06 e): an 8B model's first start ~100 s of compiles, spec_speed > 240 s: give parts room.
 #   12-06 g ran nktest onetokab dprof1 tp512 attn w8a8 mid head (H100; benchmarks/README.md "2026-12-06 g").
-#   12-06 h ran ctiles attn, then cseq (H100). Next: the H200's figures "tests attn auto", then "serve tp512 mid"
+#   12-06 h ran ctiles attn, then cseq (H100). Next: "vocab", the H200's figures "tests attn auto", then
+#   "serve tp512 mid"
 #   (AUTO_CUDNN_MIN_TOKENS is 16 since 12-06 g):
 #   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="tests attn" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
 GPU_ROUND=gpu-round-1207
@@ -70,6 +72,10 @@ for part in $PARTS; do case $part in
       run serve-$be 270 timeout 270 $PY benchmarks/serving_sweep.py --rates 16 32 --num-prompts 500 \
         --attention-backend $be --tag $be
     done ;;
+  vocab)  # the 1B int8 draft with its head cut to the first 32k ids (draft_head_vocab, 12-06 h: its int8 head is
+          # 101 of the step's 1,083 us; the 1.7x target needs ~70 us less a pass) against the whole head, one process
+    run vocab-draft 330 timeout 330 $PY benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 \
+      llama3.2-1b@int8+vocab32768 --batch 1 --accept 0.7 --max-num-batched-tokens 16 --tag draft-vocab ;;
   head)  # the tied int8 LM head (f0a6962): the 1B int8 draft with a float head (+floathead, the old default for tied
          # models) and the int8 head in one process, then the 1B model's own int8 / int4 decode with either head
     run head-draft 330 timeout 330 $PY benchmarks/spec_speed.py --drafts none llama3.2-1b@int8+floathead \

@@ -221,7 +221,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--drafts", nargs="+", default=["none", "llama3.2-1b"],
                     help="'none' (free oracle drafts), a preset (draft model of that shape; PRESET@int8 / @int4: its "
-                         "weights quantized, draft_quantization; PRESET@int8+floathead: with a float head), or "
+                         "weights quantized, draft_quantization; PRESET@int8+floathead: with a float head; "
+                         "PRESET@int8+vocab32768: its head cut to the first 32768 ids, draft_head_vocab), or "
                          "layer_skip:N")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8, 16, 32])
     ap.add_argument("--accept", type=float, nargs="+", default=[0.5, 0.7, 0.9])
@@ -279,8 +280,9 @@ def main(argv=None):
         else:
             name, _, quant = d.partition("@")  # llama3.2-1b@int8: the draft quantized on load (draft_quantization)
             quant, _, head = quant.partition("+")  # ...@int8+floathead: its head float (draft_quantize_lm_head)
+            vocab = int(head[len("vocab"):]) if head.startswith("vocab") else None  # ...+vocab32768: the head cut
             sc = SpeculativeConfig(method="draft", draft_model=name, draft_load_format="dummy",
-                                   draft_quantization=quant or None,
+                                   draft_quantization=quant or None, draft_head_vocab=vocab,
                                    draft_quantize_lm_head=False if head == "floathead" else None)
         prop = build_model_proposer(sc, spec_llm.model, spec_llm.config, spec_llm.max_model_len, a.num_pages,
                                     progress=False)

@@ -14,6 +14,7 @@ from flax import nnx
 
 from jaxinfer.config import EngineConfig, SpeculativeConfig
 from jaxinfer.config.quantization import parse_quantization
+from jaxinfer.weights.head_cut import prune_head
 from jaxinfer.engine.kv_cache import KVCacheManager
 from jaxinfer.weights.loader import LoadedModel, load_model, resolve_model
 from jaxinfer.runner.draft_proposer import ModelProposer
@@ -60,6 +61,8 @@ def build_model_proposer(sc: SpeculativeConfig, target: LoadedModel, config: Eng
         if draft.cfg.vocab_size != target.cfg.vocab_size:
             raise ValueError(f"draft model {sc.draft_model!r} has vocab_size {draft.cfg.vocab_size} but the target "
                              f"has {target.cfg.vocab_size}; the draft must share the target's tokenizer")
+        if sc.draft_head_vocab is not None:
+            draft = prune_head(draft, sc.draft_head_vocab)
     else:
         raise ValueError(f"method {sc.method!r} has no draft model")
     return model_proposer(draft, config, max_model_len, sc.draft_num_pages or target_num_pages)

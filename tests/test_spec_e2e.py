@@ -41,14 +41,15 @@ def _spec_llm(path, method):
     requests get preempted."""
     if method not in _LLMS:
         extra = {"layer_skip": dict(num_draft_layers=1), "draft": dict(draft_model=path),
-                 "draft-int8": dict(draft_model=path, draft_quantization="int8")}.get(method, {})
+                 "draft-int8": dict(draft_model=path, draft_quantization="int8"),
+                 "draft-cut": dict(draft_model=path, draft_head_vocab=256)}.get(method, {})
         # warmup=True: the test checks that nothing compiles after warm-up (the suite defaults to lazy)
         _LLMS[method] = jaxinfer.LLM(path, num_pages=8, speculative_config=dict(
             method=method.split("-")[0], num_speculative_tokens=3, batch_policy=False, **extra), warmup=True, **KW)
     return _LLMS[method]
 
 
-@pytest.mark.parametrize("method", ["ngram", "layer_skip", "draft", "draft-int8"])
+@pytest.mark.parametrize("method", ["ngram", "layer_skip", "draft", "draft-int8", "draft-cut"])
 def test_greedy_identical_with_speculation(tiny_llama_dir, base, method):
     prompts, max_tokens = _workload()
     ref = [o.outputs[0].token_ids for o in base.generate(
@@ -95,6 +96,9 @@ def test_greedy_identical_with_speculation(tiny_llama_dir, base, method):
         assert proposer.runner.loaded.quantization.method == "int8"
         # (the float draft agrees on every token, above; the int8 one measured 0.85 on this workload)
         assert 0.5 < st["acceptance_rate"] < 1.0
+    if method == "draft-cut":  # the target itself with its head cut to ids < 256: it agrees where the target's
+        assert proposer.runner.loaded.module().lm_head.w[...].shape[1] == 256  # token is one of them
+        assert 0.2 < st["acceptance_rate"] < 1.0
     per_req = [o.metrics for o in done.values()]
     assert sum(m["spec_verify_steps"] for m in per_req) == st["num_verify_steps"]  # the victim never verified
     assert sum(m["spec_accepted_tokens"] for m in per_req) == st["num_accepted_tokens"]

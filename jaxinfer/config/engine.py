@@ -35,6 +35,9 @@ class SpeculativeConfig:
     draft_quantize_lm_head: the draft's head under draft_quantization, as `quantize_lm_head` for the target: None
         (default) an int8 head for int8 / int4 drafts (a tied head too, as a quantized copy of the embedding),
         False a float head, True the draft's own method.
+    draft_head_vocab: method "draft" only: the draft's LM head over the first N token ids only, N a multiple of
+        128 (weights/head_cut.py; FR-Spec's idea, the tokenizer's id order standing in for token frequency). None
+        (default): the whole vocabulary. The draft then never proposes a later id; outputs stay the target's.
     num_draft_layers: layer_skip draft depth (default: a quarter of the target's layers, at least 1).
     draft_num_pages: KV pages of the draft's own cache (default: as many as the target's).
     pipelined: verification step n+1 is dispatched before step n's accepted counts are read (engine/spec_pipeline.py,
@@ -61,6 +64,7 @@ class SpeculativeConfig:
     draft_load_format: str = "auto"
     draft_quantization: str | None = None
     draft_quantize_lm_head: bool | None = None
+    draft_head_vocab: int | None = None
     num_draft_layers: int | None = None
     draft_num_pages: int | None = None
     pipelined: bool = True
@@ -93,6 +97,14 @@ class SpeculativeConfig:
         elif self.draft_quantize_lm_head is not None:
             raise ConfigError(f"draft_quantize_lm_head={self.draft_quantize_lm_head!r} needs draft_quantization "
                               "(the draft's head is quantized only with its weights)")
+        if self.draft_head_vocab is not None:
+            if self.method != "draft":
+                raise ConfigError(f"draft_head_vocab={self.draft_head_vocab!r} is only used by method 'draft' (a "
+                                  f"separate draft checkpoint), not {self.method!r}")
+            if isinstance(self.draft_head_vocab, bool) or not isinstance(self.draft_head_vocab, int) \
+                    or self.draft_head_vocab < 1:
+                raise ConfigError(f"draft_head_vocab={self.draft_head_vocab!r} must be an int >= 1 (token ids "
+                                  "below it are the draft's vocabulary), or None for the whole vocabulary")
         if self.num_draft_layers is not None and self.num_draft_layers < 1:
             raise ConfigError(f"num_draft_layers={self.num_draft_layers} must be >= 1")
         if self.draft_num_pages is not None and self.draft_num_pages < 2:

@@ -116,10 +116,14 @@ class LlamaForCausalLM(nnx.Module):
 
     def logits(self, hidden):
         """hidden: [N, H] (pre-norm) -> float32 logits [N, V]. The head is `lm_head` whenever there is one (for a
-        tied model, a quantized copy of embed.T), else the embedding."""
+        tied model, a quantized copy of embed.T), else the embedding. A head of fewer than V columns (a draft's,
+        cut to the first token ids: jaxinfer/weights/head_cut.py) leaves the other ids at -inf."""
         h = self.norm(hidden)
         if self.lm_head is None:
             return jnp.dot(h, self.embed[...].T, preferred_element_type=jnp.float32)
         if not isinstance(self.lm_head, Linear):  # a QuantLinear (models/quant_linear.py; weights/quantize.py)
-            return self.lm_head(h, preferred_element_type=jnp.float32)
-        return jnp.dot(h, self.lm_head.w[...], preferred_element_type=jnp.float32)
+            y = self.lm_head(h, preferred_element_type=jnp.float32)
+        else:
+            y = jnp.dot(h, self.lm_head.w[...], preferred_element_type=jnp.float32)
+        cut = self.cfg.vocab_size - y.shape[-1]
+        return y if not cut else jnp.concatenate([y, jnp.full((*y.shape[:-1], cut), -jnp.inf, y.dtype)], axis=-1)
