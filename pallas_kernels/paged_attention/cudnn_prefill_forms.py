@@ -71,7 +71,6 @@ def cudnn_tile_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, 
         oc, lc = sdpa(qt, k_pages, v_pages, jnp.full((NT,), Bq, jnp.int32), kv_len, table, scale=sm_scale,
                       return_lse=True)                                         # [NT, Bq, H, D], [NT, H, Bq]
         lc = lc.transpose(0, 2, 1)
-    oc = oc.astype(jnp.float32)
     lc = jnp.where((p0 > 0)[:, None, None], lc, -jnp.inf)                      # no context: weight 0
     # tile part: keys at positions p0 + j (j < n), gathered from the sequence's pages
     pos = jnp.where(valid, positions[tok], p0[:, None])                        # [NT, Bq] (slots: a real key)
@@ -90,14 +89,24 @@ def cudnn_tile_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, 
     ot = ot.reshape(NT, Bq, H, D)
     lt = jnp.where(den > 0, jnp.log(jnp.maximum(den, 1e-30)) + m[..., 0], -jnp.inf)
     lt = lt.transpose(0, 3, 1, 2).reshape(NT, Bq, H)
-    # merge: softmax over both key sets = the two partial softmaxes weighted by their sums exp(L)
+    return _to_tokens(_merge(oc, lc, ot, lt), tile_tokens, T, q.dtype)
+
+
+def _merge(oc, lc, ot, lt):
+    """Softmax attention over two disjoint key sets from the two parts: outputs o [R, L, H, D], log-sum-exps lse
+    [R, L, H] (-inf: no keys), each part weighted by its sum exp(lse). -> f32 [R, L, H, D]."""
     mx = jnp.maximum(lc, lt)
     mx = jnp.where(jnp.isfinite(mx), mx, 0.0)
     wc, wt = jnp.exp(lc - mx)[..., None], jnp.exp(lt - mx)[..., None]
-    out = (wc * oc + wt * ot) / jnp.maximum(wc + wt, 1e-30)                   # [NT, Bq, H, D]
-    flat = jnp.where(valid, tile_tokens, T).reshape(-1)
-    res = jnp.zeros((T + 1, H, D), q.dtype).at[flat].set(out.reshape(-1, H, D).astype(q.dtype))
-    return res[:T]
+    return (wc * oc.astype(jnp.float32) + wt * ot.astype(jnp.float32)) / jnp.maximum(wc + wt, 1e-30)
+
+
+def _to_tokens(out, row_tokens, T: int, dtype):
+    """Rows [R, L, H, D] back to the step's tokens [T, H, D] (row slots holding T are dropped; tokens in no row:
+    zeros)."""
+    H, D = out.shape[-2:]
+    flat = jnp.where(row_tokens < T, row_tokens, T).reshape(-1)
+    return jnp.zeros((T + 1, H, D), dtype).at[flat].set(out.reshape(-1, H, D).astype(dtype))[:T]
 
 
 def cudnn_sequence_attention(q, k_pages, v_pages, row_tokens, row_seq, row_p0, page_tables, *, sm_scale: float,
@@ -112,8 +121,8 @@ def cudnn_sequence_attention(q, k_pages, v_pages, row_tokens, row_seq, row_p0, p
       chunk    dense, causal: its own n_r keys gathered from the pages to [P, L, KVH, D]; q_len = kv_len = n_r, so
                cuDNN's top-left causal mask is the right one (a chunk after context alone would need bottom-right)
     Tokens of q in no row come back as zeros."""
-    T, H, D = q.shape
-    P, L = row_tokens.shape
+    T = q.shape[0]
+    L = row_tokens.shape[1]
     ps = k_pages.shape[1]
     valid = row_tokens < T                                                     # [P, L]
     n = valid.sum(axis=1).astype(jnp.int32)
@@ -122,17 +131,10 @@ def cudnn_sequence_attention(q, k_pages, v_pages, row_tokens, row_seq, row_p0, p
     tables = page_tables[row_seq]                                              # [P, W]
     oc, lc = sdpa(qs, k_pages, v_pages, jnp.maximum(n, 1), jnp.maximum(p0, 1), tables[:, None, :, None],
                   scale=sm_scale, return_lse=True)                             # [P, L, H, D], [P, H, L]
-    lc = jnp.where((p0 > 0)[:, None, None], lc, -jnp.inf)                     # no context: weight 0
+    lc = jnp.where((p0 > 0)[:, None, None], lc.transpose(0, 2, 1), -jnp.inf)  # [P, L, H]; no context: weight 0
     pos = p0[:, None] + jnp.arange(L)[None, :]                                 # [P, L] (slots past n: any key)
     pages = jnp.take_along_axis(tables, jnp.minimum(pos // ps, tables.shape[1] - 1), axis=1)
     kt, vt = k_pages[pages, pos % ps], v_pages[pages, pos % ps]                # [P, L, KVH, D]
     ot, lt = sdpa(qs, kt, vt, jnp.maximum(n, 1), jnp.maximum(n, 1), None, scale=sm_scale, causal=True,
                   return_lse=True)
-    mx = jnp.maximum(lc, lt)
-    mx = jnp.where(jnp.isfinite(mx), mx, 0.0)
-    wc = jnp.exp(lc - mx).transpose(0, 2, 1)[..., None]                        # [P, L, H, 1]
-    wt = jnp.exp(lt - mx).transpose(0, 2, 1)[..., None]
-    out = (wc * oc.astype(jnp.float32) + wt * ot.astype(jnp.float32)) / jnp.maximum(wc + wt, 1e-30)
-    flat = jnp.where(valid, row_tokens, T).reshape(-1)
-    res = jnp.zeros((T + 1, H, D), q.dtype).at[flat].set(out.reshape(-1, H, D).astype(q.dtype))
-    return res[:T]
+    return _to_tokens(_merge(oc, lc, ot, lt.transpose(0, 2, 1)), row_tokens, T, q.dtype)
