@@ -28,6 +28,7 @@
 #   nktest the small-M int8 / int4 kernels' GPU tests (no x padding below 16 rows since d1c89d6)
 #   ctiles prefill attention through cuDNN, one row a query tile: GPU tests and per op (~350 s; 12-06 h: 3.0-3.3x
 #          cuDNN dense, slower than the Pallas kernel, so its engine switch and the offline parts were removed)
+#   hcut   the 1B int8 draft's head alone, whole vs cut (probes/draft_head_cut.py, ~90 s)
 #   vocab  the 1B int8 draft with its head cut to 32k ids vs the whole head (issue 21; ~330 s on a cold machine)
 #   cseq   the sequence form (one cuDNN row a chunk or a part of it) per op, then its GPU tests (~70 s; 12-06 h)
 #   onetok the verify bucket and the draft cycle's 1-token bucket at batch 1 (12-06 e), on and off (two calls)
@@ -72,6 +73,9 @@ for part in $PARTS; do case $part in
       run serve-$be 270 timeout 270 $PY benchmarks/serving_sweep.py --rates 16 32 --num-prompts 500 \
         --attention-backend $be --tag $be
     done ;;
+  hcut)  # the draft's head alone, whole vs cut to 32k / 64k ids (probes/draft_head_cut.py, ~90 s): the time a draft
+         # step saves, before part vocab's end-to-end run
+    run hcut 150 timeout 150 $PY benchmarks/probes/draft_head_cut.py --vocab 32768 65536 ;;
   vocab)  # the 1B int8 draft with its head cut to the first 32k ids (draft_head_vocab, 12-06 h: its int8 head is
           # 101 of the step's 1,083 us; the 1.7x target needs ~70 us less a pass) against the whole head, one process
     run vocab-draft 330 timeout 330 $PY benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 \
