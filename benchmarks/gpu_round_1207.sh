@@ -28,6 +28,8 @@
 #   nktest the small-M int8 / int4 kernels' GPU tests (no x padding below 16 rows since d1c89d6)
 #   ctiles prefill attention through cuDNN, one row a query tile: GPU tests and per op (~350 s; 12-06 h: 3.0-3.3x
 #          cuDNN dense, slower than the Pallas kernel, so its engine switch and the offline parts were removed)
+#   exact  the small-M kernels' partials of x's rows only vs 16 a split: per op, the cut-head 1B draft (~450 s)
+#   exactqd the same on the 8B int8 model's decode, batch 1 / 16 (~400 s)
 #   hcut   the 1B int8 draft's head alone, whole vs cut (probes/draft_head_cut.py, ~90 s)
 #   vocab  the 1B int8 draft with its head cut to 32k ids vs the whole head (issue 21; ~330 s on a cold machine)
 #   cseq   the sequence form (one cuDNN row a chunk or a part of it) per op, then its GPU tests (~70 s; 12-06 h)
@@ -73,6 +75,20 @@ for part in $PARTS; do case $part in
       run serve-$be 270 timeout 270 $PY benchmarks/serving_sweep.py --rates 16 32 --num-prompts 500 \
         --attention-backend $be --tag $be
     done ;;
+  exact)  # the small-M kernels' split partials of x's M rows only (kernel_nk._store, 12-06 i) against 16 rows a split
+          # (JAXINFER_NK_EXACT_ROWS=0, the form before): per op on the 1B and 8B shapes, then the cut-head 1B draft
+    run exact-kernel 150 timeout 150 $PY benchmarks/kernels/quantized_matmul.py --shapes 2048x3072 2048x2048 \
+      2048x16384 8192x2048 qkv o gate_up down --m 1 4 --variants int8_pallas_nk int8_pallas_nk_blocked --check-m 1 \
+      --budget-s 120
+    SPX="benchmarks/spec_speed.py --drafts none llama3.2-1b@int8+vocab32768 --batch 1 --accept 0.7 \
+      --max-num-batched-tokens 16"
+    run exact-spec 200 timeout 200 $PY $SPX --tag exact-rows
+    run exact-spec-off 200 JAXINFER_NK_EXACT_ROWS=0 timeout 200 $PY $SPX --tag exact-rows-off ;;
+  exactqd)  # the same A/B on the 8B int8 model's own decode (issue 20's int8 b1 >= 1.6x), two processes
+    QDX="benchmarks/quantized_decode.py --decode-batches 1 16 --throughput-methods --no-kv-capacity"
+    run exact-qd 240 timeout 240 $PY $QDX --methods bf16 int8 --budget-s 210 --tag exact-rows
+    run exact-qd-off 180 JAXINFER_NK_EXACT_ROWS=0 timeout 180 $PY $QDX --methods int8 --budget-s 150 \
+      --tag exact-rows-off ;;
   hcut)  # the draft's head alone, whole vs cut to 32k / 64k ids (probes/draft_head_cut.py, ~90 s): the time a draft
          # step saves, before part vocab's end-to-end run
     run hcut 150 timeout 150 $PY benchmarks/probes/draft_head_cut.py --vocab 32768 65536 ;;

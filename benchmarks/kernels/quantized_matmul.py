@@ -162,7 +162,8 @@ def variants(interpret: bool):
         # configuration took 12-24 us at M = 1 against 1.4-11 us floors (12-06 g, benchmarks/README.md)
         **{f"int8_pallas_nk_{tag}": ("int8_nk", _nk_override(qnk, **kw), "int8", None)
            for tag, kw in (("s1", dict(split_k=1)), ("s2", dict(split_k=2)), ("s4", dict(split_k=4)),
-                           ("bn32", dict(block_n=32)), ("st2", dict(num_stages=2)))},
+                           ("bn32", dict(block_n=32)), ("st2", dict(num_stages=2)),
+                           ("blocked", dict(exact_rows=False)))},   # 16 partial rows a split below 16 (pre 12-06 i)
         # the many-token Mosaic kernel's int8 form (mosaic_int4_wide.int8_matmul_mosaic_wide, 2026-12-05 c)
         "int8_wide_nk": ("int8_nk", lambda x, w: qmw.int8_matmul_mosaic_wide(x, w["q"], w["scale"]), "int8", None),
         "int8_convert_nk": ("int8_nk", lambda x, w: qf.int8_convert_xla(x, w["q"], w["scale"], layout="nk"),

@@ -17,7 +17,8 @@ Work decomposition (as triton_small_m.int8_nk_kernel, DOT form): grid = (N / bn,
 (n, s, m) streams weight rows [n bn, (n + 1) bn) over the K range [s ks, (s + 1) ks) in steps of bk:
   acc[bm, bn] += x[bm, bk] @ q_t[bn, bk].T   (int8 -> bf16 in registers, exact; f32 accumulation; bm = 16 rows,
                                               rows past M: zero padding, or below 16 rows x's last row repeated)
-and writes acc * scale to part[s]; XLA sums the split partials (deterministic, no atomics). Shapes the kernel
+and writes acc * scale to part[s] (below bm rows only x's M rows: `_store`); XLA sums the split partials
+(deterministic, no atomics). Shapes the kernel
 does not take (`supports`) stay on XLA's convert + dot.
 
 int4 (the engine's GPU int4 default, backend 'triton-int4'; H200 batch-1 decode of the 8B shape 255.9 tok/s against
@@ -51,7 +52,7 @@ def supports(K: int, N: int, cfg: Config) -> bool:
     return cfg.dot and N % cfg.block_n == 0 and ks * split == K
 
 
-def _kernel(x_ref, w_ref, s_ref, o_ref, *, bm: int, bn: int, bk: int, ks: int):
+def _kernel(x_ref, w_ref, s_ref, o_ref, *, bm: int, bn: int, bk: int, ks: int, exact_m: int):
     """x_ref [Mp or M < bm, K], w_ref int8 [N, K], s_ref f32 [N] (whole arrays, indexed here); o_ref: this
     program's f32 block [bm, bn] of part[split, Mp, N]."""
     rows = pl.ds(pl.multiple_of(pl.program_id(0) * bn, bn), bn)
@@ -66,7 +67,7 @@ def _kernel(x_ref, w_ref, s_ref, o_ref, *, bm: int, bn: int, bk: int, ks: int):
                                      preferred_element_type=jnp.float32)
 
     acc = lax.fori_loop(0, ks // bk, body, jnp.zeros((bm, bn), jnp.float32))
-    o_ref[...] = acc * s_ref[rows].astype(jnp.float32)[None, :]
+    _store(o_ref, acc * s_ref[rows].astype(jnp.float32)[None, :], xrows, exact_m, bn)
 
 
 def _x_rows(M: int, bm: int):
@@ -79,6 +80,24 @@ def _x_rows(M: int, bm: int):
     return pl.ds(pl.multiple_of(pl.program_id(2) * bm, bm), bm)
 
 
+def _store(o_ref, acc, xrows, M: int, bn: int):
+    """Write this program's f32 [bm, bn] partial. M = 0 (blocked output, o_ref [bm, bn]): as it is. M = x's rows,
+    below bm (o_ref the whole part [split * M, N], _split_k_call's exact form): row r of acc goes to row
+    split_id * M + xrows[r], so only M rows a split exist. Rows >= M of acc were computed from x's last row,
+    repeated (_x_rows), so they equal row M - 1 bit for bit, and their stores to that row write the same value
+    (no mask needed).
+
+    Why: a 1-token decode wrote 16 f32 rows a split where 1 is used. At M = 1 that is ~11 MB of partials a layer
+    of the 8B int8 step, written and summed back, beside ~217 MB of weights (~10% more traffic if it reaches HBM
+    rather than staying in L2), and ~6.8 MB beside ~61 MB on the 1B draft's layer (~22%), whose int8 kernels ran at
+    ~50% of HBM in its step profile (step-profile-draft1b-t1-int8-65dcd08-*)."""
+    if not M:
+        o_ref[...] = acc
+        return
+    cols = pl.ds(pl.multiple_of(pl.program_id(0) * bn, bn), bn)
+    o_ref[pl.program_id(1) * M + xrows, cols] = acc
+
+
 def _pad_rows(x2, bm: int):
     """x [M, K] -> [Mp, K], Mp the next multiple of bm (zero rows, cut after); none below bm rows (_x_rows)."""
     M = x2.shape[0]
@@ -89,23 +108,24 @@ def _pad_rows(x2, bm: int):
 def _split_k_call(kernel, ins, *, cfg: Config, split: int, N: int, M: int, out_dtype, interpret: bool, name: str):
     """Both kernels' launch: grid (N / bn, split, Mp / bm) over whole-array inputs (ins[0] is x, padded to Mp rows
     above bm rows), each program writing its f32 [bm, bn] block of part[split, Mp, N]; XLA sums the splits and cuts
-    the rows past M."""
+    the rows past M. Below bm rows (cfg.exact_rows) part is [split * M, N], written row by row (_store)."""
     bm, bn = cfg.block_m, cfg.block_n
     Mp = -(-M // bm) * bm
     params = None
     if not interpret and _TritonCompilerParams is not None:
         params = _TritonCompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    exact = M < bm and cfg.exact_rows
     part = pl.pallas_call(
-        kernel,
+        functools.partial(kernel, exact_m=M if exact else 0),
         grid=(N // bn, split, Mp // bm),
         in_specs=[pl.BlockSpec()] * len(ins),                                  # indexed inside the kernel
-        out_specs=pl.BlockSpec((None, bm, bn), lambda n, s, m: (s, m, n)),
-        out_shape=jax.ShapeDtypeStruct((split, Mp, N), jnp.float32),
+        out_specs=pl.BlockSpec() if exact else pl.BlockSpec((None, bm, bn), lambda n, s, m: (s, m, n)),
+        out_shape=jax.ShapeDtypeStruct((split * M, N) if exact else (split, Mp, N), jnp.float32),
         compiler_params=params,
         interpret=interpret,
         name=name,
     )(*ins)
-    return jnp.sum(part, axis=0)[:M].astype(out_dtype)
+    return jnp.sum(part.reshape(split, -1, N), axis=0)[:M].astype(out_dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "out_dtype", "interpret"))
@@ -148,7 +168,8 @@ def _nibble_plane(w, shift: int):
     return lax.bitcast_convert_type((v & 0x000F0000) | 0x43000000, jnp.float32)
 
 
-def _int4_kernel(x_ref, w_ref, s_ref, o_ref, xs_ref, out_ref, *, bm: int, bn: int, g: int, ks: int, dot: bool):
+def _int4_kernel(x_ref, w_ref, s_ref, o_ref, xs_ref, out_ref, *, bm: int, bn: int, g: int, ks: int, dot: bool,
+                 exact_m: int):
     """x_ref [Mp or M < bm, K], w_ref int32 [N, K/8], s_ref / o_ref [K/g, N], xs_ref f32 [Mp or M, K/g] (whole
     arrays); out_ref: this program's f32 block [bm, bn] of part[split, Mp, N]."""
     W4, H = g // 8, g // 2
@@ -181,7 +202,7 @@ def _int4_kernel(x_ref, w_ref, s_ref, o_ref, xs_ref, out_ref, *, bm: int, bn: in
 
     if dot:
         acc = lax.fori_loop(0, ks // g, body, jnp.zeros((bm, bn), jnp.float32))
-        out_ref[...] = acc
+        _store(out_ref, acc, xrows, exact_m, bn)
     else:
         acc = lax.fori_loop(0, ks // g, body, jnp.zeros((bn, W4), jnp.float32))
         out_ref[...] = jnp.sum(acc, axis=1)[None, :]

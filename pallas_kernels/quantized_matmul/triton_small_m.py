@@ -62,6 +62,9 @@ class Config:
     dot: bool
     num_warps: int
     num_stages: int
+    # kernel_nk.py below block_m rows: split partials of M rows (True) or of block_m rows, most unused (False, the
+    # form before 12-06 i; JAXINFER_NK_EXACT_ROWS=0 restores it for an A/B, read where default_config builds one)
+    exact_rows: bool = True
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -235,7 +238,8 @@ def default_config(kind: str, M: int, K: int, N: int, group_size: int | None = N
         bm, bn, warps, stages = (16, 64, 4, 3) if dot else (1, 128, 8, 4)
         bk = int(group_size)
         split = int4_split(K, bk, split_for(_cdiv(N, bn) * _cdiv(M, bm), K, bk))
-    return Config(bm, bn, bk, split, dot, num_warps=warps, num_stages=stages)
+    return Config(bm, bn, bk, split, dot, num_warps=warps, num_stages=stages,
+                  exact_rows=os.environ.get("JAXINFER_NK_EXACT_ROWS", "1") != "0")
 
 
 def k_per_split(K: int, cfg: Config) -> tuple[int, int]:

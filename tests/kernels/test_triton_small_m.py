@@ -5,6 +5,7 @@ same derived inputs (`int4_kernel_inputs`), and compared with the jnp float32 re
 ragged shapes (N not a multiple of the block, K not a multiple of BK x split), M in 1..20, both inner forms and
 several split-K factors. The interpreter's bf16 dot is wrong (numpy has no bf16), so the dots run with F32_DOT
 (f32 operands); the bf16-operand form is checked on the GPU (test_triton_small_m_gpu.py)."""
+import math
 import os
 
 import jax
@@ -131,9 +132,10 @@ def test_not_usable_on_cpu():
 
 
 # ---- the Pallas-Triton port the engine runs (kernel_nk.py), in Pallas interpret mode ------------------------------
-@pytest.mark.parametrize("M,K,N,bn,bk,split", [(1, 512, 64, 32, 128, 2), (5, 256, 96, 32, 64, 2),
-                                               (16, 384, 32, 16, 128, 1), (20, 256, 48, 16, 64, 4)])
-def test_pallas_int8_nk_matches_reference(M, K, N, bn, bk, split):
+@pytest.mark.parametrize("M,K,N,bn,bk,split,exact", [(1, 512, 64, 32, 128, 2, True), (5, 256, 96, 32, 64, 2, True),
+                                                     (3, 512, 64, 32, 64, 4, True), (3, 512, 64, 32, 64, 4, False),
+                                                     (16, 384, 32, 16, 128, 1, True), (20, 256, 48, 16, 64, 4, True)])
+def test_pallas_int8_nk_matches_reference(M, K, N, bn, bk, split, exact):
     """Below 16 rows x's last row read again (no pad), above them rows padded; rows past M cut, split partials
     summed, N in whole blocks; against the jnp reference."""
     from pallas_kernels.quantized_matmul import kernel_nk
@@ -142,10 +144,31 @@ def test_pallas_int8_nk_matches_reference(M, K, N, bn, bk, split):
     x = jnp.asarray(rng.standard_normal((M, K)), jnp.float32)
     q = rng.integers(-127, 128, (K, N)).astype(np.int8)
     scale = jnp.asarray(rng.uniform(1e-3, 1e-2, N), jnp.float32)
-    cfg = T.Config(16, bn, bk, split, True, 4, 3)
+    cfg = T.Config(16, bn, bk, split, True, 4, 3, exact_rows=exact)
     got = kernel_nk.int8_matmul_nk(x, jnp.asarray(q.T), scale, interpret=True, cfg=cfg)
     want = qr.int8_matmul_reference(x, jnp.asarray(q), scale)
     assert got.shape == (M, N) and rel_err(got, want) < 1e-5
+
+
+@pytest.mark.parametrize("M,exact,rows", [(1, True, 4), (5, True, 20), (5, False, 64), (16, True, 64)])
+def test_pallas_nk_partials_have_only_xs_rows(M, exact, rows):
+    """Below 16 rows the split partials the kernel writes (and XLA sums) are [split * M, N]: not 16 rows a split of
+    which M are used (the form before 12-06 i, kept as Config.exact_rows=False); 16 rows and more stay blocked."""
+    from pallas_kernels.quantized_matmul import kernel_nk
+
+    cfg = T.Config(16, 32, 64, 4, True, 4, 3, exact_rows=exact)
+    q, s = jnp.ones((64, 256), jnp.int8), jnp.ones((64,), jnp.float32)
+    jaxpr = jax.make_jaxpr(lambda x: kernel_nk.int8_matmul_nk(x, q, s, interpret=True, cfg=cfg))(
+        jnp.ones((M, 256), jnp.float32)).jaxpr
+    calls, todo = [], [jaxpr]
+    while todo:
+        for e in todo.pop().eqns:
+            if e.primitive.name == "pallas_call":
+                calls.append(e)
+            elif e.primitive.name in ("pjit", "jit"):
+                todo.append(e.params["jaxpr"].jaxpr)
+    (call,) = calls
+    assert math.prod(call.outvars[0].aval.shape) == rows * 64
 
 
 @pytest.mark.parametrize("M,pads", [(1, False), (8, False), (16, False), (20, True)])
