@@ -1,6 +1,5 @@
 # One call, whichever GPU comes: an H200 measures issue 21's 1B draft (whole and cut head); an H100 repeats the int8
 # exact-rows A/B with int8 first in a fresh process both times.
-cd "$(dirname "$0")" 2>/dev/null || true
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "$GPU"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 if echo "$GPU" | grep -q H200; then

@@ -91,8 +91,9 @@ def _store(o_ref, acc, xrows, M: int, bn: int):
     of the 8B int8 step, written and summed back, beside ~217 MB of weights (~10% more traffic if it reaches HBM
     rather than staying in L2), and ~6.8 MB beside ~61 MB on the 1B draft's layer (~22%), whose int8 kernels ran at
     ~50% of HBM in its step profile (step-profile-draft1b-t1-int8-65dcd08-*). Measured (H100, 12-06 i,
-    benchmarks/README.md): the 8B int8 batch-1 step 4.11 -> 3.83 ms (1.42x -> 1.53x bf16); per op at M = 1 the
-    8B projections 1-5% faster, the 1B's qkv / o 15% / 28%."""
+    benchmarks/README.md): per op at M = 1 the 8B projections 1-5% faster, the 1B's qkv / o 15% / 28%; in the
+    engine's 8B int8 batch-1 step +0.7% (4.12 -> 4.09 ms): inside the step's CUDA graph the partials mostly
+    stay in L2."""
     if not M:
         o_ref[...] = acc
         return
