@@ -30,14 +30,15 @@
 #          cuDNN dense, slower than the Pallas kernel, so its engine switch and the offline parts were removed)
 #   exact  the small-M kernels' partials of x's rows only vs 16 a split: per op, the cut-head 1B draft (~450 s)
 #   exactqd the same on the 8B int8 model's decode, batch 1 / 16 (~400 s)
+#   order  int8 / bf16 first and again in one process (12-06 i's unexplained 0.26 ms a step, ~550 s)
 #   hcut   the 1B int8 draft's head alone, whole vs cut (probes/draft_head_cut.py, ~90 s)
 #   vocab  the 1B int8 draft with its head cut to 32k ids vs the whole head (issue 21; ~330 s on a cold machine)
 #   cseq   the sequence form (one cuDNN row a chunk or a part of it) per op, then its GPU tests (~70 s; 12-06 h)
 #   onetok the verify bucket and the draft cycle's 1-token bucket at batch 1 (12-06 e), on and off (two calls)
 #   Cold machine (12-06 e): an 8B model's first start ~100 s of compiles, spec_speed > 240 s: give parts room.
 #   12-06 g ran nktest onetokab dprof1 tp512 attn w8a8 mid head (H100; benchmarks/README.md "2026-12-06 g").
-#   12-06 h ran ctiles attn, then cseq (H100). Next: "vocab", the H200's figures "tests attn auto", then
-#   "serve tp512 mid"
+#   12-06 h ran ctiles attn, then cseq (H100). 12-06 i ran hcut vocab, nktest exact exactqd (H100).
+#   Next: "order"; on an H200 "vocab" (issue 21's figure), "tests attn auto", then "serve tp512 mid"
 #   (AUTO_CUDNN_MIN_TOKENS is 16 since 12-06 g):
 #   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="tests attn" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
 GPU_ROUND=gpu-round-1207
@@ -89,6 +90,12 @@ for part in $PARTS; do case $part in
     run exact-qd 240 timeout 240 $PY $QDX --methods bf16 int8 --budget-s 210 --tag exact-rows
     run exact-qd-off 180 JAXINFER_NK_EXACT_ROWS=0 timeout 180 $PY $QDX --methods int8 --budget-s 150 \
       --tag exact-rows-off ;;
+  order)  # 12-06 i: int8 after a bf16 LLM in one process ran 3.83 ms a step, int8 as a process's first model 4.09-4.12
+          # (either partial form). The same model twice in one process, a bf16 between, says whether the first model
+          # of a process is slow (users run one) or the second fast; bf16 twice too
+    QDO="benchmarks/quantized_decode.py --decode-batches 1 --throughput-methods --no-kv-capacity"
+    run order-int8 330 timeout 330 $PY $QDO --methods int8 bf16 int8 --budget-s 300 --tag order-int8
+    run order-bf16 250 timeout 250 $PY $QDO --methods bf16 int8 bf16 --budget-s 220 --tag order-bf16 ;;
   hcut)  # the draft's head alone, whole vs cut to 32k / 64k ids (probes/draft_head_cut.py, ~90 s): the time a draft
          # step saves, before part vocab's end-to-end run
     run hcut 150 timeout 150 $PY benchmarks/probes/draft_head_cut.py --vocab 32768 65536 ;;
