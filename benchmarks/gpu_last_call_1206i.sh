@@ -10,5 +10,6 @@ else
   QDX="benchmarks/quantized_decode.py --decode-batches 1 --throughput-methods --no-kv-capacity --methods int8"
   timeout 110 python3 $QDX --budget-s 100 --tag exact-first > $OUT/qd-on.log 2>&1; echo rc=$?
   JAXINFER_NK_EXACT_ROWS=0 timeout 110 python3 $QDX --budget-s 100 --tag exact-first-off > $OUT/qd-off.log 2>&1
-  echo rc=$?; grep -h "tok/s" $OUT/qd-on.log $OUT/qd-off.log; cp benchmarks/results/quantized-decode-exact-first*.json $OUT/
+  echo rc=$?; grep -h "tok/s" $OUT/qd-on.log $OUT/qd-off.log
+  cp benchmarks/results/quantized-decode-exact-first*.json $OUT/
 fi

@@ -18,8 +18,7 @@ Work decomposition (as triton_small_m.int8_nk_kernel, DOT form): grid = (N / bn,
   acc[bm, bn] += x[bm, bk] @ q_t[bn, bk].T   (int8 -> bf16 in registers, exact; f32 accumulation; bm = 16 rows,
                                               rows past M: zero padding, or below 16 rows x's last row repeated)
 and writes acc * scale to part[s] (below bm rows only x's M rows: `_store`); XLA sums the split partials
-(deterministic, no atomics). Shapes the kernel
-does not take (`supports`) stay on XLA's convert + dot.
+(deterministic, no atomics). Shapes the kernel does not take (`supports`) stay on XLA's convert + dot.
 
 int4 (the engine's GPU int4 default, backend 'triton-int4'; H200 batch-1 decode of the 8B shape 255.9 tok/s against
 198.7 on the [K/2, N] Pallas kernel and 233.2 for bf16, batch 16 3,287 vs 3,025 vs 3,404: faster than the old
@@ -54,7 +53,7 @@ def supports(K: int, N: int, cfg: Config) -> bool:
 
 def _kernel(x_ref, w_ref, s_ref, o_ref, *, bm: int, bn: int, bk: int, ks: int, exact_m: int):
     """x_ref [Mp or M < bm, K], w_ref int8 [N, K], s_ref f32 [N] (whole arrays, indexed here); o_ref: this
-    program's f32 block [bm, bn] of part[split, Mp, N]."""
+    program's f32 block [bm, bn] of part[split, Mp, N], or (exact_m = M < bm) the whole part [split * M, N]."""
     rows = pl.ds(pl.multiple_of(pl.program_id(0) * bn, bn), bn)
     xrows = _x_rows(x_ref.shape[0], bm)
     k_begin = pl.program_id(1) * ks
@@ -174,7 +173,8 @@ def _nibble_plane(w, shift: int):
 def _int4_kernel(x_ref, w_ref, s_ref, o_ref, xs_ref, out_ref, *, bm: int, bn: int, g: int, ks: int, dot: bool,
                  exact_m: int):
     """x_ref [Mp or M < bm, K], w_ref int32 [N, K/8], s_ref / o_ref [K/g, N], xs_ref f32 [Mp or M, K/g] (whole
-    arrays); out_ref: this program's f32 block [bm, bn] of part[split, Mp, N]."""
+    arrays); out_ref: this program's f32 block [bm, bn] of part[split, Mp, N], or (exact_m = M < bm, the
+    tensor-core form) the whole part [split * M, N]."""
     W4, H = g // 8, g // 2
     rows = pl.ds(pl.multiple_of(pl.program_id(0) * bn, bn), bn)
     xrows = _x_rows(x_ref.shape[0], bm)

@@ -132,6 +132,16 @@ def test_not_usable_on_cpu():
 
 
 # ---- the Pallas-Triton port the engine runs (kernel_nk.py), in Pallas interpret mode ------------------------------
+def _eqns(f, x):
+    """The equations of f's jaxpr at x, through nested jits (the ops around the kernel and the pallas_call)."""
+    todo = [jax.make_jaxpr(f)(x).jaxpr]
+    while todo:
+        for e in todo.pop().eqns:
+            yield e
+            if e.primitive.name in ("pjit", "jit"):
+                todo.append(e.params["jaxpr"].jaxpr)
+
+
 @pytest.mark.parametrize("M,K,N,bn,bk,split,exact", [(1, 512, 64, 32, 128, 2, True), (5, 256, 96, 32, 64, 2, True),
                                                      (3, 512, 64, 32, 64, 4, True), (3, 512, 64, 32, 64, 4, False),
                                                      (16, 384, 32, 16, 128, 1, True), (20, 256, 48, 16, 64, 4, True)])
@@ -158,16 +168,8 @@ def test_pallas_nk_partials_have_only_xs_rows(M, exact, rows):
 
     cfg = T.Config(16, 32, 64, 4, True, 4, 3, exact_rows=exact)
     q, s = jnp.ones((64, 256), jnp.int8), jnp.ones((64,), jnp.float32)
-    jaxpr = jax.make_jaxpr(lambda x: kernel_nk.int8_matmul_nk(x, q, s, interpret=True, cfg=cfg))(
-        jnp.ones((M, 256), jnp.float32)).jaxpr
-    calls, todo = [], [jaxpr]
-    while todo:
-        for e in todo.pop().eqns:
-            if e.primitive.name == "pallas_call":
-                calls.append(e)
-            elif e.primitive.name in ("pjit", "jit"):
-                todo.append(e.params["jaxpr"].jaxpr)
-    (call,) = calls
+    f = lambda x: kernel_nk.int8_matmul_nk(x, q, s, interpret=True, cfg=cfg)  # noqa: E731
+    (call,) = [e for e in _eqns(f, jnp.ones((M, 256), jnp.float32)) if e.primitive.name == "pallas_call"]
     assert math.prod(call.outvars[0].aval.shape) == rows * 64
 
 
@@ -183,12 +185,7 @@ def test_pallas_nk_pads_x_only_above_16_rows(M, pads):
     for f in (lambda x: kernel_nk.int8_matmul_nk(x, q, s, interpret=True, cfg=cfg),
               lambda x: kernel_nk.int4_matmul_nk(x, p4, sc, sc, group_size=128, interpret=True,
                                                  cfg=T.Config(16, 32, 128, 1, True, 4, 3))):
-        names, todo = set(), [jax.make_jaxpr(f)(jnp.ones((M, 128), jnp.float32)).jaxpr]
-        while todo:                                  # the ops outside the kernel, through nested jits
-            for e in todo.pop().eqns:
-                names.add(e.primitive.name)
-                if e.primitive.name in ("pjit", "jit"):
-                    todo.append(e.params["jaxpr"].jaxpr)
+        names = {e.primitive.name for e in _eqns(f, jnp.ones((M, 128), jnp.float32))}
         assert "pallas_call" in names and ("pad" in names) == pads, names
 
 
