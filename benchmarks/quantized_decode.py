@@ -101,6 +101,9 @@ def main():
         # the plain method could load one another's compiled step
         os.environ["JAXINFER_PROGRAM_CACHE"] = "0"
         print("'@' methods: the program cache is off for this run", flush=True)
+    # @norm: the norms applied inside the int8 small-M kernel (models/layers.norm_prologue, read at trace time,
+    # background compiles included: set for each method's whole life, "1" for @norm methods, "0" for the others)
+    norm_ab = any(m.endswith("@norm") for m in a.methods)
     rows = []
     for method in a.methods:
         if time.perf_counter() - t_start > a.budget_s:
@@ -112,9 +115,7 @@ def main():
             raise SystemExit(f"unknown method variant @{variant} in {method!r}; the variants are @tout, @yt and "
                              "@norm")
         mosaic_int4_wide.TRANSPOSE_OUT = variant != "yt"   # read by default_config at trace time
-        if any(m.endswith("@norm") for m in a.methods):
-            # @norm: the norms applied inside the int8 small-M kernel (models/layers.norm_prologue, read at trace
-            # time, background compiles included: set for the method's whole life); the other methods without
+        if norm_ab:
             os.environ["JAXINFER_NORM_PROLOGUE"] = "1" if variant == "norm" else "0"
         spec_part, _, head_part = name.partition("+")
         quant, _, backend = spec_part.partition(":")
