@@ -31,7 +31,7 @@
 #   exact  the small-M kernels' partials of x's rows only vs 16 a split: per op, the cut-head 1B draft (~450 s)
 #   exactqd the same on the 8B int8 model's decode, batch 1 / 16 (~400 s)
 #   normpro the norms inside the int8 kernel: its GPU test, 8B int8 decode A/B in one process (~460 s)
-#   normprospec the same for the cut-head 1B draft, two processes (~440 s)
+#   normprospec the same for the 1B int8 draft (whole head), two processes (~440 s); normprospeccut: cut head
 #   order  int8 / bf16 first and again in one process (12-06 i's unexplained 0.26 ms a step, ~550 s)
 #   hcut   the 1B int8 draft's head alone, whole vs cut (probes/draft_head_cut.py, ~90 s)
 #   vocab  the 1B int8 draft with its head cut to 32k ids vs the whole head (issue 21; ~330 s on a cold machine)
@@ -101,10 +101,15 @@ for part in $PARTS; do case $part in
     run normpro-qd 340 timeout 340 $PY benchmarks/quantized_decode.py --methods int8 int8@norm bf16 int8 \
       --decode-batches 1 16 --throughput-methods --no-kv-capacity --budget-s 320 --tag normpro ;;
   normprospec)
-    SPN="benchmarks/spec_speed.py --drafts none llama3.2-1b@int8+vocab32768 --batch 1 --accept 0.7 \
-      --max-num-batched-tokens 16"
+    # the whole head (the default draft: does the prologue alone reach 1.7x?); the cut head's pair is normprospeccut
+    SPN="benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 --accept 0.7 --max-num-batched-tokens 16"
     run normpro-spec 220 JAXINFER_NORM_PROLOGUE=1 timeout 220 $PY $SPN --tag normpro
     run normpro-spec-off 220 JAXINFER_NORM_PROLOGUE=0 timeout 220 $PY $SPN --tag normpro-off ;;
+  normprospeccut)
+    SPN="benchmarks/spec_speed.py --drafts none llama3.2-1b@int8+vocab32768 --batch 1 --accept 0.7 \
+      --max-num-batched-tokens 16"
+    run normpro-spec 220 JAXINFER_NORM_PROLOGUE=1 timeout 220 $PY $SPN --tag normprocut
+    run normpro-spec-off 220 JAXINFER_NORM_PROLOGUE=0 timeout 220 $PY $SPN --tag normprocut-off ;;
   order)  # 12-06 i: int8 after a bf16 LLM in one process ran 3.83 ms a step, int8 as a process's first model 4.09-4.12
           # (either partial form). The same model twice in one process, a bf16 between, says whether the first model
           # of a process is slow (users run one) or the second fast; bf16 twice too

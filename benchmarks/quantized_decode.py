@@ -27,7 +27,7 @@ import jax  # noqa: E402
 
 from benchmarks.common import measure_hbm_bandwidth, write_result  # noqa: E402
 from pallas_kernels.quantized_matmul import mosaic_int4_wide  # noqa: E402
-from benchmarks.latency import run_batch  # noqa: E402
+from benchmarks.latency import device_only_or_nan, run_batch  # noqa: E402
 from benchmarks.throughput import make_workload, run_engine  # noqa: E402
 from jaxinfer import LLM  # noqa: E402
 
@@ -137,11 +137,14 @@ def main():
         roof = bw / llm.model.num_bytes
         r = run_batch(llm, 1, a.prompt_len, a.new_tokens, a.max_num_batched_tokens)  # batch 1: no prefill mixed in
         tps, step = r["decode_tok_s"], r["step_s_median"]
+        # the compiled step alone at the run's mean context: says whether a gap between two rows (12-06 i: int8
+        # after a bf16 LLM 0.26 ms a step faster than int8 as a process's first model) is device or host time
+        dev, dev_err = device_only_or_nan(llm, 1, a.prompt_len + a.new_tokens // 2)
         row.update(decode_b1_tok_s=tps, step_ms_median=step * 1e3, roofline_tok_s=roof,
-                   pct_roofline=100 * tps / roof)
+                   pct_roofline=100 * tps / roof, device_step_ms=dev * 1e3, device_step_error=dev_err)
         print(f"{method:<10} weights {row['weight_GB']:6.2f} GB ({row['weights']}) | batch-1 decode {tps:7.1f} tok/s "
               f"(roofline {roof:.0f}, {row['pct_roofline']:.0f}%; median step {step * 1e3:.2f} ms = {1 / step:.1f} "
-              f"tok/s) | startup {row['startup_s']:.0f} s", flush=True)
+              f"tok/s, device-only {dev * 1e3:.2f} ms) | startup {row['startup_s']:.0f} s", flush=True)
         for b in a.decode_batches:   # batched decode (issue 20: int4 >= 2.0x bf16 at batch 16)
             if b == 1:
                 continue
