@@ -33,6 +33,7 @@
 #   normpro the norms inside the int8 kernel: its GPU test, 8B int8 decode A/B in one process (~460 s)
 #   normprospec the same for the 1B int8 draft (whole head), two processes (~440 s); normprospeccut: cut head
 #   order  int8 / bf16 first and again in one process (12-06 i's unexplained 0.26 ms a step, ~550 s)
+#   gso    fresh vs stable (aliased, donated) outputs of a toy step of the 8B graph's size: the call's host time
 #   hcut   the 1B int8 draft's head alone, whole vs cut (probes/draft_head_cut.py, ~90 s)
 #   vocab  the 1B int8 draft with its head cut to 32k ids vs the whole head (issue 21; ~330 s on a cold machine)
 #   cseq   the sequence form (one cuDNN row a chunk or a part of it) per op, then its GPU tests (~70 s; 12-06 h)
@@ -116,6 +117,9 @@ for part in $PARTS; do case $part in
     QDO="benchmarks/quantized_decode.py --decode-batches 1 --throughput-methods --no-kv-capacity"
     run order-int8 330 timeout 330 $PY $QDO --methods int8 bf16 int8 --budget-s 300 --tag order-int8
     run order-bf16 250 timeout 250 $PY $QDO --methods bf16 int8 bf16 --budget-s 220 --tag order-bf16 ;;
+  gso)  # does a step whose outputs alias donated inputs (every address fixed) dispatch cheaper? A toy of the 8B
+        # step's graph size, fresh vs stable outputs (probes/graph_stable_outputs.py, ~60 s): issue 17's host target
+    run gso 150 timeout 150 $PY benchmarks/probes/graph_stable_outputs.py ;;
   hcut)  # the draft's head alone, whole vs cut to 32k / 64k ids (probes/draft_head_cut.py, ~90 s): the time a draft
          # step saves, before part vocab's end-to-end run
     run hcut 150 timeout 150 $PY benchmarks/probes/draft_head_cut.py --vocab 32768 65536 ;;

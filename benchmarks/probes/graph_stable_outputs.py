@@ -1,0 +1,137 @@
+"""Does a step whose every buffer keeps its address make the compiled call cheap? (issue 17, host <= 1.0 ms)
+
+With the step's temporaries (SKIP_TEMP, runner/xla_env.py) and packed inputs (runner/step.stage_inputs) at fixed
+addresses, the call of the 8B step still costs 1.0-1.2 ms of host time on the H100 hosts (12-05 d), most of it
+`command_buffer::update` of the commands that write the step's fresh output buffers and a `cuGraphLaunch` of
+1.2-2.3 ms (12-04 c, traced). The guess tested here: an updated CUDA graph is uploaded again at its next launch
+(O(nodes)); a graph none of whose addresses moved launches without the upload, so a step whose outputs alias donated
+inputs (the same buffer passed back every call) would dispatch in a fraction of the time.
+
+A toy program of the step's size (32 "layers" x 6 bf16 dots of [B, 4096] x [4096, 4096] with an RMS scaling after
+each: ~400 graph nodes, a few ms of device time) is called back to back without waiting (the engine's pipelined
+form), three ways:
+  fresh         (tokens, state) = f(state, x): the tokens a fresh buffer every call (the engine today)
+  stable        (out, state) = f(state, x, out): the tokens written into `out` (donated, one element longer than
+                what is written, so XLA updates it in place) and returned: every address is the same every call
+  fresh-inputs  as fresh, with x a new device buffer every call (the engine before staged inputs)
+Printed: the median host time of a call (perf_counter around the call only) and the device time per call.
+
+  python benchmarks/probes/graph_stable_outputs.py [--batch 64] [--layers 32] [--iters 60]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import jaxinfer  # noqa: E402,F401  - sets the engine's XLA flags (SKIP_TEMP) before the backend starts
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks.common import device_name, write_result  # noqa: E402
+
+D = 4096
+DOTS_PER_LAYER = 6
+
+
+def body(weights, state, x):
+    """state [B, D] bf16, x [B] int32 -> (tokens [B] int32, new state [B, D])."""
+    h = state + x[:, None].astype(state.dtype) * 1e-3
+    for w in weights:
+        h = jnp.dot(h, w, preferred_element_type=jnp.float32)
+        h = (h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + 1e-6)).astype(state.dtype)
+    tokens = jnp.argmax(h[:, :512], axis=-1).astype(jnp.int32)
+    return tokens, h
+
+
+def fresh_step(weights, state, x):
+    return body(weights, state, x)
+
+
+def stable_step(weights, state, x, out):
+    """out [B + 1] int32, donated: the tokens go into its first B slots in place (a write of the whole buffer would
+    be replaced by the new array, which is a fresh allocation)."""
+    tokens, h = body(weights, state, x)
+    return jax.lax.dynamic_update_slice(out, tokens, (0,)), h
+
+
+def timed_calls(call, iters: int) -> tuple[float, float]:
+    """(median host seconds of one call, device seconds per call), calls back to back."""
+    for _ in range(5):
+        res = call()
+    jax.block_until_ready(res)
+    host = []
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        t = time.perf_counter()
+        res = call()
+        host.append(time.perf_counter() - t)
+    jax.block_until_ready(res)
+    return statistics.median(host), (time.perf_counter() - t0) / iters
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 64, 256])
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--iters", type=int, default=60)
+    ap.add_argument("--dim", type=int, default=D, help="smaller for a CPU smoke run")
+    a = ap.parse_args()
+    d = a.dim
+    key = jax.random.PRNGKey(0)
+    weights = [jax.random.normal(jax.random.fold_in(key, i), (d, d), jnp.bfloat16) * (d ** -0.5)
+               for i in range(a.layers * DOTS_PER_LAYER)]
+    fresh = jax.jit(fresh_step, donate_argnums=(1,))
+    stable = jax.jit(stable_step, donate_argnums=(1, 3))
+    rows = []
+    for b in a.batch:
+        row = dict(batch=b)
+        st = {"state": jnp.ones((b, d), jnp.bfloat16), "out": jnp.zeros((b + 1,), jnp.int32)}
+        x = jnp.arange(b, dtype=jnp.int32)
+        x_host = np.arange(b, dtype=np.int32)
+
+        def call_fresh():
+            tok, st["state"] = fresh(weights, st["state"], x)
+            return tok
+
+        def call_fresh_inputs():
+            tok, st["state"] = fresh(weights, st["state"], jax.device_put(x_host))
+            return tok
+
+        def call_stable():
+            st["out"], st["state"] = stable(weights, st["state"], x, st["out"])
+            return st["out"]
+
+        for name, call in (("fresh", call_fresh), ("stable", call_stable), ("fresh-inputs", call_fresh_inputs),
+                           ("stable#2", call_stable), ("fresh#2", call_fresh)):
+            host, dev = timed_calls(call, a.iters)
+            row[f"{name}_call_ms"] = host * 1e3
+            row[f"{name}_step_ms"] = dev * 1e3
+            print(f"batch {b:4d} {name:<13} call {host * 1e3:7.3f} ms (host, median) | {dev * 1e3:7.3f} ms a call "
+                  f"back to back", flush=True)
+        # the premise: the stable form's output is the donated buffer (same address call after call)
+        ptrs = []
+        for _ in range(3):
+            call_stable()
+            ptrs.append(st["out"].unsafe_buffer_pointer())
+        row["stable_out_address_fixed"] = len(set(ptrs)) == 1
+        print(f"batch {b:4d} stable output address fixed over 3 calls: {row['stable_out_address_fixed']}", flush=True)
+        # the stable form's tokens are the fresh form's (same state chain from ones)
+        s1 = jnp.ones((b, d), jnp.bfloat16)
+        t_f, _ = fresh(weights, s1, x)
+        t_s, _ = stable(weights, jnp.ones((b, d), jnp.bfloat16), x, jnp.zeros((b + 1,), jnp.int32))
+        row["tokens_equal"] = bool(np.array_equal(np.asarray(t_f), np.asarray(t_s)[:b]))
+        print(f"batch {b:4d} stable tokens == fresh tokens: {row['tokens_equal']}", flush=True)
+        rows.append(row)
+    path = write_result("graph-stable-outputs", dict(device=device_name(), jax=jax.__version__,
+                                                     layers=a.layers, dim=d, rows=rows))
+    print(f"wrote {path}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
