@@ -14,6 +14,7 @@ form), three ways:
   stable        (out, state) = f(state, x, out): the tokens written into `out` (donated, one element longer than
                 what is written, so XLA updates it in place) and returned: every address is the same every call
   fresh-inputs  as fresh, with x a new device buffer every call (the engine before staged inputs)
+  stable+1fresh as stable, plus one small fresh output (does one moved command cost what all of them do?)
 Printed: the median host time of a call (perf_counter around the call only) and the device time per call.
 
   python benchmarks/probes/graph_stable_outputs.py [--batch 64] [--layers 32] [--iters 60]
@@ -60,6 +61,13 @@ def stable_step(weights, state, x, out):
     return jax.lax.dynamic_update_slice(out, tokens, (0,)), h
 
 
+def stable_one_fresh_step(weights, state, x, out):
+    """stable_step plus one small fresh output (the tokens again, [B] int32): is one moved command enough to lose
+    what the stable form gains (the whole graph re-uploaded), or does the update cost scale with what moved?"""
+    tokens, h = body(weights, state, x)
+    return jax.lax.dynamic_update_slice(out, tokens, (0,)), h, tokens + 1
+
+
 def timed_calls(call, iters: int) -> tuple[float, float]:
     """(median host seconds of one call, device seconds per call), calls back to back."""
     for _ in range(5):
@@ -88,6 +96,7 @@ def main():
                for i in range(a.layers * DOTS_PER_LAYER)]
     fresh = jax.jit(fresh_step, donate_argnums=(1,))
     stable = jax.jit(stable_step, donate_argnums=(1, 3))
+    stable1 = jax.jit(stable_one_fresh_step, donate_argnums=(1, 3))
     rows = []
     for b in a.batch:
         row = dict(batch=b)
@@ -107,8 +116,12 @@ def main():
             st["out"], st["state"] = stable(weights, st["state"], x, st["out"])
             return st["out"]
 
+        def call_stable1():
+            st["out"], st["state"], tok = stable1(weights, st["state"], x, st["out"])
+            return tok
+
         for name, call in (("fresh", call_fresh), ("stable", call_stable), ("fresh-inputs", call_fresh_inputs),
-                           ("stable#2", call_stable), ("fresh#2", call_fresh)):
+                           ("stable+1fresh", call_stable1), ("stable#2", call_stable), ("fresh#2", call_fresh)):
             host, dev = timed_calls(call, a.iters)
             row[f"{name}_call_ms"] = host * 1e3
             row[f"{name}_step_ms"] = dev * 1e3
