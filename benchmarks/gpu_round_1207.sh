@@ -30,8 +30,8 @@
 #          cuDNN dense, slower than the Pallas kernel, so its engine switch and the offline parts were removed)
 #   exact  the small-M kernels' partials of x's rows only vs 16 a split: per op, the cut-head 1B draft (~450 s)
 #   exactqd the same on the 8B int8 model's decode, batch 1 / 16 (~400 s)
-#   normpro the norms inside the int8 kernel: its GPU test, 8B int8 decode A/B in one process (~460 s)
-#   normprospec the same for the 1B int8 draft (whole head), two processes (~440 s); normprospeccut: cut head
+#   (normpro / normprospec: the norms inside the int8 kernel, JAXINFER_NORM_PROLOGUE; run 12-06 j as normpro: 13%
+#          slower, removed with the switch)
 #   order  int8 / bf16 first and again in one process (12-06 i's unexplained 0.26 ms a step, ~550 s)
 #   gso    fresh vs stable (aliased, donated) outputs of a toy step of the 8B graph's size: the call's host time
 #   hcut   the 1B int8 draft's head alone, whole vs cut (probes/draft_head_cut.py, ~90 s)
@@ -41,7 +41,8 @@
 #   Cold machine (12-06 e): an 8B model's first start ~100 s of compiles, spec_speed > 240 s: give parts room.
 #   12-06 g ran nktest onetokab dprof1 tp512 attn w8a8 mid head (H100; benchmarks/README.md "2026-12-06 g").
 #   12-06 h ran ctiles attn, then cseq (H100). 12-06 i ran hcut vocab, nktest exact exactqd (H100).
-#   Next: "normpro", "normprospec", "order"; on an H200 "vocab" (issue 21's figure), "tests attn auto", then "serve tp512 mid"
+#   12-06 j ran gso normpro (then order's question and vocab by hand, gpu-round-1207j-0c602fe-2026-12-06.log; H100).
+#   Next, on an H200: "vocab" (issue 21's figure), "tests attn auto", then "serve tp512 mid"
 #   (AUTO_CUDNN_MIN_TOKENS is 16 since 12-06 g):
 #   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="tests attn" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
 GPU_ROUND=gpu-round-1207
@@ -93,24 +94,6 @@ for part in $PARTS; do case $part in
     run exact-qd 240 timeout 240 $PY $QDX --methods bf16 int8 --budget-s 210 --tag exact-rows
     run exact-qd-off 180 JAXINFER_NK_EXACT_ROWS=0 timeout 180 $PY $QDX --methods int8 --budget-s 150 \
       --tag exact-rows-off ;;
-  normpro)  # the norms inside the int8 small-M kernel (JAXINFER_NORM_PROLOGUE=1, models/layers.NormedInput, 12-06 i):
-             # one kernel less per norm at decode sizes. Its GPU test, then the 8B int8 decode with and without in
-             # one process (int8 first and last: the order effect of 12-06 i shows beside it), then the cut-head
-             # 1B draft in two processes of the same order (~900 s in all: two calls)
-    run normpro-tests 120 timeout 120 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
-      -k "norm_in_the_kernel" tests/kernels/test_triton_small_m_gpu.py
-    run normpro-qd 340 timeout 340 $PY benchmarks/quantized_decode.py --methods int8 int8@norm bf16 int8 \
-      --decode-batches 1 16 --throughput-methods --no-kv-capacity --budget-s 320 --tag normpro ;;
-  normprospec)
-    # the whole head (the default draft: does the prologue alone reach 1.7x?); the cut head's pair is normprospeccut
-    SPN="benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 --accept 0.7 --max-num-batched-tokens 16"
-    run normpro-spec 220 JAXINFER_NORM_PROLOGUE=1 timeout 220 $PY $SPN --tag normpro
-    run normpro-spec-off 220 JAXINFER_NORM_PROLOGUE=0 timeout 220 $PY $SPN --tag normpro-off ;;
-  normprospeccut)
-    SPN="benchmarks/spec_speed.py --drafts none llama3.2-1b@int8+vocab32768 --batch 1 --accept 0.7 \
-      --max-num-batched-tokens 16"
-    run normpro-spec 220 JAXINFER_NORM_PROLOGUE=1 timeout 220 $PY $SPN --tag normprocut
-    run normpro-spec-off 220 JAXINFER_NORM_PROLOGUE=0 timeout 220 $PY $SPN --tag normprocut-off ;;
   order)  # 12-06 i: int8 after a bf16 LLM in one process ran 3.83 ms a step, int8 as a process's first model 4.09-4.12
           # (either partial form). The same model twice in one process, a bf16 between, says whether the first model
           # of a process is slow (users run one) or the second fast; bf16 twice too

@@ -61,8 +61,7 @@ def main():
                          "(w8a8, xla-int4, pallas, xla) and '+head' (the LM head in the model's method) or "
                          "'+floathead' (a float head; default: int8 head for int8 / int4), and '@yt' / '@tout' (int4 "
                          "on Hopper: the many-token kernel writes y^T for XLA to transpose / y [M, N] itself, "
-                         "mosaic_int4_wide.TRANSPOSE_OUT; the default is @tout since 2026-12-05 d), or '@norm' (int8: "
-                         "the norms inside the small-M kernel, JAXINFER_NORM_PROLOGUE=1)")
+                         "mosaic_int4_wide.TRANSPOSE_OUT; the default is @tout since 2026-12-05 d)")
     ap.add_argument("--throughput-methods", nargs="*", default=["bf16", "fp8", "int8"])
     ap.add_argument("--decode-batches", type=int, nargs="+", default=[1],
                     help="decode batch sizes (batch 1 always runs; e.g. 1 16 for the batch-16 target)")
@@ -101,9 +100,6 @@ def main():
         # the plain method could load one another's compiled step
         os.environ["JAXINFER_PROGRAM_CACHE"] = "0"
         print("'@' methods: the program cache is off for this run", flush=True)
-    # @norm: the norms applied inside the int8 small-M kernel (models/layers.norm_prologue, read at trace time,
-    # background compiles included: set for each method's whole life, "1" for @norm methods, "0" for the others)
-    norm_ab = any(m.endswith("@norm") for m in a.methods)
     rows = []
     for method in a.methods:
         if time.perf_counter() - t_start > a.budget_s:
@@ -111,12 +107,9 @@ def main():
             rows.append(dict(method=method, skipped="time budget"))
             continue
         name, _, variant = method.partition("@")
-        if variant not in ("", "tout", "yt", "norm"):
-            raise SystemExit(f"unknown method variant @{variant} in {method!r}; the variants are @tout, @yt and "
-                             "@norm")
+        if variant not in ("", "tout", "yt"):
+            raise SystemExit(f"unknown method variant @{variant} in {method!r}; the variants are @tout and @yt")
         mosaic_int4_wide.TRANSPOSE_OUT = variant != "yt"   # read by default_config at trace time
-        if norm_ab:
-            os.environ["JAXINFER_NORM_PROLOGUE"] = "1" if variant == "norm" else "0"
         spec_part, _, head_part = name.partition("+")
         quant, _, backend = spec_part.partition(":")
         head = {"": None, "head": True, "floathead": False}[head_part]

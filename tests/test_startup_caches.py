@@ -76,22 +76,17 @@ def test_program_key_covers_name_and_parts():
 
 
 def test_program_key_covers_the_trace_time_switches(monkeypatch):
-    """JAXINFER_TRITON picks the small-M kernels or XLA's forms while the step is traced (JAXINFER_NORM_PROLOGUE
-    the norm inside the int8 kernel): a program compiled under one setting must not be loaded under the other."""
+    """JAXINFER_TRITON picks the small-M kernels or XLA's forms while the step is traced: a program compiled under
+    one setting must not be loaded under the other."""
     from jaxinfer.runner.program_cache import TRACE_ENV, program_key
 
-    assert "JAXINFER_TRITON" in TRACE_ENV and "JAXINFER_NORM_PROLOGUE" in TRACE_ENV
+    assert "JAXINFER_TRITON" in TRACE_ENV
     monkeypatch.delenv("JAXINFER_TRITON", raising=False)
-    monkeypatch.delenv("JAXINFER_NORM_PROLOGUE", raising=False)   # off unless set (models/layers.norm_prologue)
     default = program_key("step", 1)
     monkeypatch.setenv("JAXINFER_TRITON", "0")
     off = program_key("step", 1)
     monkeypatch.setenv("JAXINFER_TRITON", "1")
     assert off != default and program_key("step", 1) == default  # unset and "1" are the same setting
-    monkeypatch.setenv("JAXINFER_NORM_PROLOGUE", "0")
-    assert program_key("step", 1) == default
-    monkeypatch.setenv("JAXINFER_NORM_PROLOGUE", "1")
-    assert program_key("step", 1) != default
 
 
 def test_prefetch_loads_the_first_program_of_the_last_start_and_a_stale_hint_is_harmless(cache, monkeypatch):

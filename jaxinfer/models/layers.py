@@ -6,8 +6,6 @@ Weights are `nnx.Param`s holding plain arrays in [in_features, out_features] lay
 from __future__ import annotations
 
 import math
-import os
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,52 +21,15 @@ def _empty(shape, dtype):
     return jnp.zeros(shape, dtype)
 
 
-def norm_prologue() -> bool:
-    """JAXINFER_NORM_PROLOGUE=1 (read while a step is traced; off unless set, and in the program cache's key): the
-    decoder layers hand their matmuls the pre-norm input and the norm's factors (NormedInput) instead of the
-    normalized input, so the int8 small-M kernel applies the norm to its x blocks as it loads them
-    (kernel_nk.int8_matmul_nk's `norm`) and the norm's multiply kernel should go: one kernel less per norm, two a
-    layer, at decode sizes (the 1B int8 draft's step profile has 34 such multiply fusions, ~2 µs each:
-    step-profile-draft1b-t1-int8-65dcd08-*). Every other matmul path materializes the same values first. Off until
-    measured on a GPU (benchmarks/gpu_round_1207.sh parts `normpro`, `normprospec`)."""
-    return os.environ.get("JAXINFER_NORM_PROLOGUE", "0") != "0"
-
-
-class NormedInput(NamedTuple):
-    """RMSNorm(x) not yet materialized: x [T, K] (the pre-norm input), rstd f32 [T, 1] (1 / rms of each row), weight
-    [K]. materialize() is RMSNorm's own result, bit for bit; a matmul that can fold the norm into its loads (the
-    int8 small-M kernel) takes the parts instead."""
-    x: jax.Array
-    rstd: jax.Array
-    weight: jax.Array
-
-    @property
-    def shape(self):
-        return self.x.shape
-
-    @property
-    def dtype(self):
-        return self.x.dtype
-
-    def materialize(self):
-        return self.weight * (self.x.astype(jnp.float32) * self.rstd).astype(self.x.dtype)
-
-
-def materialized(x):
-    """x itself, or a NormedInput's values."""
-    return x.materialize() if isinstance(x, NormedInput) else x
-
-
 class Linear(nnx.Module):
-    """y = x @ w (+ b). w: [in, out]. axes: logical names of (in, out) for jaxinfer.parallel.RULES. x may be a
-    NormedInput (materialized here)."""
+    """y = x @ w (+ b). w: [in, out]. axes: logical names of (in, out) for jaxinfer.parallel.RULES."""
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool, dtype, axes=(None, None)):
         self.w = nnx.Param(_empty((in_features, out_features), dtype), logical_axes=tuple(axes))
         self.b = nnx.Param(_empty((out_features,), dtype), logical_axes=(axes[1],)) if bias else None
 
     def __call__(self, x):
-        y = jnp.dot(materialized(x), self.w[...])
+        y = jnp.dot(x, self.w[...])
         if self.b is not None:
             y = y + self.b[...]
         return y
@@ -82,13 +43,11 @@ class RMSNorm(nnx.Module):
         self.eps = eps
 
     def __call__(self, x):
-        return self.deferred(x).materialize()
-
-    def deferred(self, x) -> NormedInput:
-        """The norm of x [..., dim] as its parts (NormedInput): the per-row factor computed, not yet applied."""
+        dtype = x.dtype
         x32 = x.astype(jnp.float32)
         var = jnp.mean(x32 * x32, axis=-1, keepdims=True)
-        return NormedInput(x, jax.lax.rsqrt(var + self.eps), self.weight[...])
+        normed = (x32 * jax.lax.rsqrt(var + self.eps)).astype(dtype)
+        return self.weight[...] * normed
 
 
 def rope_cos_sin(positions, inv_freq, dtype):

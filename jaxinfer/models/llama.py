@@ -17,8 +17,7 @@ from flax import nnx
 
 from jaxinfer.config import ModelConfig
 from jaxinfer.models.attention import AttentionMetadata, AttentionOptions, paged_attention
-from jaxinfer.models.layers import (Linear, RMSNorm, apply_rope, materialized, norm_prologue, rope_cos_sin,
-                                    rope_inv_freq)
+from jaxinfer.models.layers import Linear, RMSNorm, apply_rope, rope_cos_sin, rope_inv_freq
 
 
 class Attention(nnx.Module):
@@ -79,12 +78,9 @@ class DecoderLayer(nnx.Module):
         self.mlp = MLP(cfg, dtype, mlp_blocks)
 
     def __call__(self, x, cos, sin, k_pages, v_pages, md, opts):
-        # JAXINFER_NORM_PROLOGUE=1: the norms reach qkv / gate_up as their parts (layers.NormedInput), which the
-        # int8 small-M kernel applies while loading x; every other path materializes them (same values)
-        norm = (lambda n, v: n.deferred(v)) if norm_prologue() else (lambda n, v: n(v))
-        h, k_pages, v_pages = self.attn(norm(self.attn_norm, x), cos, sin, k_pages, v_pages, md, opts)
+        h, k_pages, v_pages = self.attn(self.attn_norm(x), cos, sin, k_pages, v_pages, md, opts)
         x = x + h
-        x = x + self.mlp(norm(self.mlp_norm, x))
+        x = x + self.mlp(self.mlp_norm(x))
         return x, k_pages, v_pages
 
 
@@ -122,12 +118,12 @@ class LlamaForCausalLM(nnx.Module):
         """hidden: [N, H] (pre-norm) -> float32 logits [N, V]. The head is `lm_head` whenever there is one (for a
         tied model, a quantized copy of embed.T), else the embedding. A head of fewer than V columns (a draft's,
         cut to the first token ids: jaxinfer/weights/head_cut.py) leaves the other ids at -inf."""
-        h = self.norm.deferred(hidden) if norm_prologue() else self.norm(hidden)    # (DecoderLayer says why)
+        h = self.norm(hidden)
         if self.lm_head is None:
-            return jnp.dot(materialized(h), self.embed[...].T, preferred_element_type=jnp.float32)
+            return jnp.dot(h, self.embed[...].T, preferred_element_type=jnp.float32)
         if not isinstance(self.lm_head, Linear):  # a QuantLinear (models/quant_linear.py; weights/quantize.py)
             y = self.lm_head(h, preferred_element_type=jnp.float32)
         else:
-            y = jnp.dot(materialized(h), self.lm_head.w[...], preferred_element_type=jnp.float32)
+            y = jnp.dot(h, self.lm_head.w[...], preferred_element_type=jnp.float32)
         cut = self.cfg.vocab_size - y.shape[-1]
         return y if not cut else jnp.concatenate([y, jnp.full((*y.shape[:-1], cut), -jnp.inf, y.dtype)], axis=-1)

@@ -39,9 +39,6 @@ on GPU. Under tensor parallelism a layer's kernels=False turns the small-M kerne
 """
 from __future__ import annotations
 
-import math
-
-from jaxinfer.models.layers import NormedInput
 from pallas_kernels.quantized_matmul import kernel as qmm_kernel
 from pallas_kernels.quantized_matmul import kernel_nk as qmm_kernel_nk
 from pallas_kernels.quantized_matmul import mosaic_int4 as qmm_mosaic
@@ -232,17 +229,12 @@ def check_tables():
 def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, backend="reference",
                      out_dtype=None, kernels: bool = True):
     """One entry point over every implementation (see the module docstring); x [..., K] -> [..., N].
-    kernels: whether the small-M kernel paths may run (path_for). x may be a layers.NormedInput (RMSNorm(x) as its
-    parts): the int8 small-M kernel applies the norm as it loads x; every other path materializes it first."""
-    M = math.prod(x.shape[:-1])
+    kernels: whether the small-M kernel paths may run (path_for)."""
+    M = x.size // x.shape[-1]
     K = x.shape[-1]
     nk = method == "fp8" or weight_layout_of(method, backend) in ("nk", "packed-nk", "native-nk")
     N = q.shape[0] if nk else q.shape[-1]
     path = path_for(method, backend, M, K, N, group_size, kernels)
-    if isinstance(x, NormedInput):
-        if method == "int8" and nk and path == "pallas-nk":
-            return qmm_kernel_nk.int8_matmul_nk(x.x, q, scale, out_dtype=out_dtype, norm=(x.rstd, x.weight))
-        x = x.materialize()
     if method == "fp8":
         fn = qmm_ref.fp8_matmul_reference if path == "reference" else qmm_xla.fp8_matmul_xla
         return fn(x, q, scale, out_dtype=out_dtype)

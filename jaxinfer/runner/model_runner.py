@@ -20,7 +20,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer.config import EngineConfig
-from jaxinfer.models.layers import norm_prologue
 from jaxinfer.weights.loader import LoadedModel
 from jaxinfer.outputs import RunnerOutput, SeqInput, StepBatch
 from jaxinfer.runner import attention_backend, param_arena
@@ -154,10 +153,9 @@ class ModelRunner:
         spec = config.speculative
         self.carry_width = carry_width(spec.num_speculative_tokens) if spec is not None else 0
         # The step takes the norm scales as one buffer a dtype, not one each: host time per argument buffer
-        # (runner/param_arena.py). Sharded plans keep their per-weight shardings. Under JAXINFER_NORM_PROLOGUE the
-        # scales the int8 kernel may take stay out (XLA would copy them out of the arena: a kernel each).
-        packable = param_arena.norm_scales(loaded.treedef, loaded.params, prologue=norm_prologue())
-        self._arena = (param_arena.plan(loaded.params, packable) if plan is None and self.pack_norm_scales else None)
+        # (runner/param_arena.py). Sharded plans keep their per-weight shardings.
+        self._arena = (param_arena.plan(loaded.params, param_arena.norm_scales(loaded.treedef, loaded.params))
+                       if plan is None and self.pack_norm_scales else None)
         self._step_params_src = self._step_params = None
         step_args = (loaded, opts, config.scheduler.max_num_seqs, kv_shardings)
         step_kw = dict(carry_width=self.carry_width, page_size=self.page_size, arena=self._arena)

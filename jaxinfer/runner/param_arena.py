@@ -34,18 +34,13 @@ class Arena:
 
 
 _NORM_SCALE = re.compile(r"\['\w*norm'\]\['weight'\]")  # e.g. ['layers'][3]['attn_norm']['weight'].value
-# The norms whose scale a matmul may take as an operand under JAXINFER_NORM_PROLOGUE (models/layers.NormedInput:
-# the layers' two and the final one): the int8 small-M kernel reads it, and XLA would copy it out of an arena first.
-_PROLOGUE_NORM = re.compile(r"(\['(attn_norm|mlp_norm)'\]|^\['norm'\])\['weight'\]")
 
 
-def norm_scales(treedef, params, *, prologue: bool = False) -> list[bool]:
-    """Which of the flat params (the leaves of an nnx State under `treedef`) are norm scales (1-D) to pack;
-    prologue (JAXINFER_NORM_PROLOGUE on): not those a matmul kernel may take whole (_PROLOGUE_NORM)."""
+def norm_scales(treedef, params) -> list[bool]:
+    """Which of the flat params (the leaves of an nnx State under `treedef`) are norm scales (1-D)."""
     state = jax.tree.unflatten(treedef, list(params))
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
-    return [len(p.shape) == 1 and bool(_NORM_SCALE.search(k)) and not (prologue and _PROLOGUE_NORM.search(k))
-            for k, p in zip(paths, params)]
+    return [len(p.shape) == 1 and bool(_NORM_SCALE.search(k)) for k, p in zip(paths, params)]
 
 
 def plan(params, packable=None) -> Arena | None:

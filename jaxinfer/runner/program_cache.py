@@ -96,12 +96,12 @@ def source_digest() -> str:
 # Environment switches read while a step is traced, so they change the program under the same source and config:
 # a process with JAXINFER_TRITON=0 (XLA's forms instead of the small-M kernels) must not load programs compiled with
 # the kernels. (Seen on the H200, 2026-12-04, with a since-removed switch: the other setting's program was loaded.)
-# Name -> the value when unset; each is on unless its value is "0" (the readers use the same rule).
-TRACE_ENV = {"JAXINFER_TRITON": "1", "JAXINFER_NK_EXACT_ROWS": "1", "JAXINFER_NORM_PROLOGUE": "0"}
+# Each is on unless set to "0".
+TRACE_ENV = ("JAXINFER_TRITON", "JAXINFER_NK_EXACT_ROWS")
 
 
 def _environment() -> str:
-    return _environment_for(tuple(os.environ.get(k, unset) != "0" for k, unset in TRACE_ENV.items()))
+    return _environment_for(tuple(os.environ.get(k, "1") != "0" for k in TRACE_ENV))
 
 
 @functools.lru_cache(maxsize=None)

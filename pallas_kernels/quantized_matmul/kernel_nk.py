@@ -51,27 +51,16 @@ def supports(K: int, N: int, cfg: Config) -> bool:
     return cfg.dot and N % cfg.block_n == 0 and ks * split == K
 
 
-def _kernel(*refs, bm: int, bn: int, bk: int, ks: int, exact_m: int, normed: bool):
-    """refs: x_ref [Mp or M < bm, K], w_ref int8 [N, K], s_ref f32 [N], with `normed` r_ref f32 [Mp or M] and g_ref
-    [K], then o_ref (whole arrays but o_ref, indexed here). o_ref: this program's f32 block [bm, bn] of
-    part[split, Mp, N], or (exact_m = M < bm) the whole part [split * M, N]. normed: x is RMSNorm's input, and
-    each x block is normalized as it is loaded, with RMSNorm's numerics (layers.NormedInput.materialize):
-    g * bf16(x * r) for the block's columns of g."""
-    if normed:
-        x_ref, w_ref, s_ref, r_ref, g_ref, o_ref = refs
-    else:
-        x_ref, w_ref, s_ref, o_ref = refs
+def _kernel(x_ref, w_ref, s_ref, o_ref, *, bm: int, bn: int, bk: int, ks: int, exact_m: int):
+    """x_ref [Mp or M < bm, K], w_ref int8 [N, K], s_ref f32 [N] (whole arrays, indexed here); o_ref: this
+    program's f32 block [bm, bn] of part[split, Mp, N], or (exact_m = M < bm) the whole part [split * M, N]."""
     rows = pl.ds(pl.multiple_of(pl.program_id(0) * bn, bn), bn)
     xrows = _x_rows(x_ref.shape[0], bm)
     k_begin = pl.program_id(1) * ks
-    if normed:
-        r = r_ref[xrows].astype(jnp.float32)[:, None]                         # [bm, 1]
 
     def body(i, acc):
         k0 = pl.multiple_of(k_begin + i * bk, bk)
         xb = x_ref[xrows, pl.ds(k0, bk)]                                   # [bm, bk]
-        if normed:
-            xb = (g_ref[pl.ds(k0, bk)][None, :] * (xb.astype(jnp.float32) * r).astype(xb.dtype)).astype(xb.dtype)
         wb = w_ref[rows, pl.ds(k0, bk)].astype(xb.dtype)                   # [bn, bk] int8 -> exact floats
         return acc + lax.dot_general(xb, wb, (((1,), (1,)), ((), ())), precision=_HIGHEST,
                                      preferred_element_type=jnp.float32)
@@ -142,17 +131,14 @@ def _split_k_call(kernel, ins, *, cfg: Config, split: int, N: int, M: int, out_d
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "out_dtype", "interpret"))
-def _call(x2, q_t, scale, rstd=None, weight=None, *, cfg: Config, out_dtype, interpret: bool):
+def _call(x2, q_t, scale, *, cfg: Config, out_dtype, interpret: bool):
     M, K = x2.shape
     N = q_t.shape[0]
     ks, split = k_per_split(K, cfg)
-    normed = rstd is not None
-    kernel = functools.partial(_kernel, bm=cfg.block_m, bn=cfg.block_n, bk=cfg.block_k, ks=ks, normed=normed)
-    ins = (_pad_rows(x2, cfg.block_m), q_t, scale.astype(jnp.float32))
-    if normed:  # rstd [M] padded like x (zero rows are cut after)
-        ins += (_pad_rows(rstd.astype(jnp.float32)[:, None], cfg.block_m)[:, 0], weight)
-    return _split_k_call(kernel, ins, cfg=cfg, split=split, N=N, M=M, out_dtype=out_dtype, interpret=interpret,
-                         name=f"int8_nk_m{cfg.block_m}_n{cfg.block_n}_k{cfg.block_k}_s{split}{'_norm' * normed}")
+    kernel = functools.partial(_kernel, bm=cfg.block_m, bn=cfg.block_n, bk=cfg.block_k, ks=ks)
+    return _split_k_call(kernel, (_pad_rows(x2, cfg.block_m), q_t, scale.astype(jnp.float32)), cfg=cfg, split=split,
+                         N=N, M=M, out_dtype=out_dtype, interpret=interpret,
+                         name=f"int8_nk_m{cfg.block_m}_n{cfg.block_n}_k{cfg.block_k}_s{split}")
 
 
 def config_for(M: int, K: int, N: int) -> Config:
@@ -160,11 +146,8 @@ def config_for(M: int, K: int, N: int) -> Config:
     return default_config("int8", M, K, N)
 
 
-def int8_matmul_nk(x, q_t, scale, *, out_dtype=None, interpret: bool = False, cfg: Config | None = None,
-                   norm=None):
-    """x [..., K] @ (q_t int8 [N, K] * scale [N]).T -> [..., N] in out_dtype (default x.dtype).
-    norm = (rstd [..., 1] f32, weight [K]): x is RMSNorm's input, normalized in the kernel as it is loaded
-    (weight * (x * rstd) in x's dtype: models/layers.NormedInput), which saves the norm's own multiply kernel."""
+def int8_matmul_nk(x, q_t, scale, *, out_dtype=None, interpret: bool = False, cfg: Config | None = None):
+    """x [..., K] @ (q_t int8 [N, K] * scale [N]).T -> [..., N] in out_dtype (default x.dtype)."""
     if q_t.ndim != 2 or jnp.dtype(q_t.dtype) != jnp.int8:
         raise TypeError(f"q_t must be int8 [N, K], got {q_t.dtype} {tuple(q_t.shape)}")
     N, K = q_t.shape
@@ -176,12 +159,7 @@ def int8_matmul_nk(x, q_t, scale, *, out_dtype=None, interpret: bool = False, cf
         raise ValueError(f"int8 [N, K] kernel needs N % {cfg.block_n} == 0 and K a multiple of block_k x split "
                          f"({cfg.block_k} x {cfg.split_k}) with the tensor-core form, got K={K}, N={N}, {cfg}; "
                          "use the XLA path (convert-nk)")
-    rstd, weight = (None, None) if norm is None else (norm[0].reshape(-1), norm[1])
-    if norm is not None and (rstd.shape[0] != x2.shape[0] or weight.shape != (K,)):
-        raise ValueError(f"norm must be (rstd [..., 1] with one factor a row of x, weight [{K}]), got shapes "
-                         f"{tuple(norm[0].shape)} and {tuple(norm[1].shape)} for x {tuple(x.shape)}")
-    y = _call(x2, q_t, scale, rstd, weight, cfg=cfg, out_dtype=jnp.dtype(out_dtype or x.dtype),
-              interpret=bool(interpret))
+    y = _call(x2, q_t, scale, cfg=cfg, out_dtype=jnp.dtype(out_dtype or x.dtype), interpret=bool(interpret))
     return y.reshape(*x.shape[:-1], N)
 
 

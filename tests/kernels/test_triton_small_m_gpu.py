@@ -88,27 +88,6 @@ def test_pallas_int8_nk_matches_reference(M, K, N):
     assert got.dtype == jnp.bfloat16 and rel_err(got.astype(jnp.float32), want) < BF16_BOUND
 
 
-@pytest.mark.parametrize("M", [1, 3, 16, 20])
-def test_pallas_int8_nk_with_the_norm_in_the_kernel(M):
-    """JAXINFER_NORM_PROLOGUE's kernel form: RMSNorm's input and factors (layers.NormedInput) give what the kernel
-    gives on the materialized norm, bf16 (the same roundings: bitwise equal is expected, 1e-3 is asserted)."""
-    from jaxinfer.models.layers import RMSNorm
-    from pallas_kernels.quantized_matmul import kernel_nk
-
-    K, N = 4096, 6144
-    rng = np.random.default_rng(M)
-    x = jnp.asarray(rng.standard_normal((M, K)) * 4, jnp.bfloat16)
-    norm = RMSNorm(K, 1e-5, jnp.bfloat16)
-    norm.weight.set_value(jnp.asarray(rng.uniform(0.5, 1.5, K), jnp.bfloat16))
-    n = norm.deferred(x)
-    q = jnp.asarray(rng.integers(-127, 128, (N, K)), jnp.int8)
-    scale = jnp.asarray(rng.uniform(1e-3, 1e-2, N), jnp.float32)
-    fused = kernel_nk.int8_matmul_nk(n.x, q, scale, norm=(n.rstd, n.weight))
-    plain = kernel_nk.int8_matmul_nk(n.materialize(), q, scale)
-    assert fused.dtype == jnp.bfloat16 and fused.shape == (M, N)
-    assert rel_err(fused.astype(jnp.float32), plain.astype(jnp.float32)) < 1e-3
-
-
 @pytest.mark.parametrize("M", [1, 5, 16])
 @pytest.mark.parametrize("K,N,g", [(4096, 6144, 128), (14336, 4096, 128), (4096, 4096, 32)])
 def test_pallas_int4_nk_matches_reference(M, K, N, g):

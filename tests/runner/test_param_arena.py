@@ -43,7 +43,6 @@ def test_abstract_params_give_abstract_arenas_and_nothing_to_pack_gives_none():
 def test_engine_step_takes_the_packed_weights_and_decodes_the_same(tiny_llama_dir, monkeypatch):
     """The step program's arguments hold one buffer for the 1-D weights (5 norms of the 2-layer model -> 1), and the
     engine's greedy tokens equal those of a runner without the arena (the flat list)."""
-    monkeypatch.delenv("JAXINFER_NORM_PROLOGUE", raising=False)   # (it keeps some norms out: test below)
     llm = jaxinfer.LLM(tiny_llama_dir, num_pages=64, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=4,
                        warmup=False, progress=False)
     r = llm.runner
@@ -62,10 +61,9 @@ def test_engine_step_takes_the_packed_weights_and_decodes_the_same(tiny_llama_di
     assert got == want
 
 
-def test_only_norm_scales_are_packed(monkeypatch):
+def test_only_norm_scales_are_packed():
     """An int8 model's per-channel scales are 1-D too, but they feed the quantized-matmul kernels (XLA would copy
     them out of an arena): only the norms' scales are packed."""
-    monkeypatch.delenv("JAXINFER_NORM_PROLOGUE", raising=False)
     llm = jaxinfer.LLM(model="tiny-llama", load_format="dummy", quantization="int8", warmup=False, progress=False)
     r = llm.runner
     state = jax.tree.unflatten(r.loaded.treedef, r.loaded.params)
@@ -73,22 +71,3 @@ def test_only_norm_scales_are_packed(monkeypatch):
     packed = {i for _, items in r._arena.groups for i, _, _ in items}
     assert sorted(paths[i] for i in packed) == sorted(k for k in paths if "norm']['weight']" in k)
     assert any("['scale']" in k and len(r.loaded.params[i].shape) == 1 for i, k in enumerate(paths))
-
-
-def test_norm_prologue_keeps_the_kernels_norm_scales_out_of_the_arena(monkeypatch):
-    """Under JAXINFER_NORM_PROLOGUE the int8 kernel may take the layers' and the final norm's scales as operands,
-    which XLA would copy out of an arena (a kernel each): those stay unpacked, the other norms (Qwen3's q / k) in."""
-    from jaxinfer.runner.param_arena import norm_scales
-
-    params = [np.ones((4,), np.float32)] * 6 + [np.ones((4, 4), np.float32)]
-    state = {"layers": {0: {"attn_norm": {"weight": 0}, "mlp_norm": {"weight": 1},
-                            "attn": {"q_norm": {"weight": 2}, "k_norm": {"weight": 3}, "scale": 4}}},
-             "norm": {"weight": 5}, "embed": 6}
-    leaves, treedef = jax.tree.flatten(state)
-    flat = [params[i] for i in leaves]
-    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
-    packed = lambda **kw: sorted(k for k, ok in zip(paths, norm_scales(treedef, flat, **kw)) if ok)  # noqa: E731
-    norms = ["['layers'][0]['attn']['k_norm']['weight']", "['layers'][0]['attn']['q_norm']['weight']"]
-    assert packed() == sorted(norms + ["['layers'][0]['attn_norm']['weight']", "['layers'][0]['mlp_norm']['weight']",
-                                       "['norm']['weight']"])
-    assert packed(prologue=True) == norms
