@@ -72,18 +72,24 @@ CB_ALL = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE"
 
 
 def _fresh_step(llm, bucket, flat, *, donate=True, select=None, options=None, greedy_only=False):
-    """A newly traced and compiled step program of `bucket` (a fresh jit object: jit caches its traces).
+    """A newly traced and compiled step program of `bucket` (a fresh jit object: jit caches its traces), in the
+    runner's own form: its param arena (the weights as runner.step_params packs them) and, when the runner stages
+    its inputs (runner/step.stage_inputs), the stage buffers as the last argument, so runner.run_compiled calls it
+    as it calls the engine's programs (until 12-06 j this built the form before both, which run_compiled rejects).
     select: None = the engine's choice (selects on GPU), True / False = selects / lax.cond."""
     from jaxinfer.runner.branches import select_branches
     from jaxinfer.runner.model_runner import compile_lowered
     from jaxinfer.runner.step import make_step_fn
 
     r = llm.runner
-    fn = make_step_fn(r.loaded, r.attention_options, r.config.scheduler.max_num_seqs, donate=donate)
+    fn = make_step_fn(r.loaded, r.attention_options, r.config.scheduler.max_num_seqs, donate=donate,
+                      carry_width=r.carry_width, page_size=r.page_size, arena=r._arena, staged=r.staged)
     spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731
+    args = (r.step_params, r.kv_caches, spec(flat[0]), spec(flat[1]), r._no_prev, r.penalty_table)
+    if r.staged:
+        args += (r.stage_specs(flat[0].shape[0], flat[1].shape[0]),)
     with select_branches(select):
-        lowered = fn.lower(r.loaded.params, r.kv_caches, spec(flat[0]), spec(flat[1]), r._no_prev, r.penalty_table,
-                           bucket=bucket, greedy_only=greedy_only)
+        lowered = fn.lower(*args, bucket=bucket, greedy_only=greedy_only)
     return compile_lowered(lowered, options)
 
 
