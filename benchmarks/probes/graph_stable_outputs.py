@@ -14,6 +14,7 @@ form), three ways:
   stable        (out, state) = f(state, x, out): the tokens written into `out` (donated, one element longer than
                 what is written, so XLA updates it in place) and returned: every address is the same every call
   fresh-inputs  as fresh, with x a new device buffer every call (the engine before staged inputs)
+  numpy-inputs  as fresh, x passed as numpy (the engine's form since 12-05 d: the call transfers it)
   stable+1fresh as stable, plus one small fresh output (does one moved command cost what all of them do?)
 Printed: the median host time of a call (perf_counter around the call only) and the device time per call.
 
@@ -112,6 +113,10 @@ def main():
             tok, st["state"] = fresh(weights, st["state"], jax.device_put(x_host))
             return tok
 
+        def call_fresh_numpy():  # the engine's form: numpy straight into the call (its C++ path transfers it)
+            tok, st["state"] = fresh(weights, st["state"], x_host)
+            return tok
+
         def call_stable():
             st["out"], st["state"] = stable(weights, st["state"], x, st["out"])
             return st["out"]
@@ -121,7 +126,7 @@ def main():
             return tok
 
         for name, call in (("fresh", call_fresh), ("stable", call_stable), ("fresh-inputs", call_fresh_inputs),
-                           ("stable+1fresh", call_stable1), ("stable#2", call_stable), ("fresh#2", call_fresh)):
+                           ("numpy-inputs", call_fresh_numpy), ("stable+1fresh", call_stable1), ("stable#2", call_stable), ("fresh#2", call_fresh)):
             host, dev = timed_calls(call, a.iters)
             row[f"{name}_call_ms"] = host * 1e3
             row[f"{name}_step_ms"] = dev * 1e3
