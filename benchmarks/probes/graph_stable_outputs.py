@@ -126,7 +126,8 @@ def main():
             return tok
 
         for name, call in (("fresh", call_fresh), ("stable", call_stable), ("fresh-inputs", call_fresh_inputs),
-                           ("numpy-inputs", call_fresh_numpy), ("stable+1fresh", call_stable1), ("stable#2", call_stable), ("fresh#2", call_fresh)):
+                           ("numpy-inputs", call_fresh_numpy), ("stable+1fresh", call_stable1),
+                           ("stable#2", call_stable), ("fresh#2", call_fresh)):
             host, dev = timed_calls(call, a.iters)
             row[f"{name}_call_ms"] = host * 1e3
             row[f"{name}_step_ms"] = dev * 1e3
