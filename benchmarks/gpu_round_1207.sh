@@ -42,7 +42,7 @@
 #   12-06 g ran nktest onetokab dprof1 tp512 attn w8a8 mid head (H100; benchmarks/README.md "2026-12-06 g").
 #   12-06 h ran ctiles attn, then cseq (H100). 12-06 i ran hcut vocab, nktest exact exactqd (H100).
 #   12-06 j ran gso normpro (then order's question and vocab by hand, gpu-round-1207j-0c602fe-2026-12-06.log; H100).
-#   Next, on an H200: "vocab" (issue 21's figure), "tests attn auto", then "serve tp512 mid"
+#   Next: "gso" (its allocator question, ~70 s); on an H200: "vocab" (issue 21's figure), "tests attn auto", then "serve tp512 mid"
 #   (AUTO_CUDNN_MIN_TOKENS is 16 since 12-06 g):
 #   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="tests attn" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
 GPU_ROUND=gpu-round-1207
@@ -102,7 +102,10 @@ for part in $PARTS; do case $part in
     run order-bf16 250 timeout 250 $PY $QDO --methods bf16 int8 bf16 --budget-s 220 --tag order-bf16 ;;
   gso)  # does a step whose outputs alias donated inputs (every address fixed) dispatch cheaper? A toy of the 8B
         # step's graph size, fresh vs stable outputs (probes/graph_stable_outputs.py, ~60 s): issue 17's host target
-    run gso 150 timeout 150 $PY benchmarks/probes/graph_stable_outputs.py ;;
+    # 12-06 j (VMM, the default): no output effect; a device_put input made the call last a whole device step.
+    # Does the BFC allocator (no stable temporaries) block too? numpy inputs (the engine's form) on both
+    run gso 150 timeout 150 $PY benchmarks/probes/graph_stable_outputs.py
+    run gso-bfc 150 JAXINFER_STABLE_GRAPH_ADDRESSES=0 timeout 150 $PY benchmarks/probes/graph_stable_outputs.py ;;
   hcut)  # the draft's head alone, whole vs cut to 32k / 64k ids (probes/draft_head_cut.py, ~90 s): the time a draft
          # step saves, before part vocab's end-to-end run
     run hcut 150 timeout 150 $PY benchmarks/probes/draft_head_cut.py --vocab 32768 65536 ;;
