@@ -9,7 +9,7 @@ inputs (the same buffer passed back every call) would dispatch in a fraction of 
 
 A toy program of the step's size (32 "layers" x 6 bf16 dots of [B, 4096] x [4096, 4096] with an RMS scaling after
 each: ~400 graph nodes, a few ms of device time) is called back to back without waiting (the engine's pipelined
-form), three ways:
+form), five ways:
   fresh         (tokens, state) = f(state, x): the tokens a fresh buffer every call (the engine today)
   stable        (out, state) = f(state, x, out): the tokens written into `out` (donated, one element longer than
                 what is written, so XLA updates it in place) and returned: every address is the same every call
@@ -17,6 +17,11 @@ form), three ways:
   numpy-inputs  as fresh, x passed as numpy (the engine's form since 12-05 d: the call transfers it)
   stable+1fresh as stable, plus one small fresh output (does one moved command cost what all of them do?)
 Printed: the median host time of a call (perf_counter around the call only) and the device time per call.
+
+Measured (H100, 12-06 j, results/graph-stable-outputs-0c602fe-2026-12-06.json, before numpy-inputs existed): the
+stable form was not consistently cheaper (fresh 1.10 / 1.65 / 0.43 ms at batch 1 / 64 / 256, stable 0.49 / 1.67 /
+0.41; repeats of one form varied 0.4-1.7 ms), so the guess is rejected. fresh-inputs made every call last the whole
+device step (3.1-3.8 ms): a transferred input made the dispatch wait for the step before it.
 
   python benchmarks/probes/graph_stable_outputs.py [--batch 64] [--layers 32] [--iters 60]
 """
