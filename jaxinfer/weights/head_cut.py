@@ -12,6 +12,10 @@ acceptance on text that needs rarer tokens. Measured on the CPU (benchmarks/prob
 SmolLM2-135M drafting for itself, 8 chat answers, 464 greedy tokens, k = 4): a head over 32,768 of its 49,152 ids
 accepted 0.963 of the drafts (98.1% of the output's ids are below the cut), over 16,384 ids 0.819 (92.9%); the whole
 head 1.000. A rejection also drops the cycle's later drafts, so acceptance falls faster than coverage.
+For Llama 3's vocabulary the id order is a poorer stand-in: its first 32,768 ids cover 94.2% of model-written English
+answers and 92.3-92.6% of this repository's docs and code (benchmarks/probes/head_cut_coverage.py), so on real text
+a 32k cut is estimated to cost more acceptance than it saves time (benchmarks/README.md "2026-12-06 j"); off by
+default.
 
   prune_head(loaded, n)   a LoadedModel whose head has n output columns (a copy of the kept rows: the embedding
                           of a tied model stays whole for the inputs); its `logits` pad the rest with -inf
