@@ -42,7 +42,8 @@
 #   12-06 g ran nktest onetokab dprof1 tp512 attn w8a8 mid head (H100; benchmarks/README.md "2026-12-06 g").
 #   12-06 h ran ctiles attn, then cseq (H100). 12-06 i ran hcut vocab, nktest exact exactqd (H100).
 #   12-06 j ran gso normpro (then order's question and vocab by hand, gpu-round-1207j-0c602fe-2026-12-06.log; H100).
-#   Next: "gso" (its allocator question, ~70 s); on an H200: "vocab" (issue 21's figure), "tests attn auto", then "serve tp512 mid"
+#   Next: "gso" (its allocator question, ~70 s); on an H200: "vocab" (issue 21's figure is its whole-head row: the cut
+#   is estimated to lose on real Llama 3 text, 12-06 j), "tests attn auto", then "serve tp512 mid"
 #   (AUTO_CUDNN_MIN_TOKENS is 16 since 12-06 g):
 #   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="tests attn" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
 GPU_ROUND=gpu-round-1207
