@@ -66,7 +66,7 @@ def _kernel(x_ref, w_ref, s_ref, o_ref, *, bm: int, bn: int, bk: int, ks: int, e
                                      preferred_element_type=jnp.float32)
 
     acc = lax.fori_loop(0, ks // bk, body, jnp.zeros((bm, bn), jnp.float32))
-    _store(o_ref, acc * s_ref[rows].astype(jnp.float32)[None, :], xrows, exact_m, bn)
+    _store(o_ref, acc * s_ref[rows].astype(jnp.float32)[None, :], xrows, exact_m, rows)
 
 
 def _x_rows(M: int, bm: int):
@@ -79,24 +79,23 @@ def _x_rows(M: int, bm: int):
     return pl.ds(pl.multiple_of(pl.program_id(2) * bm, bm), bm)
 
 
-def _store(o_ref, acc, xrows, M: int, bn: int):
+def _store(o_ref, acc, xrows, M: int, cols):
     """Write this program's f32 [bm, bn] partial. M = 0 (blocked output, o_ref [bm, bn]): as it is. M = x's rows,
     below bm (o_ref the whole part [split * M, N], _split_k_call's exact form): row r of acc goes to row
-    split_id * M + xrows[r], so only M rows a split exist. Rows >= M of acc were computed from x's last row,
-    repeated (_x_rows), so they equal row M - 1 bit for bit, and their stores to that row write the same value
-    (no mask needed).
+    split_id * M + xrows[r], columns `cols` (the program's bn output columns, the kernel's weight rows), so only M
+    rows a split exist. Rows >= M of acc were computed from x's last row, repeated (_x_rows), so they equal row
+    M - 1 bit for bit, and their stores to that row write the same value (no mask needed).
 
     Why: a 1-token decode wrote 16 f32 rows a split where 1 is used. At M = 1 that is ~11 MB of partials a layer
     of the 8B int8 step, written and summed back, beside ~217 MB of weights (~10% more traffic if it reaches HBM
     rather than staying in L2), and ~6.8 MB beside ~61 MB on the 1B draft's layer (~22%), whose int8 kernels ran at
     ~50% of HBM in its step profile (step-profile-draft1b-t1-int8-65dcd08-*). Measured (H100, 12-06 i,
     benchmarks/README.md): per op at M = 1 the 8B projections 1-5% faster, the 1B's qkv / o 15% / 28%; in the
-    engine's 8B int8 batch-1 step +0.7% (4.12 -> 4.09 ms): inside the step's CUDA graph the partials mostly
-    stay in L2."""
+    engine's 8B int8 batch-1 step +0.7% (4.12 -> 4.09 ms); our reading, not profiled: inside the step's CUDA graph
+    the partials mostly stay in L2."""
     if not M:
         o_ref[...] = acc
         return
-    cols = pl.ds(pl.multiple_of(pl.program_id(0) * bn, bn), bn)
     o_ref[pl.program_id(1) * M + xrows, cols] = acc
 
 
@@ -205,7 +204,7 @@ def _int4_kernel(x_ref, w_ref, s_ref, o_ref, xs_ref, out_ref, *, bm: int, bn: in
 
     if dot:
         acc = lax.fori_loop(0, ks // g, body, jnp.zeros((bm, bn), jnp.float32))
-        _store(out_ref, acc, xrows, exact_m, bn)
+        _store(out_ref, acc, xrows, exact_m, rows)
     else:
         acc = lax.fori_loop(0, ks // g, body, jnp.zeros((bn, W4), jnp.float32))
         out_ref[...] = jnp.sum(acc, axis=1)[None, :]
