@@ -107,6 +107,15 @@ for part in $PARTS; do case $part in
     # Does the BFC allocator (no stable temporaries) block too? numpy inputs (the engine's form) on both
     run gso 150 timeout 150 $PY benchmarks/probes/graph_stable_outputs.py
     run gso-bfc 150 JAXINFER_STABLE_GRAPH_ADDRESSES=0 timeout 150 $PY benchmarks/probes/graph_stable_outputs.py ;;
+  spec1b)  # issue 21's figure on the GPU it names (an H200): the int8 1B draft with its whole head, batch 1, a = 0.7
+    run spec1b 300 timeout 300 $PY benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 --accept 0.7 \
+      --max-num-batched-tokens 16 --tag draft-int8-whole ;;
+  kern)  # issue 20's kernel figure (>= 2.8 TB/s at M <= 16, an H200 figure): the engine's small-M int8 / int4 kernels
+    run kern 190 timeout 190 $PY benchmarks/kernels/quantized_matmul.py --shapes qkv o gate_up down lm_head \
+      --m 1 4 16 --variants int8_pallas_nk int4_pallas_nk --check-m 1 --budget-s 160 ;;
+  qd)  # issue 20's decode figures: bf16 / int8 / int4-g128 at batch 1 and 16, one process
+    run qd 330 timeout 330 $PY benchmarks/quantized_decode.py --methods bf16 int8 int4 --decode-batches 1 16 \
+      --throughput-methods --no-kv-capacity --budget-s 300 --tag h200 ;;
   hcut)  # the draft's head alone, whole vs cut to 32k / 64k ids (probes/draft_head_cut.py, ~90 s): the time a draft
          # step saves, before part vocab's end-to-end run
     run hcut 150 timeout 150 $PY benchmarks/probes/draft_head_cut.py --vocab 32768 65536 ;;
