@@ -116,6 +116,17 @@ for part in $PARTS; do case $part in
   qd)  # issue 20's decode figures: bf16 / int8 / int4-g128 at batch 1 and 16, one process
     run qd 330 timeout 330 $PY benchmarks/quantized_decode.py --methods bf16 int8 int4 --decode-batches 1 16 \
       --throughput-methods --no-kv-capacity --budget-s 300 --tag h200 ;;
+  fmlp)  # the int8 decode MLP as one kernel (mlp_nk.py, JAXINFER_FUSED_MLP): per op against the unfused path and bf16,
+         # then the 1B int8 draft with and without it in one process (issue 21), then its GPU tests
+    run fmlp-kern 170 timeout 170 $PY benchmarks/kernels/fused_mlp.py --m 1 5 16 --variants bf16 unfused fused \
+      fused_i32 fused_i128 fused_k256 fused_n128 --budget-s 130
+    run fmlp-spec 330 timeout 330 $PY benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 llama3.2-1b@int8+fmlp \
+      --batch 1 --accept 0.7 --max-num-batched-tokens 16 --tag draft-fmlp
+    run fmlp-test 90 timeout 90 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
+      tests/kernels/test_mlp_nk_gpu.py ;;
+  fmlpqd)  # the same on the 8B int8 model's decode (issue 20's int8 b1 >= 1.6x): bf16, int8, int8@fmlp, one process
+    run fmlp-qd 330 timeout 330 $PY benchmarks/quantized_decode.py --methods bf16 int8 int8@fmlp \
+      --decode-batches 1 16 --throughput-methods --no-kv-capacity --budget-s 300 --tag fmlp ;;
   hcut)  # the draft's head alone, whole vs cut to 32k / 64k ids (probes/draft_head_cut.py, ~90 s): the time a draft
          # step saves, before part vocab's end-to-end run
     run hcut 150 timeout 150 $PY benchmarks/probes/draft_head_cut.py --vocab 32768 65536 ;;
