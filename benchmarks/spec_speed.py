@@ -284,9 +284,10 @@ def main(argv=None):
             bad = [o for o in opts if o not in ("floathead", "fmlp") and not o.startswith("vocab")]
             if bad:
                 raise SystemExit(f"unknown draft option(s) {bad} in {d!r}: use +floathead, +vocabN or +fmlp")
-            vocab = next((int(o[len("vocab"):]) for o in opts if o.startswith("vocab")), None)  # +vocab32768
+            # +vocab32768: the draft's head cut (not `vocab`, the target's, which the prompts below are drawn from)
+            head_vocab = next((int(o[len("vocab"):]) for o in opts if o.startswith("vocab")), None)
             sc = SpeculativeConfig(method="draft", draft_model=name, draft_load_format="dummy",
-                                   draft_quantization=quant or None, draft_head_vocab=vocab,
+                                   draft_quantization=quant or None, draft_head_vocab=head_vocab,
                                    draft_quantize_lm_head=False if "floathead" in opts else None)
         # +fmlp: the draft's int8 MLP as one kernel (JAXINFER_FUSED_MLP, read at trace time: set for the draft's
         # build, warm-up and background compiles only; the bf16 target never takes it)
