@@ -119,7 +119,7 @@ for part in $PARTS; do case $part in
   fmlp)  # the int8 decode MLP as one kernel (mlp_nk.py, JAXINFER_FUSED_MLP): per op against the unfused path and bf16,
          # then the 1B int8 draft with and without it in one process (issue 21), then its GPU tests
     run fmlp-kern 170 timeout 170 $PY benchmarks/kernels/fused_mlp.py --m 1 5 16 --variants bf16 unfused fused \
-      fused_i32 fused_i128 fused_k256 fused_n128 --budget-s 130
+      fused_i32 fused_i128 fused_k256 fused_n128 fused_atomic --budget-s 130
     run fmlp-spec 330 timeout 330 $PY benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 llama3.2-1b@int8+fmlp \
       --batch 1 --accept 0.7 --max-num-batched-tokens 16 --tag draft-fmlp
     run fmlp-test 90 timeout 90 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \

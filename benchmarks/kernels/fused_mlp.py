@@ -29,10 +29,12 @@ from benchmarks.kernels.quantized_matmul import HBM_CEILING, L2_BYTES, looped, r
 from pallas_kernels.quantized_matmul import kernel_nk, mlp_nk  # noqa: E402
 
 SHAPES = {"1b": (2048, 8192), "8b": (4096, 14336), "tiny": (256, 128)}   # K (= H), I
-# fused configurations: (bi, bk, bn, warps, stages)
-FUSED = {"fused": (64, 128, 64, 4, 3), "fused_i32": (32, 128, 64, 4, 3), "fused_i128": (128, 128, 64, 4, 3),
-         "fused_k256": (64, 256, 64, 4, 3), "fused_n128": (64, 128, 128, 4, 3), "fused_st4": (64, 128, 64, 4, 4),
-         "fused_w8": (64, 128, 64, 8, 3)}
+# fused configurations: (bi, bk, bn, warps, stages, atomic)
+FUSED = {"fused": (64, 128, 64, 4, 3, False), "fused_i32": (32, 128, 64, 4, 3, False),
+         "fused_i128": (128, 128, 64, 4, 3, False), "fused_k256": (64, 256, 64, 4, 3, False),
+         "fused_n128": (64, 128, 128, 4, 3, False), "fused_st4": (64, 128, 64, 4, 4, False),
+         "fused_w8": (64, 128, 64, 8, 3, False), "fused_atomic": (64, 128, 64, 4, 3, True),
+         "fused_i32_atomic": (32, 128, 64, 4, 3, True)}
 
 
 def make_weights(K: int, I: int, key):
@@ -117,11 +119,11 @@ def main():
                     elif v == "unfused":
                         op, ws = (lambda x, w: unfused(x, w, interpret)), wq
                     else:
-                        bi, bk, bn, warps, stages = FUSED[v]
-                        row.update(bi=bi, bk=bk, bn=bn, num_warps=warps, num_stages=stages)
+                        bi, bk, bn, warps, stages, atomic = FUSED[v]
+                        row.update(bi=bi, bk=bk, bn=bn, num_warps=warps, num_stages=stages, atomic=atomic)
                         op = (lambda x, w, c=FUSED[v]: mlp_nk.int8_mlp_nk(
                             x, w["gu_q"], w["gu_s"], w["d_q"], w["d_s"], bi=c[0], bk=c[1], bn=c[2], num_warps=c[3],
-                            num_stages=c[4], interpret=interpret))
+                            num_stages=c[4], atomic=c[5], interpret=interpret))
                         ws = wq
                         if not mlp_nk.supports(M, K, I, K, bi=bi, bk=bk, bn=bn):
                             rows.append(dict(row, skipped="shape"))

@@ -32,6 +32,11 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+try:
+    from jax.experimental.pallas import triton as plgpu_triton    # atomic_add (the 'atomic' reduction)
+except ImportError:  # pragma: no cover
+    plgpu_triton = None
+
 from pallas_kernels.quantized_matmul.kernel import _TritonCompilerParams
 
 _HIGHEST = lax.Precision.HIGHEST    # float32 activations (CPU interpret tests): IEEE dots; no effect on bf16
@@ -43,9 +48,11 @@ def _dot_t(a, b):
     return lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=_HIGHEST, preferred_element_type=jnp.float32)
 
 
-def _kernel(x_ref, gu_ref, gus_ref, d_ref, ds_ref, o_ref, *, M: int, I: int, bi: int, bk: int, bn: int):
+def _kernel(x_ref, gu_ref, gus_ref, d_ref, ds_ref, *refs, M: int, I: int, bi: int, bk: int, bn: int, atomic: bool):
     """x_ref [M, K], gu_ref int8 [2I, K], gus_ref f32 [2I], d_ref int8 [H, I], ds_ref f32 [H] (whole arrays);
-    o_ref the whole part f32 [I/bi * M, H]: this program writes rows [p M, (p + 1) M)."""
+    o_ref (the last ref) the whole part f32 [I/bi * M, H]: this program writes rows [p M, (p + 1) M); or, atomic,
+    y f32 [BM, H] (zeros aliased in), which every program adds its block to (rows >= M are cut after)."""
+    o_ref = refs[-1]
     K = x_ref.shape[1]
     H = d_ref.shape[0]
     p = pl.program_id(0)
@@ -74,7 +81,10 @@ def _kernel(x_ref, gu_ref, gus_ref, d_ref, ds_ref, o_ref, *, M: int, I: int, bi:
         n0 = pl.multiple_of(j * bn, bn)
         cols = pl.ds(n0, bn)
         y = _dot_t(h, d_ref[cols, gate_rows].astype(dt)) * ds_ref[cols][None, :]    # [BM, bn]
-        o_ref[out_rows, cols] = y
+        if atomic:
+            plgpu_triton.atomic_add(o_ref, (pl.ds(0, BM), cols), y)                    # rows >= M: cut after
+        else:
+            o_ref[out_rows, cols] = y
         return 0
 
     lax.fori_loop(0, H // bn, down_step, 0)
@@ -85,31 +95,38 @@ def supports(M: int, K: int, I: int, H: int, *, bi: int = 64, bk: int = 128, bn:
     return 1 <= M <= BM and I % bi == 0 and K % bk == 0 and H % bn == 0
 
 
-@functools.partial(jax.jit, static_argnames=("bi", "bk", "bn", "num_warps", "num_stages", "out_dtype", "interpret"))
-def _call(x2, gu_q, gu_s, d_q, d_s, *, bi, bk, bn, num_warps, num_stages, out_dtype, interpret):
+@functools.partial(jax.jit, static_argnames=("bi", "bk", "bn", "num_warps", "num_stages", "atomic", "out_dtype",
+                                             "interpret"))
+def _call(x2, gu_q, gu_s, d_q, d_s, *, bi, bk, bn, num_warps, num_stages, atomic, out_dtype, interpret):
     M = x2.shape[0]
     I, H = d_q.shape[1], d_q.shape[0]
     P = I // bi
     params = None
     if not interpret and _TritonCompilerParams is not None:
         params = _TritonCompilerParams(num_warps=num_warps, num_stages=num_stages)
-    part = pl.pallas_call(
-        functools.partial(_kernel, M=M, I=I, bi=bi, bk=bk, bn=bn),
+    ins = [x2, gu_q, gu_s.astype(jnp.float32), d_q, d_s.astype(jnp.float32)]
+    if atomic:
+        ins.append(jnp.zeros((BM, H), jnp.float32))
+    out = pl.pallas_call(
+        functools.partial(_kernel, M=M, I=I, bi=bi, bk=bk, bn=bn, atomic=atomic),
         grid=(P,),
-        in_specs=[pl.BlockSpec()] * 5,                                             # indexed inside the kernel
+        in_specs=[pl.BlockSpec()] * len(ins),                                      # indexed inside the kernel
         out_specs=pl.BlockSpec(),
-        out_shape=jax.ShapeDtypeStruct((P * M, H), jnp.float32),
+        out_shape=jax.ShapeDtypeStruct((BM, H) if atomic else (P * M, H), jnp.float32),
+        input_output_aliases={5: 0} if atomic else {},
         compiler_params=params,
         interpret=interpret,
-        name=f"int8_mlp_nk_i{bi}_k{bk}_n{bn}",
-    )(x2, gu_q, gu_s.astype(jnp.float32), d_q, d_s.astype(jnp.float32))
-    return jnp.sum(part.reshape(P, M, H), axis=0).astype(out_dtype)
+        name=f"int8_mlp_nk_i{bi}_k{bk}_n{bn}" + ("_atomic" if atomic else ""),
+    )(*ins)
+    return (out[:M] if atomic else jnp.sum(out.reshape(P, M, H), axis=0)).astype(out_dtype)
 
 
 def int8_mlp_nk(x, gu_q, gu_s, d_q, d_s, *, bi: int = 64, bk: int = 128, bn: int = 64, num_warps: int = 4,
-                num_stages: int = 3, out_dtype=None, interpret: bool = False):
+                num_stages: int = 3, atomic: bool = False, out_dtype=None, interpret: bool = False):
     """SwiGLU MLP of x [..., K] (M = x.size / K <= 16 tokens) on int8 'nk' weights -> [..., H] in out_dtype
-    (default x.dtype). gu_q int8 [2I, K] (gate rows, then up rows), gu_s [2I], d_q int8 [H, I], d_s [H]."""
+    (default x.dtype). gu_q int8 [2I, K] (gate rows, then up rows), gu_s [2I], d_q int8 [H, I], d_s [H].
+    atomic: the programs add into one f32 [16, H] (atomics, summation order not fixed) instead of writing I / bi
+    partials for XLA to sum (deterministic, the default)."""
     if jnp.dtype(gu_q.dtype) != jnp.int8 or jnp.dtype(d_q.dtype) != jnp.int8 or gu_q.ndim != 2 or d_q.ndim != 2:
         raise TypeError(f"gu_q / d_q must be 2-D int8, got {gu_q.dtype} {tuple(gu_q.shape)} / "
                         f"{d_q.dtype} {tuple(d_q.shape)}")
@@ -123,5 +140,5 @@ def int8_mlp_nk(x, gu_q, gu_s, d_q, d_s, *, bi: int = 64, bk: int = 128, bn: int
         raise ValueError(f"fused int8 MLP takes 1..{BM} tokens with I % {bi}, K % {bk}, H % {bn} == 0; got "
                          f"M={x2.shape[0]}, K={K}, I={I}, H={H}; use the unfused path (gate_up, then down)")
     y = _call(x2, gu_q, gu_s, d_q, d_s, bi=bi, bk=bk, bn=bn, num_warps=num_warps, num_stages=num_stages,
-              out_dtype=jnp.dtype(out_dtype or x.dtype), interpret=bool(interpret))
+              atomic=bool(atomic), out_dtype=jnp.dtype(out_dtype or x.dtype), interpret=bool(interpret))
     return y.reshape(*x.shape[:-1], H)

@@ -32,10 +32,12 @@ def _swiglu64(x, gu_q, gu_s, d_q, d_s):
 
 @pytest.mark.parametrize("M", [1, 3, 5, 16])
 @pytest.mark.parametrize("K,I,blocks", [(256, 128, dict()), (128, 192, dict(bi=64, bk=64, bn=32)),
-                                        (256, 96, dict(bi=32, bk=128, bn=64))])
+                                        (256, 96, dict(bi=32, bk=128, bn=64)), (256, 128, dict(atomic=True)),
+                                        (128, 192, dict(bi=32, bn=32, atomic=True))])
 def test_fused_mlp_matches_float64(M, K, I, blocks):
     """float32 activations (every rounding to x's dtype is then exact-ish): within float32 accumulation error of
-    the float64 SwiGLU, including the rows past M (x's last row repeated) never reaching the output."""
+    the float64 SwiGLU, including the rows past M (x's last row repeated) never reaching the output; both
+    reductions (partials summed by XLA, atomic adds)."""
     gu_q, gu_s, d_q, d_s = _weights(K, I, seed=M + K + I)
     x = np.random.default_rng(M).standard_normal((M, K)).astype(np.float32)
     got = mlp_nk.int8_mlp_nk(jnp.asarray(x), *map(jnp.asarray, (gu_q, gu_s, d_q, d_s)), interpret=True, **blocks)

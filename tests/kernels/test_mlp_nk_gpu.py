@@ -17,7 +17,7 @@ BF16_BOUND = 1e-2      # bf16 activations, gate_up / silu / product rounded to b
 
 @pytest.mark.parametrize("M", [1, 5, 16])
 @pytest.mark.parametrize("K,I", [(2048, 8192), (4096, 14336)])
-@pytest.mark.parametrize("blocks", [dict(), dict(bi=32), dict(bi=128, bk=256, bn=128)])
+@pytest.mark.parametrize("blocks", [dict(), dict(bi=32), dict(bi=128, bk=256, bn=128), dict(atomic=True)])
 def test_fused_mlp_on_gpu(M, K, I, blocks):
     w = _weights(K, I, seed=M + K)
     x = jnp.asarray(np.random.default_rng(M).standard_normal((M, K)), jnp.bfloat16)
