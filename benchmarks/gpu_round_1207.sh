@@ -127,6 +127,13 @@ for part in $PARTS; do case $part in
   fmlpqd)  # the same on the 8B int8 model's decode (issue 20's int8 b1 >= 1.6x): bf16, int8, int8@fmlp, one process
     run fmlp-qd 330 timeout 330 $PY benchmarks/quantized_decode.py --methods bf16 int8 int8@fmlp \
       --decode-batches 1 16 --throughput-methods --no-kv-capacity --budget-s 300 --tag fmlp ;;
+  fresh2)  # 12-06 k: the 1B int8 draft ran 213.0 tok/s (1.21x) in a process that compiled its programs on a freshly
+           # started machine, 290-291 (1.65x) in later processes that loaded them from the program cache. The same
+           # command twice on a fresh machine: compiled, then loaded (is a compiling process's draft slower?)
+    for i in 1 2; do
+      run fresh-$i 240 timeout 240 $PY benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 \
+        --accept 0.7 --max-num-batched-tokens 16 --tag draft-int8-fresh$i
+    done ;;
   hcut)  # the draft's head alone, whole vs cut to 32k / 64k ids (probes/draft_head_cut.py, ~90 s): the time a draft
          # step saves, before part vocab's end-to-end run
     run hcut 150 timeout 150 $PY benchmarks/probes/draft_head_cut.py --vocab 32768 65536 ;;
