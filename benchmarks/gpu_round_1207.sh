@@ -131,7 +131,7 @@ for part in $PARTS; do case $part in
            # started machine, 290-291 (1.65x) in later processes that loaded them from the program cache. The same
            # command twice on a fresh machine: compiled, then loaded (is a compiling process's draft slower?)
     for i in 1 2; do
-      run fresh-$i 240 timeout 240 $PY benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 \
+      run fresh-$i $((i == 1 ? 170 : 100)) timeout $((i == 1 ? 170 : 100)) $PY benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 \
         --accept 0.7 --max-num-batched-tokens 16 --tag draft-int8-fresh$i
     done ;;
   hcut)  # the draft's head alone, whole vs cut to 32k / 64k ids (probes/draft_head_cut.py, ~90 s): the time a draft
