@@ -30,6 +30,8 @@
 #          cuDNN dense, slower than the Pallas kernel, so its engine switch and the offline parts were removed)
 #   exact  the small-M kernels' partials of x's rows only vs 16 a split: per op, the cut-head 1B draft (~450 s)
 #   exactqd the same on the 8B int8 model's decode, batch 1 / 16 (~400 s)
+#   (fmlp: the int8 decode MLP as one kernel, mlp_nk.py; run 12-06 k: 0.57-0.85x the unfused kernels per op, the
+#          1B draft 1.42x vs 1.65x; removed with the kernel)
 #   (normpro / normprospec: the norms inside the int8 kernel, JAXINFER_NORM_PROLOGUE; run 12-06 j as normpro: 13%
 #          slower, removed with the switch)
 #   order  int8 / bf16 first and again in one process (12-06 i's unexplained 0.26 ms a step, ~550 s)
@@ -116,22 +118,12 @@ for part in $PARTS; do case $part in
   qd)  # issue 20's decode figures: bf16 / int8 / int4-g128 at batch 1 and 16, one process
     run qd 330 timeout 330 $PY benchmarks/quantized_decode.py --methods bf16 int8 int4 --decode-batches 1 16 \
       --throughput-methods --no-kv-capacity --budget-s 300 --tag h200 ;;
-  fmlp)  # the int8 decode MLP as one kernel (mlp_nk.py, JAXINFER_FUSED_MLP): per op against the unfused path and bf16,
-         # then the 1B int8 draft with and without it in one process (issue 21), then its GPU tests
-    run fmlp-kern 170 timeout 170 $PY benchmarks/kernels/fused_mlp.py --m 1 5 16 --variants bf16 unfused fused \
-      fused_i32 fused_i128 fused_k256 fused_n128 fused_atomic --budget-s 130
-    run fmlp-spec 330 timeout 330 $PY benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 llama3.2-1b@int8+fmlp \
-      --batch 1 --accept 0.7 --max-num-batched-tokens 16 --tag draft-fmlp
-    run fmlp-test 90 timeout 90 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
-      tests/kernels/test_mlp_nk_gpu.py ;;
-  fmlpqd)  # the same on the 8B int8 model's decode (issue 20's int8 b1 >= 1.6x): bf16, int8, int8@fmlp, one process
-    run fmlp-qd 330 timeout 330 $PY benchmarks/quantized_decode.py --methods bf16 int8 int8@fmlp \
-      --decode-batches 1 16 --throughput-methods --no-kv-capacity --budget-s 300 --tag fmlp ;;
   fresh2)  # 12-06 k: the 1B int8 draft ran 213.0 tok/s (1.21x) in a process that compiled its programs on a freshly
            # started machine, 290-291 (1.65x) in later processes that loaded them from the program cache. The same
            # command twice on a fresh machine: compiled, then loaded (is a compiling process's draft slower?)
     for i in 1 2; do
-      run fresh-$i $((i == 1 ? 170 : 100)) timeout $((i == 1 ? 170 : 100)) $PY benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 \
+      t=$((i == 1 ? 170 : 100))
+      run fresh-$i $t timeout $t $PY benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 \
         --accept 0.7 --max-num-batched-tokens 16 --tag draft-int8-fresh$i
     done ;;
   hcut)  # the draft's head alone, whole vs cut to 32k / 64k ids (probes/draft_head_cut.py, ~90 s): the time a draft

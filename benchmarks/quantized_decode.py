@@ -61,8 +61,7 @@ def main():
                          "(w8a8, xla-int4, pallas, xla) and '+head' (the LM head in the model's method) or "
                          "'+floathead' (a float head; default: int8 head for int8 / int4), and '@yt' / '@tout' (int4 "
                          "on Hopper: the many-token kernel writes y^T for XLA to transpose / y [M, N] itself, "
-                         "mosaic_int4_wide.TRANSPOSE_OUT; the default is @tout since 2026-12-05 d), or '@fmlp' (int8: "
-                         "the decode MLP as one kernel, JAXINFER_FUSED_MLP=1)")
+                         "mosaic_int4_wide.TRANSPOSE_OUT; the default is @tout since 2026-12-05 d)")
     ap.add_argument("--throughput-methods", nargs="*", default=["bf16", "fp8", "int8"])
     ap.add_argument("--decode-batches", type=int, nargs="+", default=[1],
                     help="decode batch sizes (batch 1 always runs; e.g. 1 16 for the batch-16 target)")
@@ -108,13 +107,9 @@ def main():
             rows.append(dict(method=method, skipped="time budget"))
             continue
         name, _, variant = method.partition("@")
-        if variant not in ("", "tout", "yt", "fmlp"):
-            raise SystemExit(f"unknown method variant @{variant} in {method!r}; the variants are @tout, @yt and "
-                             "@fmlp")
+        if variant not in ("", "tout", "yt"):
+            raise SystemExit(f"unknown method variant @{variant} in {method!r}; the variants are @tout and @yt")
         mosaic_int4_wide.TRANSPOSE_OUT = variant != "yt"   # read by default_config at trace time
-        # @fmlp: int8's decode MLP as one kernel (JAXINFER_FUSED_MLP, read at trace time, background compiles
-        # included: set for each method's whole life)
-        os.environ["JAXINFER_FUSED_MLP"] = "1" if variant == "fmlp" else "0"
         spec_part, _, head_part = name.partition("+")
         quant, _, backend = spec_part.partition(":")
         head = {"": None, "head": True, "floathead": False}[head_part]

@@ -222,8 +222,8 @@ def main(argv=None):
     ap.add_argument("--drafts", nargs="+", default=["none", "llama3.2-1b"],
                     help="'none' (free oracle drafts), a preset (draft model of that shape; PRESET@int8 / @int4: its "
                          "weights quantized, draft_quantization; PRESET@int8+floathead: with a float head; "
-                         "PRESET@int8+vocab32768: its head cut to the first 32768 ids, draft_head_vocab; "
-                         "PRESET@int8+fmlp: its MLP as one kernel, JAXINFER_FUSED_MLP; options combine with +), or "
+                         "PRESET@int8+vocab32768: its head cut to the first 32768 ids, draft_head_vocab; options "
+                         "combine with +), or "
                          "layer_skip:N")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8, 16, 32])
     ap.add_argument("--accept", type=float, nargs="+", default=[0.5, 0.7, 0.9])
@@ -281,27 +281,20 @@ def main(argv=None):
         else:
             name, _, quant = d.partition("@")  # llama3.2-1b@int8: the draft quantized on load (draft_quantization)
             quant, *opts = quant.split("+")   # ...@int8+floathead: its head float (draft_quantize_lm_head)
-            bad = [o for o in opts if o not in ("floathead", "fmlp") and not o.startswith("vocab")]
+            bad = [o for o in opts if o != "floathead" and not o.startswith("vocab")]
             if bad:
-                raise SystemExit(f"unknown draft option(s) {bad} in {d!r}: use +floathead, +vocabN or +fmlp")
+                raise SystemExit(f"unknown draft option(s) {bad} in {d!r}: use +floathead or +vocabN")
             # +vocab32768: the draft's head cut (not `vocab`, the target's, which the prompts below are drawn from)
             head_vocab = next((int(o[len("vocab"):]) for o in opts if o.startswith("vocab")), None)
             sc = SpeculativeConfig(method="draft", draft_model=name, draft_load_format="dummy",
                                    draft_quantization=quant or None, draft_head_vocab=head_vocab,
                                    draft_quantize_lm_head=False if "floathead" in opts else None)
-        # +fmlp: the draft's int8 MLP as one kernel (JAXINFER_FUSED_MLP, read at trace time: set for the draft's
-        # build, warm-up and background compiles only; the bf16 target never takes it)
-        fmlp = not d.startswith("layer_skip:") and "fmlp" in opts
-        os.environ["JAXINFER_FUSED_MLP"] = "1" if fmlp else "0"
         prop = build_model_proposer(sc, spec_llm.model, spec_llm.config, spec_llm.max_model_len, a.num_pages,
                                     progress=False)
         if a.per_step_drafts:
             prop.fused = prop.cycle = None  # runner/draft_steps.py and draft_cycle.py off: the per-step path
             prop.can_pipeline = False
         prop.warmup(progress=False)
-        if hasattr(prop, "runner"):
-            prop.runner.finish_background_compiles()
-        os.environ["JAXINFER_FUSED_MLP"] = "0"
         inners[d] = prop
     # no background compile beside the timed runs (the plain engine's 1-token bucket, the drafts' small buckets)
     for runner in [plain.runner, spec_llm.runner] + [p.runner for p in inners.values() if hasattr(p, "runner")]:

@@ -87,14 +87,6 @@ def test_program_key_covers_the_trace_time_switches(monkeypatch):
     off = program_key("step", 1)
     monkeypatch.setenv("JAXINFER_TRITON", "1")
     assert off != default and program_key("step", 1) == default  # unset and "1" are the same setting
-    # a switch that is off by default (the fused int8 MLP): unset and "0" are one setting, "1" another
-    assert TRACE_ENV["JAXINFER_FUSED_MLP"] is False
-    monkeypatch.delenv("JAXINFER_FUSED_MLP", raising=False)
-    unset = program_key("step", 1)
-    monkeypatch.setenv("JAXINFER_FUSED_MLP", "0")
-    assert program_key("step", 1) == unset
-    monkeypatch.setenv("JAXINFER_FUSED_MLP", "1")
-    assert program_key("step", 1) != unset
 
 
 def test_prefetch_loads_the_first_program_of_the_last_start_and_a_stale_hint_is_harmless(cache, monkeypatch):

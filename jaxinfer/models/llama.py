@@ -18,7 +18,6 @@ from flax import nnx
 from jaxinfer.config import ModelConfig
 from jaxinfer.models.attention import AttentionMetadata, AttentionOptions, paged_attention
 from jaxinfer.models.layers import Linear, RMSNorm, apply_rope, rope_cos_sin, rope_inv_freq
-from jaxinfer.models.quant_linear import fused_int8_mlp
 
 
 class Attention(nnx.Module):
@@ -61,9 +60,6 @@ class MLP(nnx.Module):
         self.down = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, dtype=dtype, axes=("mlp", "embed"))
 
     def __call__(self, x):
-        fused = fused_int8_mlp(self.gate_up, self.down, x, self.blocks)   # int8 decode: one kernel, opt-in
-        if fused is not None:
-            return fused
         T, two_i = x.shape[0], 2 * self.intermediate_size
         y = self.gate_up(x)
         y = y.reshape(T, self.blocks, 2, two_i // (2 * self.blocks))  # [T, blocks, 2, I/blocks]

@@ -15,11 +15,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxinfer.config import QuantizationError, QuantSpec
-from jaxinfer.env_switch import switch
 from jaxinfer.models import quant_paths
 from jaxinfer.models.quant_paths import quantized_matmul
 from pallas_kernels.quantized_matmul import kernel as qmm_kernel
-from pallas_kernels.quantized_matmul import mlp_nk as qmm_mlp
 from pallas_kernels.quantized_matmul import mosaic_int4 as qmm_mosaic
 from pallas_kernels.quantized_matmul import reference as qmm_ref
 
@@ -139,27 +137,3 @@ class QuantLinear(nnx.Module):
         if self.b is not None:
             y = y + self.b[...]
         return y
-
-
-def fused_int8_mlp(gate_up, down, x, blocks: int):
-    """The SwiGLU MLP of x [T, K] as one kernel (pallas_kernels/quantized_matmul/mlp_nk.py), or None where it does not
-    apply: both layers int8 QuantLinears in the 'nk' layout without bias, one gate/up block (no tensor
-    parallelism), and this M on the small-M kernel path for both ('pallas-nk', M <= 16) with whole blocks.
-    Opt-in (JAXINFER_FUSED_MLP=1, read at trace time) until its GPU measurement decides the default."""
-    if not switch("JAXINFER_FUSED_MLP", default=False) or blocks != 1:
-        return None
-    if not (isinstance(gate_up, QuantLinear) and isinstance(down, QuantLinear)):
-        return None
-    if gate_up.method != "int8" or down.method != "int8" or gate_up.b is not None or down.b is not None:
-        return None
-    if quant_paths.weight_layout_of("int8", gate_up.backend) != "nk":
-        return None
-    K = x.shape[-1]
-    M = x.size // K
-    H, I = down.q.shape
-    for layer, k, n in ((gate_up, K, 2 * I), (down, I, H)):
-        if quant_paths.path_for("int8", layer.backend, M, k, n, None, layer.kernels) != "pallas-nk":
-            return None
-    if not qmm_mlp.supports(M, K, I, H):
-        return None
-    return qmm_mlp.int8_mlp_nk(x, gate_up.q[...], gate_up.scale[...], down.q[...], down.scale[...])

@@ -96,12 +96,12 @@ def source_digest() -> str:
 # Environment switches read while a step is traced, so they change the program under the same source and config:
 # a process with JAXINFER_TRITON=0 (XLA's forms instead of the small-M kernels) must not load programs compiled with
 # the kernels. (Seen on the H200, 2026-12-04, with a since-removed switch: the other setting's program was loaded.)
-# Each maps to its default (env_switch.switch's spelling of on / off).
-TRACE_ENV = {"JAXINFER_TRITON": True, "JAXINFER_NK_EXACT_ROWS": True, "JAXINFER_FUSED_MLP": False}
+# Each is on unless set to "0".
+TRACE_ENV = ("JAXINFER_TRITON", "JAXINFER_NK_EXACT_ROWS")
 
 
 def _environment() -> str:
-    return _environment_for(tuple(switch(k, default) for k, default in TRACE_ENV.items()))
+    return _environment_for(tuple(os.environ.get(k, "1") != "0" for k in TRACE_ENV))
 
 
 @functools.lru_cache(maxsize=None)
