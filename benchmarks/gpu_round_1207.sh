@@ -107,8 +107,10 @@ for part in $PARTS; do case $part in
         # step's graph size, fresh vs stable outputs (probes/graph_stable_outputs.py, ~60 s): issue 17's host target
     # 12-06 j (VMM, the default): no output effect; a device_put input made the call last a whole device step.
     # Does the BFC allocator (no stable temporaries) block too? numpy inputs (the engine's form) on both
-    run gso 150 timeout 150 $PY benchmarks/probes/graph_stable_outputs.py
-    run gso-bfc 150 JAXINFER_STABLE_GRAPH_ADDRESSES=0 timeout 150 $PY benchmarks/probes/graph_stable_outputs.py ;;
+    # 12-06 k: numpy inputs block as device_put ones did, under both allocators; now also pinned-host inputs
+    run gso 100 timeout 100 $PY benchmarks/probes/graph_stable_outputs.py --batch 64 256 --tag vmm
+    run gso-bfc 100 JAXINFER_STABLE_GRAPH_ADDRESSES=0 timeout 100 $PY benchmarks/probes/graph_stable_outputs.py \
+      --batch 64 256 --tag bfc ;;
   spec1b)  # issue 21's figure on the GPU it names (an H200): the int8 1B draft with its whole head, batch 1, a = 0.7
     run spec1b 300 timeout 300 $PY benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 --accept 0.7 \
       --max-num-batched-tokens 16 --tag draft-int8-whole ;;

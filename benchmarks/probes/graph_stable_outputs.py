@@ -16,12 +16,17 @@ form), five ways:
   fresh-inputs  as fresh, with x a new device buffer every call (the engine before staged inputs)
   numpy-inputs  as fresh, x passed as numpy (the engine's form since 12-05 d: the call transfers it)
   stable+1fresh as stable, plus one small fresh output (does one moved command cost what all of them do?)
+  pinned-inputs x put in the device's pinned_host memory each call (a host copy) and moved to device memory inside
+                the program (12-06 k: does a transfer from pinned memory, an asynchronous DMA, still block?)
+  torch-pinned  x as a numpy view of torch-pinned memory passed straight in (where torch is importable)
 Printed: the median host time of a call (perf_counter around the call only) and the device time per call.
 
 Measured (H100, 12-06 j, results/graph-stable-outputs-0c602fe-2026-12-06.json, before numpy-inputs existed): the
 stable form was not consistently cheaper (fresh 1.10 / 1.65 / 0.43 ms at batch 1 / 64 / 256, stable 0.49 / 1.67 /
 0.41; repeats of one form varied 0.4-1.7 ms), so the guess is rejected. fresh-inputs made every call last the whole
-device step (3.1-3.8 ms): a transferred input made the dispatch wait for the step before it.
+device step (3.1-3.8 ms): a transferred input made the dispatch wait for the step before it. 12-06 k (H100, VMM
+and BFC allocators): numpy-inputs too (3.88 ms a call = the device step, batch 64 / 256), against 0.26-0.5 ms
+for device-resident inputs at batch 256: the engine's numpy inputs make its call wait for the previous step.
 
   python benchmarks/probes/graph_stable_outputs.py [--batch 64] [--layers 32] [--iters 60]
 """
@@ -91,12 +96,20 @@ def main():
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--iters", type=int, default=60)
     ap.add_argument("--dim", type=int, default=D, help="smaller for a CPU smoke run")
+    ap.add_argument("--tag", default="", help="appended to the result file's name")
     a = ap.parse_args()
     d = a.dim
     key = jax.random.PRNGKey(0)
     weights = [jax.random.normal(jax.random.fold_in(key, i), (d, d), jnp.bfloat16) * (d ** -0.5)
                for i in range(a.layers * DOTS_PER_LAYER)]
     fresh = jax.jit(body, donate_argnums=(1,))   # the tokens a fresh buffer
+    device0 = jax.devices()[0]
+    pinned, on_device = (jax.sharding.SingleDeviceSharding(device0, memory_kind=k) for k in ("pinned_host", "device"))
+    fresh_pinned = jax.jit(lambda w, s, x: body(w, s, jax.device_put(x, on_device)), donate_argnums=(1,))
+    try:
+        import torch
+    except ImportError:
+        torch = None
     stable = jax.jit(stable_step, donate_argnums=(1, 3))
     stable1 = jax.jit(stable_one_fresh_step, donate_argnums=(1, 3))
     rows = []
@@ -118,6 +131,18 @@ def main():
             tok, st["state"] = fresh(weights, st["state"], x_host)
             return tok
 
+        def call_pinned():   # a host copy into pinned memory, the H2D copy inside the program
+            tok, st["state"] = fresh_pinned(weights, st["state"], jax.device_put(x_host, pinned))
+            return tok
+
+        x_torch = None
+        if torch is not None and torch.cuda.is_available():
+            x_torch = torch.from_numpy(x_host).pin_memory().numpy()
+
+        def call_torch_pinned():
+            tok, st["state"] = fresh(weights, st["state"], x_torch)
+            return tok
+
         def call_stable():
             st["out"], st["state"] = stable(weights, st["state"], x, st["out"])
             return st["out"]
@@ -128,8 +153,16 @@ def main():
 
         for name, call in (("fresh", call_fresh), ("stable", call_stable), ("fresh-inputs", call_fresh_inputs),
                            ("numpy-inputs", call_fresh_numpy), ("stable+1fresh", call_stable1),
-                           ("stable#2", call_stable), ("fresh#2", call_fresh)):
-            host, dev = timed_calls(call, a.iters)
+                           ("stable#2", call_stable), ("fresh#2", call_fresh), ("pinned-inputs", call_pinned),
+                           ("torch-pinned", call_torch_pinned), ("numpy-inputs#2", call_fresh_numpy)):
+            if name == "torch-pinned" and x_torch is None:
+                continue
+            try:
+                host, dev = timed_calls(call, a.iters)
+            except Exception as e:   # e.g. no pinned_host memory space on this backend: record, go on
+                row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                print(f"batch {b:4d} {name:<13} ERROR {row[f'{name}_error']}", flush=True)
+                continue
             row[f"{name}_call_ms"] = host * 1e3
             row[f"{name}_step_ms"] = dev * 1e3
             print(f"batch {b:4d} {name:<13} call {host * 1e3:7.3f} ms (host, median) | {dev * 1e3:7.3f} ms a call "
@@ -148,7 +181,7 @@ def main():
         row["tokens_equal"] = bool(np.array_equal(np.asarray(t_f), np.asarray(t_s)[:b]))
         print(f"batch {b:4d} stable tokens == fresh tokens: {row['tokens_equal']}", flush=True)
         rows.append(row)
-    path = write_result("graph-stable-outputs", dict(device=device_name(), jax=jax.__version__,
+    path = write_result("graph-stable-outputs" + (f"-{a.tag}" if a.tag else ""), dict(device=device_name(), jax=jax.__version__,
                                                      layers=a.layers, dim=d, rows=rows))
     print(f"wrote {path}", flush=True)
 
