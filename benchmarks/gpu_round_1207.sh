@@ -36,6 +36,8 @@
 #          slower, removed with the switch)
 #   order  int8 / bf16 first and again in one process (12-06 i's unexplained 0.26 ms a step, ~550 s)
 #   gso    fresh vs stable (aliased, donated) outputs of a toy step of the 8B graph's size: the call's host time
+#   spec1b / kern / qd  issue 21's 1B-draft row, issue 20's small-M kernels per op and its decode rows (for an H200)
+#   fresh2 the 1B draft in a process that compiles its programs, then in one that loads them (12-06 k: 1.21x vs 1.65x)
 #   hcut   the 1B int8 draft's head alone, whole vs cut (probes/draft_head_cut.py, ~90 s)
 #   vocab  the 1B int8 draft with its head cut to 32k ids vs the whole head (issue 21; ~330 s on a cold machine)
 #   cseq   the sequence form (one cuDNN row a chunk or a part of it) per op, then its GPU tests (~70 s; 12-06 h)
@@ -44,8 +46,9 @@
 #   12-06 g ran nktest onetokab dprof1 tp512 attn w8a8 mid head (H100; benchmarks/README.md "2026-12-06 g").
 #   12-06 h ran ctiles attn, then cseq (H100). 12-06 i ran hcut vocab, nktest exact exactqd (H100).
 #   12-06 j ran gso normpro (then order's question and vocab by hand, gpu-round-1207j-0c602fe-2026-12-06.log; H100).
-#   Next: "gso" (its allocator question, ~70 s); on an H200: "vocab" (issue 21's figure is its whole-head row: the cut
-#   is estimated to lose on real Llama 3 text, 12-06 j), "tests attn auto", then "serve tp512 mid"
+#   12-06 k ran fmlp (then dprof1 spec1b, a reversed fmlp A/B and gso by hand; gpu-round-1207k-db813a7-2026-12-06.log).
+#   Next: "gso" (pinned-host inputs: does a transfer from pinned memory block the call too? ~60 s) and "fresh2"
+#   (~270 s); on an H200: "spec1b kern qd" (issues 21 / 20's figures), "tests attn auto", then "serve tp512 mid"
 #   (AUTO_CUDNN_MIN_TOKENS is 16 since 12-06 g):
 #   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="tests attn" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
 GPU_ROUND=gpu-round-1207

@@ -9,7 +9,7 @@ inputs (the same buffer passed back every call) would dispatch in a fraction of 
 
 A toy program of the step's size (32 "layers" x 6 bf16 dots of [B, 4096] x [4096, 4096] with an RMS scaling after
 each: ~400 graph nodes, a few ms of device time) is called back to back without waiting (the engine's pipelined
-form), five ways:
+form), seven ways:
   fresh         (tokens, state) = f(state, x): the tokens a fresh buffer every call (the engine today)
   stable        (out, state) = f(state, x, out): the tokens written into `out` (donated, one element longer than
                 what is written, so XLA updates it in place) and returned: every address is the same every call
@@ -181,8 +181,8 @@ def main():
         row["tokens_equal"] = bool(np.array_equal(np.asarray(t_f), np.asarray(t_s)[:b]))
         print(f"batch {b:4d} stable tokens == fresh tokens: {row['tokens_equal']}", flush=True)
         rows.append(row)
-    path = write_result("graph-stable-outputs" + (f"-{a.tag}" if a.tag else ""), dict(device=device_name(), jax=jax.__version__,
-                                                     layers=a.layers, dim=d, rows=rows))
+    name = "graph-stable-outputs" + (f"-{a.tag}" if a.tag else "")
+    path = write_result(name, dict(device=device_name(), jax=jax.__version__, layers=a.layers, dim=d, rows=rows))
     print(f"wrote {path}", flush=True)
 
 
