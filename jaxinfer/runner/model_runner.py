@@ -169,11 +169,11 @@ class ModelRunner:
         step_kw = dict(carry_width=self.carry_width, page_size=self.page_size, arena=self._arena)
         self._step = make_step_fn(*step_args, **step_kw)  # (the form the draft programs inline)
         self.staged = self.stage_inputs and plan is None
-        self.pinned = self.staged and (self.pinned_inputs or switch("JAXINFER_PINNED_INPUTS", default=False))
-        self._pinned = (jax.sharding.SingleDeviceSharding(self._device, memory_kind="pinned_host") if self.pinned
-                        else None)
-        device_memory = jax.sharding.SingleDeviceSharding(self._device, memory_kind="device") if self.pinned else None
-        self._run_step = (make_step_fn(*step_args, **step_kw, staged=True, device_memory=device_memory)
+        pinned = self.staged and (self.pinned_inputs or switch("JAXINFER_PINNED_INPUTS", default=False))
+        memory = lambda kind: jax.sharding.SingleDeviceSharding(self._device, memory_kind=kind)  # noqa: E731
+        self._pinned = memory("pinned_host") if pinned else None   # where the packed inputs go (pinned_inputs)
+        self._run_step = (make_step_fn(*step_args, **step_kw, staged=True,
+                                       device_memory=memory("device") if pinned else None)
                           if self.staged else self._step)
         self._stages: dict = {}  # (len(ints), len(floats)) -> the stage buffers (step.stage_inputs), when staged
         M = config.scheduler.max_num_seqs
@@ -286,6 +286,11 @@ class ModelRunner:
             self._step_params_src = self.loaded.params
         return self._step_params
 
+    @property
+    def pinned(self) -> bool:
+        """Whether the step takes its packed inputs in pinned host memory (pinned_inputs)."""
+        return self._pinned is not None
+
     def run_compiled(self, step, ints, floats, prev_tokens=None):
         """Run one compiled step program on packed device buffers, threading the runner's donated state (KV cache,
         penalty counts). Returns (StepOutput, hidden). Used by warm-up and the benchmarks' device-only timings."""
@@ -298,7 +303,7 @@ class ModelRunner:
             self.kv_caches, out, hidden, self.penalty_table = step(self.step_params, self.kv_caches, ints, floats,
                                                                    prev_tokens, self.penalty_table)
             return out, hidden
-        if self.pinned:   # numpy or device arrays -> pinned host memory (the program moves them to the device)
+        if self._pinned is not None:   # numpy or device arrays -> pinned host memory (the program moves them on)
             ints, floats = jax.device_put((ints, floats), self._pinned)
         self.kv_caches, out, hidden, self.penalty_table = self.call_staged(
             step, ints, floats, self.step_params, self.kv_caches, ints, floats, prev_tokens, self.penalty_table)
