@@ -38,7 +38,8 @@
 #   gso    fresh vs stable (aliased, donated) outputs of a toy step of the 8B graph's size: the call's host time
 #   spec1b / kern / qd  issue 21's 1B-draft row, issue 20's small-M kernels per op and its decode rows (for an H200)
 #   fresh2 the 1B draft in a process that compiles its programs, then in one that loads them (12-06 k: 1.21x vs 1.65x)
-#   pinned the engine's packed inputs in pinned host memory (JAXINFER_PINNED_INPUTS) vs numpy: host cost, latency
+#   (pinned: the packed inputs in pinned host memory, JAXINFER_PINNED_INPUTS; run 12-07 a: segfaults under the VMM
+#          allocator, no change in the engine's dispatch under BFC; removed with the switch)
 #   hcut   the 1B int8 draft's head alone, whole vs cut (probes/draft_head_cut.py, ~90 s)
 #   vocab  the 1B int8 draft with its head cut to 32k ids vs the whole head (issue 21; ~330 s on a cold machine)
 #   cseq   the sequence form (one cuDNN row a chunk or a part of it) per op, then its GPU tests (~70 s; 12-06 h)
@@ -48,8 +49,8 @@
 #   12-06 h ran ctiles attn, then cseq (H100). 12-06 i ran hcut vocab, nktest exact exactqd (H100).
 #   12-06 j ran gso normpro (then order's question and vocab by hand, gpu-round-1207j-0c602fe-2026-12-06.log; H100).
 #   12-06 k ran fmlp (then dprof1 spec1b, a reversed fmlp A/B and gso by hand; gpu-round-1207k-db813a7-2026-12-06.log).
-#   Next: "gso pinned" (pinned-host inputs: does a transfer from pinned memory block the call too, in the toy and
-#   in the engine? ~620 s, two calls) and "fresh2" (~270 s); on an H200: "spec1b kern qd" (issues 21 / 20's
+#   12-07 a ran gso, pinned and fresh2 (then gso / pinned under faulthandler; gpu-round-1207a-8fc9e1b-2026-12-07.log).
+#   Next, on an H200: "spec1b kern qd" (issues 21 / 20's
 #   figures), "tests attn auto", then "serve tp512 mid" (AUTO_CUDNN_MIN_TOKENS is 16 since 12-06 g):
 #   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="tests attn" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
 GPU_ROUND=gpu-round-1207
@@ -131,16 +132,6 @@ for part in $PARTS; do case $part in
       t=$((i == 1 ? 170 : 100))
       run fresh-$i $t timeout $t $PY benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 \
         --accept 0.7 --max-num-batched-tokens 16 --tag draft-int8-fresh$i
-    done ;;
-  pinned)  # ModelRunner.pinned_inputs (JAXINFER_PINNED_INPUTS=1, 12-06 k): the packed inputs in pinned host memory,
-           # moved inside the step, against numpy into the call (which made a toy step's call wait for the step before
-           # it, part gso): the engine's host time a step (issue 17: <= 1.0 ms at batch 256) and its decode speed
-    HSC="benchmarks/probes/host_step_cost.py --model llama3-8b --no-tokenizer --batch 64 256 --steps 40"
-    for v in 0 1; do
-      run hsc-pin$v 150 JAXINFER_PINNED_INPUTS=$v timeout 150 $PY $HSC --tag pinned$v
-    done
-    for v in 0 1; do
-      run lat-pin$v 130 JAXINFER_PINNED_INPUTS=$v timeout 130 $PY $LAT8 --batch 1 64 256 --tag pinned$v
     done ;;
   hcut)  # the draft's head alone, whole vs cut to 32k / 64k ids (probes/draft_head_cut.py, ~90 s): the time a draft
          # step saves, before part vocab's end-to-end run

@@ -27,6 +27,9 @@ stable form was not consistently cheaper (fresh 1.10 / 1.65 / 0.43 ms at batch 1
 device step (3.1-3.8 ms): a transferred input made the dispatch wait for the step before it. 12-06 k (H100, VMM
 and BFC allocators): numpy-inputs too (3.88 ms a call = the device step, batch 64 / 256), against 0.26-0.5 ms
 for device-resident inputs at batch 256: the engine's numpy inputs make its call wait for the previous step.
+12-07 a (H100, results/graph-stable-outputs-bfc-8fc9e1b-2026-12-07.json): under BFC, pinned-inputs 0.96-1.08 ms a call
+(not blocked), torch-pinned 3.8-4.0 (blocked); under VMM (the default) the device_put to pinned_host segfaults
+(jax 0.11.2). The engine with its inputs in pinned memory dispatched no faster (host_step_cost.py, 2.6-3.2 ms).
 
   python benchmarks/probes/graph_stable_outputs.py [--batch 64] [--layers 32] [--iters 60]
 """

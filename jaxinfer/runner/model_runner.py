@@ -20,7 +20,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer.config import EngineConfig
-from jaxinfer.env_switch import switch
 from jaxinfer.weights.loader import LoadedModel
 from jaxinfer.outputs import RunnerOutput, SeqInput, StepBatch
 from jaxinfer.runner import attention_backend, param_arena
@@ -99,13 +98,6 @@ class ModelRunner:
     # (runner/step.stage_inputs: fewer CUDA-graph commands to update a call). Single-device runners. False: the
     # step reads the transferred inputs themselves (the A/B side of benchmarks/probes/host_step_cost.py).
     stage_inputs = True
-    # Pass the packed inputs in the device's pinned host memory (a host copy) and move them to device memory inside
-    # the step program, instead of handing the call numpy arrays that it transfers. Why (12-06 k, H100,
-    # probes/graph_stable_outputs.py): a transferred input (numpy or device_put) made a toy step's call last until
-    # the step before it ended (3.8-3.9 ms a call against 0.26-0.5 ms for device-resident inputs at batch 256).
-    # Staged single-device runners; off by default until a GPU A/B (JAXINFER_PINNED_INPUTS=1, read at construction;
-    # benchmarks/gpu_round_1207.sh part `pinned`) says whether it helps there.
-    pinned_inputs = False
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int,
                  num_pages: int | None = None, small_buckets: bool = True, greedy_programs: bool | None = None):
@@ -169,12 +161,7 @@ class ModelRunner:
         step_kw = dict(carry_width=self.carry_width, page_size=self.page_size, arena=self._arena)
         self._step = make_step_fn(*step_args, **step_kw)  # (the form the draft programs inline)
         self.staged = self.stage_inputs and plan is None
-        pinned = self.staged and (self.pinned_inputs or switch("JAXINFER_PINNED_INPUTS", default=False))
-        memory = lambda kind: jax.sharding.SingleDeviceSharding(self._device, memory_kind=kind)  # noqa: E731
-        self._pinned = memory("pinned_host") if pinned else None   # where the packed inputs go (pinned_inputs)
-        self._run_step = (make_step_fn(*step_args, **step_kw, staged=True,
-                                       device_memory=memory("device") if pinned else None)
-                          if self.staged else self._step)
+        self._run_step = make_step_fn(*step_args, **step_kw, staged=True) if self.staged else self._step
         self._stages: dict = {}  # (len(ints), len(floats)) -> the stage buffers (step.stage_inputs), when staged
         M = config.scheduler.max_num_seqs
         self._no_prev = jax.device_put(np.zeros((M, self.carry_width) if self.carry_width else (M,), np.int32),
@@ -286,11 +273,6 @@ class ModelRunner:
             self._step_params_src = self.loaded.params
         return self._step_params
 
-    @property
-    def pinned(self) -> bool:
-        """Whether the step takes its packed inputs in pinned host memory (pinned_inputs)."""
-        return self._pinned is not None
-
     def run_compiled(self, step, ints, floats, prev_tokens=None):
         """Run one compiled step program on packed device buffers, threading the runner's donated state (KV cache,
         penalty counts). Returns (StepOutput, hidden). Used by warm-up and the benchmarks' device-only timings."""
@@ -303,8 +285,6 @@ class ModelRunner:
             self.kv_caches, out, hidden, self.penalty_table = step(self.step_params, self.kv_caches, ints, floats,
                                                                    prev_tokens, self.penalty_table)
             return out, hidden
-        if self._pinned is not None:   # numpy or device arrays -> pinned host memory (the program moves them on)
-            ints, floats = jax.device_put((ints, floats), self._pinned)
         self.kv_caches, out, hidden, self.penalty_table = self.call_staged(
             step, ints, floats, self.step_params, self.kv_caches, ints, floats, prev_tokens, self.penalty_table)
         return out, hidden
@@ -336,7 +316,7 @@ class ModelRunner:
         (kv_caches, penalty_table) shapes to lower at (default: the current arrays). greedy_only: the variant for
         steps whose rows are all greedy, unpenalised and ask no top logprobs."""
         ints, floats = self.placeholder_batch(bucket)
-        spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self._pinned or self._replicated)  # noqa
+        spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self._replicated)  # noqa: E731
         kv, table = state_specs or (self.kv_caches, self.penalty_table)
         args = (self.step_params, kv, spec(ints), spec(floats), self._no_prev, table)
         if self.staged:

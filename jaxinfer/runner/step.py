@@ -103,15 +103,13 @@ def stage_shapes(num_ints: int, num_floats: int):
 
 
 def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int, kv_shardings=None, donate: bool = True,
-                 carry_width: int = 0, page_size: int = 0, arena=None, staged: bool = False, device_memory=None):
+                 carry_width: int = 0, page_size: int = 0, arena=None, staged: bool = False):
     """Build the jitted step for a LoadedModel. The graphdef/treedef are closed over (static); so is the bucket,
     which fixes the layout of the two transfer buffers. carry_width > 0 (speculation): steps pass each other the
     carry of runner/spec_carry.py (tokens per KV page: page_size). arena: the runner's param_arena.Arena (the step
     then takes its params packed: param_arena.pack), or None (the flat list). staged (single device only): the
     jitted function takes one more donated argument after penalty_table, the stage buffers (stage_inputs), and
     returns their next value last; the unstaged form is the one other programs inline (runner/draft_*.py).
-    device_memory (staged only): the device's sharding in its "device" memory; the packed inputs then arrive in
-    pinned host memory and are moved there inside the program (ModelRunner.pinned_inputs).
 
     With a sharding plan (loaded.plan) the shardings are fixed once: weights keep the shardings they were loaded
     with, the KV cache `kv_shardings` (list of (k, v) per layer), and the batch, sampled tokens and final hidden
@@ -162,8 +160,6 @@ def make_step_fn(loaded, opts: AttentionOptions, max_num_seqs: int, kv_shardings
 
         def staged_step(params, kv_caches, ints, floats, prev_tokens, penalty_table, stage, bucket,
                         greedy_only=False):
-            if device_memory is not None:   # pinned host -> device, a copy inside the program
-                ints, floats = jax.device_put((ints, floats), device_memory)
             ints, floats, stage = stage_inputs(ints, floats, stage)
             return (*step(params, kv_caches, ints, floats, prev_tokens, penalty_table, bucket, greedy_only), stage)
 

@@ -102,27 +102,3 @@ def test_engine_tokens_are_those_of_the_unstaged_step(tiny_llama_dir, monkeypatc
     assert not plain.runner.staged
     want = [o.outputs[0].token_ids for o in plain.generate(prompts, sp, use_tqdm=False)]
     assert got == want
-
-
-@pytest.mark.parametrize("greedy", [True, False])
-def test_pinned_inputs_give_the_tokens_of_transferred_ones(tiny_llama_dir, monkeypatch, greedy):
-    """ModelRunner.pinned_inputs (JAXINFER_PINNED_INPUTS=1): the packed inputs go to pinned host memory and the step
-    program moves them to the device; its compiled step takes pinned-host inputs, and the tokens are those of the
-    default form (logprobs too), across buckets of different input lengths."""
-    prompts = [[5, 6, 7], list(range(10, 40)), list(range(3, 70)), [9]]
-    sp = SamplingParams(temperature=0.0 if greedy else 0.8, seed=3, max_tokens=14, ignore_eos=True, logprobs=1)
-    opts = dict(num_pages=64, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=4, warmup=False,
-                progress=False)
-    monkeypatch.setenv("JAXINFER_PINNED_INPUTS", "1")
-    llm = jaxinfer.LLM(tiny_llama_dir, **opts)
-    r = llm.runner
-    assert r.pinned
-    exe = r.compile_step(r.ladder.buckets[0])
-    assert [s.memory_kind for s in exe.input_shardings[0][2:4]] == ["pinned_host", "pinned_host"]
-    got = llm.generate(prompts, sp, use_tqdm=False)
-    monkeypatch.setenv("JAXINFER_PINNED_INPUTS", "0")
-    plain = jaxinfer.LLM(tiny_llama_dir, **opts)
-    assert not plain.runner.pinned
-    want = plain.generate(prompts, sp, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
-    assert [o.outputs[0].cumulative_logprob for o in got] == [o.outputs[0].cumulative_logprob for o in want]
