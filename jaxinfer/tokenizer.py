@@ -10,9 +10,10 @@ punctuation): it corrupts LLM output and makes decode(a + b) differ from the inc
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 # transformers' import-time advice "PyTorch was not found. Models won't be available ..." is noise here: jaxinfer
 # only uses its tokenizers, which need no torch (set before any transformers import of the package).
@@ -128,6 +129,13 @@ class Tokenizer:
             except TypeError:  # e.g. numpy ints inside a list
                 return self._backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
         return self._impl.decode(ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
+
+    def decoder(self, skip_special_tokens: bool = True) -> Callable[[list[int]], str]:
+        """decode() as one callable for lists of Python ints (the incremental detokenizer's per-token call): the
+        Rust tokenizer's own decode where there is one, without decode()'s argument checks."""
+        if self._backend is not None:
+            return functools.partial(self._backend.decode, skip_special_tokens=skip_special_tokens)
+        return functools.partial(self.decode, skip_special_tokens=skip_special_tokens)
 
     def convert_ids_to_tokens(self, ids: int | Iterable[int]) -> str | list[str]:
         """Raw vocabulary pieces (e.g. 'Ġworld', '<0xE4>'), not text; one str for one id."""

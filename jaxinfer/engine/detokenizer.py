@@ -13,10 +13,13 @@ So we keep all ids and two offsets into them:
     tail = decode(ids[prefix_offset:]) minus its prefix decode(ids[prefix_offset:read_offset])
 
 `tail` is exactly the text of the pending tokens: the context decodes identically in both calls (same start,
-so the same leading-space handling), and read_offset always sits on a character boundary. Tokens are taken one
-at a time: if `tail` ends with U+FFFD the last character is (probably) still incomplete, so the token stays
-pending and we accept only the text before the trailing U+FFFD run (characters decoded before it can no longer
-change); otherwise the token ends on a character boundary, the pending tokens become the new context and
+so the same leading-space handling), and read_offset always sits on a character boundary. The context is usually
+one token, whose decoded length comes from a per-tokenizer cache of one-token lengths: a token then costs one
+decode of two tokens, not two decodes (a decode costs ~0.4 µs a call and ~0.25 µs a token on the CPU box; 12-07,
+`benchmarks/probes/detok_cost.py`: 2.7-4.1 -> 1.8-2.8 µs a token of real text). Tokens are taken one at a
+time: if `tail` ends with U+FFFD the last character is (probably) still incomplete, so the token stays pending
+and we accept only the text before the trailing U+FFFD run (characters decoded before it can no longer change);
+otherwise the token ends on a character boundary, the pending tokens become the new context and
 read_offset moves past it. The window is therefore the tokens since the last character boundary plus the run
 before it — a handful of tokens — never the whole output.
 
@@ -47,6 +50,15 @@ INITIAL_CONTEXT_TOKENS = 5
 MAX_PENDING_TOKENS = 64
 
 
+def _one_token_lengths(tokenizer, skip_special_tokens: bool) -> dict[int, int]:
+    """{token id: len(tokenizer.decode([id]))} for this tokenizer and skip flag, kept on the tokenizer object (one
+    cache for all of its sequences; at most its vocabulary's size)."""
+    attrs = getattr(tokenizer, "__dict__", None)
+    if attrs is None:   # (an object without attributes: a cache of this detokenizer's own)
+        return {}
+    return attrs.setdefault("_detok_one_token_len", {}).setdefault(bool(skip_special_tokens), {})
+
+
 class _Decoder(Protocol):  # what we need from jaxinfer.tokenizer.Tokenizer
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
@@ -75,6 +87,12 @@ class IncrementalDetokenizer:
         self._lookback = max((len(s) for s in self._stop), default=1) - 1
         self._hold = 0 if include_stop_str_in_output else self._lookback
 
+        # The decoder: the tokenizer's list-of-int decoder where it has one (jaxinfer.tokenizer.Tokenizer.decoder:
+        # the Rust tokenizer's own decode, without decode()'s argument checks), else its decode (any _Decoder);
+        # and the lengths of one-token decodes, shared by the tokenizer's detokenizers (see module docstring).
+        decoder = getattr(tokenizer, "decoder", None)
+        self._decode = decoder(skip_special_tokens) if decoder is not None else self._decode_any
+        self._one_token_len = _one_token_lengths(tokenizer, skip_special_tokens)
         # Token window: ids[prefix_offset:read_offset] is context, ids[read_offset:] pending. It starts with a few
         # prompt tokens as context, so the first output token decodes as a continuation (leading space kept).
         self._ids: list[int] = self._initial_context(prompt_token_ids)
@@ -101,6 +119,9 @@ class IncrementalDetokenizer:
         """
         if self.finished:
             return "", None
+        if len(new_token_ids) == 1 and not stop_terminated:   # a plain step's one token
+            self._num_output_tokens += 1
+            return self._accept(self._step(int(new_token_ids[0])))
         ids = [int(t) for t in new_token_ids]
         self._num_output_tokens += len(ids)
         if stop_terminated and ids and not self._include_stop:
@@ -137,7 +158,7 @@ class IncrementalDetokenizer:
         return len(self._ids) - self._read_offset
 
     # ---- decoding -----------------------------------------------------------------------------------
-    def _decode(self, ids: Sequence[int]) -> str:
+    def _decode_any(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special)
 
     def _initial_context(self, prompt_token_ids: Sequence[int]) -> list[int]:
@@ -171,7 +192,14 @@ class IncrementalDetokenizer:
             self._ids.append(token)
         p, r, n = self._prefix_offset, self._read_offset, len(self._ids)
         if self._prefix_len is None:
-            self._prefix_len = len(self._decode(self._ids[p:r])) if r > p else 0
+            if r - p == 1:
+                t = self._ids[p]
+                n1 = self._one_token_len.get(t)
+                if n1 is None:
+                    n1 = self._one_token_len[t] = len(self._decode([t]))
+                self._prefix_len = n1
+            else:
+                self._prefix_len = len(self._decode(self._ids[p:r])) if r > p else 0
         tail = self._decode(self._ids[p:])[self._prefix_len:]
 
         if token is not None and tail.endswith(REPLACEMENT_CHAR) and n - r < MAX_PENDING_TOKENS:

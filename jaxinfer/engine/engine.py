@@ -376,15 +376,17 @@ class LLMEngine:
         rows = done.rows[valid]
         ib.cum_logprob[rows] += out.logprobs[valid]  # (rows of a step are distinct slots)
         if self.tokenizer is not None:
-            return self._outputs(self._detokenize_plain(rids, tokens, finished), finished)
+            self._detokenize_plain(rids, tokens, finished)
+        # only the requests that report progress (not FINAL_ONLY ones, which report once, finished) and the
+        # finished ones go through _outputs
         progress = ib.progress[rows]
         touched = set(itertools.compress(rids, progress.tolist())) if progress.any() else set()
         return self._outputs(touched | finished, finished)
 
-    def _detokenize_plain(self, rids: list[str], tokens: list[int], finished: set[str]) -> set[str]:
+    def _detokenize_plain(self, rids: list[str], tokens: list[int], finished: set[str]) -> None:
         """A plain step's one new token per sequence (`rids`, still in their slots) through its detokenizer, as
         _finish_step's per-token loop does for one kept token: stop strings end the request (added to `finished`,
-        in place), finished sequences flush their held-back text. Returns the sequences that progressed."""
+        in place), finished sequences flush their held-back text."""
         seqs, scheduler = self._seqs, self.scheduler
         for sid, tok in zip(rids, tokens):
             st = seqs[sid]
@@ -398,7 +400,6 @@ class LLMEngine:
                 scheduler.finish_by_stop_string(sid, stop, len(req.output_token_ids))
                 finished.add(sid)
         self._flush_detokenizers(finished)
-        return set(rids) | finished
 
     def _flush_detokenizers(self, finished: set[str]) -> None:
         """Finished sequences release their detokenizer's held-back text into their next report."""

@@ -258,6 +258,32 @@ def test_valid_text_never_emits_replacement_char(byte_tok, sp_tok, data, kind):
         assert expected == tok.decode(ids)
 
 
+class _PlainDecode:
+    """A tokenizer seen only through decode() (no Tokenizer.decoder, its own one-token cache): the reference path."""
+
+    def __init__(self, tok):
+        self.decode = tok.decode
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), kind=st.sampled_from(["byte", "sp"]))
+def test_fast_decoder_and_shared_length_cache_match_plain_decode(byte_tok, sp_tok, data, kind):
+    """Tokenizer.decoder (the Rust decode) and the one-token lengths cached on the tokenizer, shared by all its
+    detokenizers and both skip_special_tokens values (interleaved here, specials included), give the deltas of a
+    detokenizer that only calls decode()."""
+    tok = byte_tok if kind == "byte" else sp_tok
+    V = tok.vocab_size
+    streams = data.draw(st.lists(st.lists(st.integers(0, V - 1), max_size=30), min_size=2, max_size=4), label="ids")
+    skips = data.draw(st.lists(st.booleans(), min_size=len(streams), max_size=len(streams)), label="skips")
+    for ids, skip in zip(streams, skips):
+        fast = _stream(tok, [], ids, skip_special_tokens=skip)
+        plain = _stream(_PlainDecode(tok), [], ids, skip_special_tokens=skip)
+        assert fast[0] == plain[0] and fast[2] == plain[2]
+    for skip, lengths in tok.__dict__.get("_detok_one_token_len", {}).items():
+        for t, n in list(lengths.items())[:50]:
+            assert n == len(tok.decode([t], skip_special_tokens=skip))
+
+
 @pytest.mark.parametrize("kind", ["byte", "sp"])
 def test_split_characters_are_emitted_whole(byte_tok, sp_tok, kind):
     tok = byte_tok if kind == "byte" else sp_tok
