@@ -7,8 +7,10 @@ through two lists guarded by a condition variable:
             separate clients would; all or none: a bad one aborts the others) and resolves the future with the ids
             or the ValueError, so the HTTP handler can still answer 400 before streaming anything.
   * aborts: request ids; applied between steps (pages are freed at once by engine.abort).
-The thread loops `engine.step()` while there is work and sleeps on the condition variable when idle. Each
-RequestOutput goes to its request's asyncio.Queue through `loop.call_soon_threadsafe`.
+The thread loops `engine.step()` while there is work and sleeps on the condition variable when idle. A step's
+RequestOutputs go to their requests' asyncio.Queues in ONE `loop.call_soon_threadsafe` a step (each such call
+writes to the loop's wake-up pipe: 256 of them cost the engine thread 0.5-2.7 ms a step on the CPU box, one
+~22 µs; benchmarks/probes/loop_handoff_cost.py).
 
 Failures: a request the engine ended because a step failed on it (RequestOutput.error; the others of that step went
 on) raises RequestFailedError from its stream. If a step raises anyway, every request fails (the last resort).
@@ -66,6 +68,30 @@ class _Sink:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
+
+
+def _put_all(items: list) -> None:
+    """On the event loop: [(queue, item), ...] into their queues, in order."""
+    for queue, item in items:
+        queue.put_nowait(item)
+
+
+class _Deliveries:
+    """One step's (sink, item) pairs, handed to their event loops with one call_soon_threadsafe per loop."""
+
+    def __init__(self):
+        self.by_loop: dict = {}
+
+    def put(self, sink: _Sink, item) -> None:
+        self.by_loop.setdefault(sink.loop, []).append((sink.queue, item))
+
+    def flush(self) -> None:
+        for loop, items in self.by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass
+        self.by_loop = {}
 
 
 class RequestStream:
@@ -222,6 +248,7 @@ class AsyncEngine:
                     outs = []
                 # A request's slot is released before its last item reaches the client: a client that sends its
                 # next request as soon as it has the answer must find the slot free (max_waiting), not get a 503.
+                deliveries = _Deliveries()
                 for out in outs:
                     sink = self._sinks.get(out.request_id)
                     if sink is None:
@@ -229,12 +256,13 @@ class AsyncEngine:
                     if out.error is not None:  # ended alone: a step failed on it
                         del self._sinks[out.request_id]
                         self._finished(1)
-                        sink.put(RequestFailedError(out.error))
+                        deliveries.put(sink, RequestFailedError(out.error))
                         continue
                     if out.finished:
                         del self._sinks[out.request_id]
                         self._finished(1)
-                    sink.put(out)
+                    deliveries.put(sink, out)
+                deliveries.flush()
             self._publish()
 
     def _finished(self, k: int):
