@@ -10,8 +10,9 @@ strings, beside two floors measured in the same process:
 
   python benchmarks/probes/detok_cost.py [--seqs 256] [--tokens 64]
 
-Measured (2-core CPU box, 12-07, SmolLM2's tokenizer): before the one-token length cache and the single-token path
-(113a027) 3.1 µs a token without stop strings, 4.2-4.8 with two; after, 2.3 / 3.1-3.4 (benchmarks/README.md).
+Measured (2-core CPU box, 12-07, the tree before the one-token length cache and the single-token path (113a027)
+and after, in turn, twice): 4.14 -> 2.83 and 2.68 -> 1.84 µs a token without stop strings, 5.67 -> 4.23 and
+3.77 -> 2.76 with two; decode-2 0.82-1.33, whole 0.12-0.19 (benchmarks/README.md, 2026-12-07 a).
 """
 from __future__ import annotations
 
