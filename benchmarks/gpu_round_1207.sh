@@ -56,6 +56,8 @@
 GPU_ROUND=gpu-round-1207
 source "$(dirname "$0")/gpu_lib.sh"
 PARTS=${PARTS:-tests attn auto serve tp512 spec dprof mid}
+# PARTS_H200, when set, replaces PARTS on an H200 (the issues' figures are H200 figures; H100s come more often)
+if grep -q H200 "$OUT_DIR/gpu.txt" && [ -n "${PARTS_H200:-}" ]; then PARTS=$PARTS_H200; fi
 LAT8="benchmarks/latency.py --no-peer"
 SPEC="benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 --accept 0.7"
 for part in $PARTS; do case $part in
@@ -176,6 +178,19 @@ for part in $PARTS; do case $part in
       --variants 16:4:4 --cudnn-tiles --cudnn-seq 0 256 512 --budget-s 90
     run cseq-tests 150 timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
       -k "sequence or gpu_cudnn" tests/kernels/test_cudnn_paged.py ;;
+  servab)  # issue 17 item 2 on a GPU host: the 8B shape served at 32 / 64 req/s before (113a027, in .ab_old, carried)
+           # and after the host changes of 12-07 a (the event loop woken once a step, FINAL_ONLY outputs not built
+           # every step); dummy models have no tokenizer, so the detokenizer change is not in this A/B
+    SW="benchmarks/serving_sweep.py --rates 32 64 --num-prompts 1000 1000"
+    run servab-old 240 JAXINFER_COMMIT=113a027 timeout 240 bash -c "cd .ab_old && PYTHONPATH=\$PWD $PY $SW --tag ab-old"
+    run servab-new 200 timeout 200 $PY $SW --tag ab-new ;;
+  gputests)  # the recorded GPU test run (benchmarks/gpu_tests.py; jax-triton and gguf from the carried .whl/)
+    pip install -q --no-deps .whl/*.whl > "$OUT_DIR/pip.log" 2>&1
+    run gputests 420 timeout 420 $PY benchmarks/gpu_tests.py tests/kernels/test_quantized_matmul_gpu.py \
+      tests/kernels/test_triton_small_m_gpu.py tests/kernels/test_paged_attention_kernel.py \
+      tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py tests/test_stable_addresses_gpu.py \
+      tests/kernels/test_kv_quant.py tests/kernels/test_mosaic_int8_gpu.py tests/kernels/test_mosaic_int4_gpu.py \
+      tests/kernels/test_mosaic_int4_wide_gpu.py tests/test_startup_caches_gpu.py ;;
   tests)
     run tests 150 timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
       tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py ;;
