@@ -178,12 +178,17 @@ for part in $PARTS; do case $part in
       --variants 16:4:4 --cudnn-tiles --cudnn-seq 0 256 512 --budget-s 90
     run cseq-tests 150 timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
       -k "sequence or gpu_cudnn" tests/kernels/test_cudnn_paged.py ;;
-  servab)  # issue 17 item 2 on a GPU host: the 8B shape served at 32 / 64 req/s before (113a027, in .ab_old, carried)
+  servab)  # issue 17 item 2 on a GPU host: the 8B shape served at 64 req/s before (113a027, in .ab_old, carried)
            # and after the host changes of 12-07 a (the event loop woken once a step, FINAL_ONLY outputs not built
            # every step); dummy models have no tokenizer, so the detokenizer change is not in this A/B
-    SW="benchmarks/serving_sweep.py --rates 32 64 --num-prompts 1000 1000"
-    run servab-old 240 JAXINFER_COMMIT=113a027 timeout 240 bash -c "cd .ab_old && PYTHONPATH=\$PWD $PY $SW --tag ab-old"
-    run servab-new 200 timeout 200 $PY $SW --tag ab-new ;;
+    SW="benchmarks/serving_sweep.py --rates 64 --num-prompts 1000"
+    run servab-old 200 JAXINFER_COMMIT=113a027 timeout 240 bash -c "cd .ab_old && PYTHONPATH=\$PWD $PY $SW --tag ab-old"
+    run servab-new 150 timeout 150 $PY $SW --tag ab-new ;;
+  gil)  # a dispatch thread, again (12-05: beside a spinning thread the call took 240-380 ms, its GIL re-takes each
+        # waiting out Python's 5 ms switch interval): the same probe under shorter intervals (CPU box, tiny model,
+        # batch 1: 42 ms -> 0.6 ms at 0.2 ms); if the call then takes its time alone, the engine's call can move
+        # off the engine thread (issue 17's host <= 1.0 ms at batch 256 counts the call)
+    run gil 200 timeout 200 $PY benchmarks/probes/call_gil.py --batch 1 64 256 --switch-interval 0.005 0.0005 0.0001 ;;
   gputests)  # the recorded GPU test run (benchmarks/gpu_tests.py; jax-triton and gguf from the carried .whl/)
     pip install -q --no-deps .whl/*.whl > "$OUT_DIR/pip.log" 2>&1
     run gputests 420 timeout 420 $PY benchmarks/gpu_tests.py tests/kernels/test_quantized_matmul_gpu.py \

@@ -10,8 +10,11 @@ main thread asleep = the share of the call time the GIL is free.
 Answer on the H200 (results/call-gil-2026-12-05.json): mostly free (67-93%), but beside the spinning thread each
 call took 240-380 ms instead of 4-13: the call re-takes the GIL dozens of times, each time waiting out the switch
 interval, so a dispatch thread beside the engine thread's Python would serialise on the GIL (not built).
+--switch-interval repeats the measurement under other values of sys.setswitchinterval (Python's default 0.005 s):
+with a shorter interval the call's GIL re-takes wait less, at the price of more switches for every thread; if the
+call beside the spinner then takes about its time alone, a dispatch thread is worth building.
 
-  python benchmarks/probes/call_gil.py [--model llama3-8b] [--batch 1 64 256]
+  python benchmarks/probes/call_gil.py [--model llama3-8b] [--batch 1 64 256] [--switch-interval 0.005 0.0002]
 """
 from __future__ import annotations
 
@@ -56,6 +59,8 @@ def main():
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 64, 256])
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--switch-interval", type=float, nargs="+", default=[0.005],
+                    help="sys.setswitchinterval values (seconds) to measure under, in order")
     ap.add_argument("--tag", default="")
     a = ap.parse_args()
     from jaxinfer import LLM
@@ -65,9 +70,10 @@ def main():
     llm = LLM(a.model, load_format="dummy", max_model_len=1024, max_num_seqs=max(a.batch), progress=False)
     llm.runner.finish_background_compiles()
     r = llm.runner
-    base = _spin_rate(time.sleep, a.seconds)
     rows = []
-    for b in a.batch:
+    for interval, b in [(i, b) for i in a.switch_interval for b in a.batch]:
+        sys.setswitchinterval(interval)
+        base = _spin_rate(time.sleep, a.seconds)
         per = a.context // r.page_size + 1
         seqs = [SeqInput(token_ids=[1], start_pos=a.context, page_table=list(range(1 + i * per, 1 + (i + 1) * per)))
                 for i in range(b)]
@@ -90,15 +96,14 @@ def main():
         alone = []
         work(a.seconds, alone)
         rate = _spin_rate(work, a.seconds)
-        row = dict(batch=b, call_ms_median=1e3 * float(np.median(alone)),
+        row = dict(switch_interval_s=interval, spinner_idle_rate=base, batch=b, call_ms_median=1e3 * float(np.median(alone)),
                    call_ms_median_with_spinner=1e3 * float(np.median(calls)),
                    gil_free_share=rate / base)
         rows.append(row)
-        print(f"batch {b:>3}: call (device_put + step) median {row['call_ms_median']:.2f} ms alone, "
+        print(f"switch interval {1e3 * interval:.2f} ms, batch {b:>3}: call (device_put + step) median {row['call_ms_median']:.2f} ms alone, "
               f"{row['call_ms_median_with_spinner']:.2f} ms beside a spinning thread; the spinner ran at "
               f"{100 * row['gil_free_share']:.0f}% of its idle rate during the calls", flush=True)
-    print("wrote", write_result("call-gil", dict(model=a.model, context=a.context, spinner_idle_rate=base,
-                                                  rows=rows), tag=a.tag))
+    print("wrote", write_result("call-gil", dict(model=a.model, context=a.context, rows=rows), tag=a.tag))
 
 
 if __name__ == "__main__":
