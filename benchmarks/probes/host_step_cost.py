@@ -155,15 +155,15 @@ def _steps(eng, batch, steps, instrumented):
     sec = eng._probe_sections
     sec.t.clear()
     sec.on = instrumented
-    t0, c0 = time.perf_counter(), CLOCK()
+    t0, c0, thr0 = time.perf_counter(), CLOCK(), eng.runner.call_thread_cpu_s
     for _ in range(steps):
         eng.step()
         assert eng.scheduler.num_running == batch, "a request finished or was preempted inside the timed steps"
-    wall, cpu = time.perf_counter() - t0, CLOCK() - c0
+    wall, cpu, thr = time.perf_counter() - t0, CLOCK() - c0, eng.runner.call_thread_cpu_s - thr0
     sec.on = False
     while eng.has_unfinished():
         eng.step()
-    return dict(wall=wall, cpu=cpu, **(split(sec.t) if instrumented else {}))
+    return dict(wall=wall, cpu=cpu, call_thread=thr, **(split(sec.t) if instrumented else {}))
 
 
 def main():
@@ -195,6 +195,9 @@ def main():
     ap.add_argument("--stage-inputs", action=argparse.BooleanOptionalAction, default=True,
                     help="the step copies its inputs into donated fixed-address buffers (ModelRunner.stage_inputs, "
                          "runner/step.stage_inputs; on by default since 2026-12-06; --no-stage-inputs: A/B)")
+    ap.add_argument("--call-thread", action=argparse.BooleanOptionalAction, default=None,
+                    help="the compiled call on a worker thread (ModelRunner.call_thread, runner/call_thread.py; "
+                         "default: JAXINFER_CALL_THREAD, off); its CPU time is the column call_thr, not in host")
     # --model: on a GPU, llama3-8b shows the host sections beside the real device time ('wait')
     add_engine_flags(ap, model="tiny-llama", load_format="dummy", max_num_batched_tokens=512)
     a = ap.parse_args()
@@ -212,6 +215,8 @@ def main():
     a.batch = a.batch or [1, 64, 256]
 
     model_runner_mod.ModelRunner.stage_inputs = a.stage_inputs  # (read when a runner builds its step)
+    if a.call_thread is not None:
+        model_runner_mod.ModelRunner.call_thread = a.call_thread
     max_len = max(128, a.prompt_len + a.steps + 64)
     config = engine_config(a, max_model_len=max_len, max_num_seqs=max(a.batch))
     llms = {"offline": LLM(config=config, progress=False)}
@@ -236,9 +241,10 @@ def main():
 
     rows = []
     hdr = (f"{'scenario':12s} {'batch':>5s} | " + " ".join(f"{s:>10s}" for s in SECTIONS)
-           + f" | {'host/step':>9s} {'host/req':>8s} {'uninstr':>8s} {'wall/step':>9s}")
+           + f" | {'host/step':>9s} {'host/req':>8s} {'uninstr':>8s} {'wall/step':>9s} {'call_thr':>8s}")
     print("µs per step (host/req: host µs per running request per step; uninstr: host/req without the timers; "
-          "wall/step: wall time of an uninstrumented step; wait is wall time too)")
+          "wall/step: wall time of an uninstrumented step; wait is wall time too; call_thr: CPU time of the call thread, "
+          "--call-thread)")
     print(hdr)
     for scen, llm in llms.items():
         stream = scen.startswith(("stream", "delta"))
@@ -253,10 +259,12 @@ def main():
             host_plain = 1e6 * (plain["cpu"] - r["wait_cpu"]) / a.steps
             row = dict(scenario=scen, batch=b, steps=a.steps, **{f"{k}_us": us[k] for k in SECTIONS},
                        host_us_per_step=host, host_us_per_req=host / b, host_us_per_req_uninstrumented=host_plain / b,
-                       wall_ms_per_step=1e3 * plain["wall"] / a.steps)
+                       wall_ms_per_step=1e3 * plain["wall"] / a.steps,
+                       call_thread_us_per_step=1e6 * r["call_thread"] / a.steps)
             rows.append(row)
             print(f"{scen:12s} {b:5d} | " + " ".join(f"{us[k]:10.1f}" for k in SECTIONS)
-                  + f" | {host:9.1f} {host / b:8.2f} {host_plain / b:8.2f} {1e6 * plain['wall'] / a.steps:9.1f}")
+                  + f" | {host:9.1f} {host / b:8.2f} {host_plain / b:8.2f} {1e6 * plain['wall'] / a.steps:9.1f}"
+                  f" {1e6 * r['call_thread'] / a.steps:8.1f}")
     marginal = {}
     for scen in llms:
         by_b = {r["batch"]: r["host_us_per_step"] for r in rows if r["scenario"] == scen}
@@ -268,6 +276,7 @@ def main():
     path = write_result("host-step-cost", dict(model=f"{a.model} ({a.load_format})", prompt_len=a.prompt_len,
                                                general_loop=a.general_loop, device_put_inputs=a.device_put_inputs,
                                                early_host_copy=a.early_host_copy, stage_inputs=a.stage_inputs,
+                                               call_thread=model_runner_mod.ModelRunner.call_thread,
                                                marginal_us_per_req=marginal,
                                                max_model_len=max_len, page_size=16, rows=rows), tag=a.tag)
     print("wrote", path)

@@ -7,6 +7,7 @@ device as two buffers (int32, float32), launches that bucket's ahead-of-time com
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import Future
 import logging
 import math
 import operator
@@ -20,10 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer.config import EngineConfig
+from jaxinfer.env_switch import switch
 from jaxinfer.weights.loader import LoadedModel
 from jaxinfer.outputs import RunnerOutput, SeqInput, StepBatch
 from jaxinfer.runner import attention_backend, param_arena
 from jaxinfer.runner.batch import _TOKEN_IDS, pack, pack_step
+from jaxinfer.runner.call_thread import CallThread
 from jaxinfer.runner.cpu_defaults import cpu_kv_pages
 from jaxinfer.runner.device_memory import memory_budget
 from jaxinfer.runner.ladders import runner_ladders
@@ -98,11 +101,15 @@ class ModelRunner:
     # (runner/step.stage_inputs: fewer CUDA-graph commands to update a call). Single-device runners. False: the
     # step reads the transferred inputs themselves (the A/B side of benchmarks/probes/host_step_cost.py).
     stage_inputs = True
+    # Make the step's compiled call on a worker thread (runner/call_thread.py; single-device runners), so the engine
+    # thread does not spend the call's time. An A/B switch (JAXINFER_CALL_THREAD=1), off until measured on the GPU.
+    call_thread = switch("JAXINFER_CALL_THREAD", default=False)
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int,
                  num_pages: int | None = None, small_buckets: bool = True, greedy_programs: bool | None = None):
         self.loaded = loaded
         self.config = config
+        self._calls: CallThread | None = None  # (before the donated state's first assignment: its setters read it)
         self.max_model_len = max_model_len
         self.page_size = config.cache.page_size
         cfg = loaded.cfg
@@ -164,6 +171,8 @@ class ModelRunner:
         self._run_step = make_step_fn(*step_args, **step_kw, staged=True) if self.staged else self._step
         self._stages: dict = {}  # (len(ints), len(floats)) -> the stage buffers (step.stage_inputs), when staged
         M = config.scheduler.max_num_seqs
+        if self.call_thread and plan is None:
+            self._calls = CallThread()
         self._no_prev = jax.device_put(np.zeros((M, self.carry_width) if self.carry_width else (M,), np.int32),
                                        self._replicated)
         self._compiled: dict = {}  # (Bucket, greedy_only) -> step executable
@@ -264,6 +273,32 @@ class ModelRunner:
         log.info("compiled %d buckets in %.1f s", len(self.ladder.buckets), time.perf_counter() - t0)
         release_writes()  # warm-up's compiles are done: background cache writes may start
 
+    # The donated state the compiled calls thread through. With the call thread on, the engine thread reads or
+    # replaces it only once the last submitted call has returned (call_thread.py's invariants).
+    @property
+    def kv_caches(self) -> list:
+        if self._calls is not None:
+            self._calls.drain()
+        return self._kv_caches
+
+    @kv_caches.setter
+    def kv_caches(self, value: list) -> None:
+        if self._calls is not None:
+            self._calls.drain()
+        self._kv_caches = value
+
+    @property
+    def penalty_table(self):
+        if self._calls is not None:
+            self._calls.drain()
+        return self._penalty_table
+
+    @penalty_table.setter
+    def penalty_table(self, value) -> None:
+        if self._calls is not None:
+            self._calls.drain()
+        self._penalty_table = value
+
     @property
     def step_params(self):
         """The weights as the step programs take them: param_arena.pack of loaded.params (built again only when
@@ -293,6 +328,8 @@ class ModelRunner:
         """program(*args, stage) for a program that stages its packed inputs `ints` / `floats` (step.stage_inputs:
         the target's step, the draft programs): passes the stage buffers of their lengths (made on first use),
         keeps the ones it returns last for the next call, returns its other outputs."""
+        if self._calls is not None:
+            self._calls.drain()
         key = (ints.shape[0], floats.shape[0])
         stage = self._stages.pop(key, None)
         if stage is None:
@@ -500,11 +537,13 @@ class ModelRunner:
         ints, floats = batch.flat()
         if self.device_put_inputs:  # the former transfer (benchmarks/probes/host_step_cost.py --device-put-inputs)
             ints, floats = jax.device_put((ints, floats), self._replicated)
-        prev_tokens = (prev.carry if prev.carry is not None else prev.out.carry) if prev is not None else self._no_prev
-        out, hidden = self._call(step, ints, floats, prev_tokens)
-        if self.early_host_copy:
-            out.host.copy_to_host_async()
         prompt = None
+        if self._calls is not None and not prompt_logprob_targets:
+            out = self._calls.submit(self._call_async, step, ints, floats, prev)  # InFlight.out resolves it
+        else:
+            out, hidden = self._call(step, ints, floats, self._prev_tokens(prev))
+            if self.early_host_copy:
+                out.host.copy_to_host_async()
         if prompt_logprob_targets:
             targets = np.zeros(bucket.num_tokens, np.int32)
             for i, tgt in prompt_logprob_targets.items():
@@ -517,6 +556,23 @@ class ModelRunner:
         spec_seqs = verify_row[verify_row < bucket.num_seqs].tolist()
         return InFlight(out, prompt, dict(prompt_logprob_targets or {}), batch.token_offsets, n_seqs, want_top,
                         spec_seqs)
+
+    def _prev_tokens(self, prev: "InFlight | None"):
+        return (prev.carry if prev.carry is not None else prev.out.carry) if prev is not None else self._no_prev
+
+    def _call_async(self, step, ints, floats, prev: "InFlight | None"):
+        """The call thread's job for one step: its call (prev's outputs are ready: calls run in order) and the
+        early copy of its results to the host. Returns the StepOutput."""
+        out, _ = self._call(step, ints, floats, self._prev_tokens(prev))
+        if self.early_host_copy:
+            out.host.copy_to_host_async()
+        return out
+
+    @property
+    def call_thread_cpu_s(self) -> float:
+        """CPU seconds the call thread spent in calls (0 with the thread off): the host cost the engine thread's
+        time no longer shows."""
+        return self._calls.cpu_s if self._calls is not None else 0.0
 
     def fetch(self, flight: "InFlight") -> RunnerOutput:
         """Wait for a dispatched step and copy its (small) results to the host."""
@@ -558,7 +614,7 @@ class ModelRunner:
 class InFlight:
     """A dispatched step: device arrays not yet copied to the host."""
 
-    out: Any                    # StepOutput of device arrays
+    _out: Any                   # StepOutput of device arrays, or a Future of it (the call thread): read `out`
     prompt: Any                 # (lp, top ids, top lp) device arrays, or None
     prompt_targets: dict[int, np.ndarray]
     token_offsets: np.ndarray
@@ -568,3 +624,11 @@ class InFlight:
     # The carry the next step reads (runner/spec_carry.py); None: out.carry. A device draft source replaces it with
     # one whose draft columns it filled.
     carry: Any = None
+
+    @property
+    def out(self):
+        """The StepOutput (waits for the call to return when it runs on the call thread; raises its error)."""
+        o = self._out
+        if isinstance(o, Future):
+            o = self._out = o.result()
+        return o

@@ -1,0 +1,82 @@
+"""The step's compiled call on a thread of its own: an A/B switch (JAXINFER_CALL_THREAD=1), off by default.
+
+Why: on the GPU the compiled call of step n+1 lasts until step n ends on the device, because a step's inputs are a
+host->device transfer (docs/architecture.md, "A transferred input ..."), and it spends that time on the CPU
+(benchmarks/probes/host_step_cost.py counts 2.6-3.2 ms of it a step at batch 256 on an H100 host). Made here, on
+one worker thread, the call leaves the engine thread free to finish step n (fetch, update, outputs) and schedule
+and pack step n+2 meanwhile. The call releases the GIL for most of its C++ work but takes it back many times; beside
+a thread running Python each re-take waits out the interpreter's switch interval (5 ms by default: a batch-1 call
+took 332 ms instead of 4.3 on the H200, benchmarks/probes/call_gil.py, 2026-12-05), so with the thread on the
+runner lowers the process's switch interval (JAXINFER_SWITCH_INTERVAL seconds, default 0.0002; the CPU probe's
+batch-1 call beside a spinning thread: 42 ms at 5 ms, 0.6 ms at 0.2 ms).
+
+Invariants:
+- Calls run in submission order, one at a time (one worker), so each reads the donated state (KV cache, penalty
+  counts, stage buffers) the call before it left.
+- The engine thread reads or replaces that state only after the last submitted call has returned
+  (`drain`, from ModelRunner's kv_caches / penalty_table properties and call_staged), so nothing donated is used
+  twice and nothing is lost.
+- An exception of the call reaches the engine when it reads the step's outputs (fetch), not at dispatch.
+
+Host only in the sense of this module: it imports no jax; the runner hands it closures.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+DEFAULT_SWITCH_INTERVAL_S = 0.0002
+
+
+def switch_interval_s() -> float:
+    """JAXINFER_SWITCH_INTERVAL (seconds) or the default; a clear error for a value that is not a positive number."""
+    raw = os.environ.get("JAXINFER_SWITCH_INTERVAL")
+    if raw is None:
+        return DEFAULT_SWITCH_INTERVAL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"JAXINFER_SWITCH_INTERVAL={raw!r} is not a positive number of seconds; unset it for the "
+                         f"default {DEFAULT_SWITCH_INTERVAL_S}")
+    return value
+
+
+class CallThread:
+    """One worker thread making a runner's compiled calls in order. `cpu_s`: the worker's CPU time in calls."""
+
+    def __init__(self, interval_s: float | None = None):
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jaxinfer-call")
+        self._worker = self._pool.submit(threading.get_ident).result()
+        self.last: Future | None = None
+        self.cpu_s = 0.0
+        sys.setswitchinterval(switch_interval_s() if interval_s is None else interval_s)
+
+    def submit(self, fn, *args) -> Future:
+        """fn(*args) on the worker, after every call submitted before it."""
+        self.last = self._pool.submit(self._timed, fn, args)
+        return self.last
+
+    def _timed(self, fn, args):
+        t0 = time.thread_time()
+        try:
+            return fn(*args)
+        finally:
+            self.cpu_s += time.thread_time() - t0
+
+    def drain(self) -> None:
+        """Wait until the last submitted call has returned (a no-op on the worker itself). Its exception, if any, is
+        not raised here: the step it belongs to raises it when its outputs are read."""
+        last = self.last
+        if last is not None and threading.get_ident() != self._worker:
+            try:
+                last.result()
+            except Exception:  # noqa: BLE001 - reported by the step's own fetch
+                pass
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
