@@ -186,12 +186,12 @@ for part in $PARTS; do case $part in
     run servab-new 150 timeout 150 $PY $SW --tag ab-new ;;
   callthr)  # the compiled call on a worker thread (runner/call_thread.py, JAXINFER_CALL_THREAD; switch interval
             # 0.2 ms): the engine thread's host time a step and the call thread's CPU beside it, off then on
-    HSC="benchmarks/probes/host_step_cost.py --model llama3-8b --no-tokenizer --batch 1 64 256"
-    run hsc-thread-off 170 timeout 170 $PY $HSC --no-call-thread --tag callthr-off
-    run hsc-thread-on 150 timeout 150 $PY $HSC --call-thread --tag callthr-on ;;
+    HSC="benchmarks/probes/host_step_cost.py --model llama3-8b --no-tokenizer --batch 64 256"
+    run hsc-thread-off 140 timeout 140 $PY $HSC --no-call-thread --tag callthr-off
+    run hsc-thread-on 100 timeout 100 $PY $HSC --call-thread --tag callthr-on ;;
   callthrlat)  # the same switch end to end: latency.py batch 1 / 64 / 256 with the plain-XLA peer, off then on
     for v in 0 1; do
-      run lat-thread-$v 170 JAXINFER_CALL_THREAD=$v timeout 170 $PY benchmarks/latency.py --batch 1 64 256 \
+      run lat-thread-$v 150 JAXINFER_CALL_THREAD=$v timeout 150 $PY $LAT8 --batch 1 64 256 \
         --tag callthr-$v
     done ;;
   gil)  # a dispatch thread, again (12-05: beside a spinning thread the call took 240-380 ms, its GIL re-takes each
