@@ -189,7 +189,7 @@ for part in $PARTS; do case $part in
     HSC="benchmarks/probes/host_step_cost.py --model llama3-8b --no-tokenizer --batch 64 256"
     run hsc-thread-off 140 timeout 140 $PY $HSC --no-call-thread --tag callthr-off
     run hsc-thread-on 100 timeout 100 $PY $HSC --call-thread --tag callthr-on ;;
-  callthrlat)  # the same switch end to end: latency.py batch 1 / 64 / 256 with the plain-XLA peer, off then on
+  callthrlat)  # the same switch end to end: latency.py batch 1 / 64 / 256 (no peer: the A/B is the engine off / on)
     for v in 0 1; do
       run lat-thread-$v 150 JAXINFER_CALL_THREAD=$v timeout 150 $PY $LAT8 --batch 1 64 256 \
         --tag callthr-$v
