@@ -199,13 +199,15 @@ for part in $PARTS; do case $part in
         # batch 1: 42 ms -> 0.6 ms at 0.2 ms); if the call then takes its time alone, the engine's call can move
         # off the engine thread (issue 17's host <= 1.0 ms at batch 256 counts the call)
     run gil 200 timeout 200 $PY benchmarks/probes/call_gil.py --batch 1 64 256 --switch-interval 0.005 0.0005 0.0001 ;;
-  gputests)  # the recorded GPU test run (benchmarks/gpu_tests.py; jax-triton and gguf from the carried .whl/)
-    pip install -q --no-deps .whl/*.whl > "$OUT_DIR/pip.log" 2>&1
-    run gputests 420 timeout 420 $PY benchmarks/gpu_tests.py tests/kernels/test_quantized_matmul_gpu.py \
-      tests/kernels/test_triton_small_m_gpu.py tests/kernels/test_paged_attention_kernel.py \
-      tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py tests/test_stable_addresses_gpu.py \
-      tests/kernels/test_kv_quant.py tests/kernels/test_mosaic_int8_gpu.py tests/kernels/test_mosaic_int4_gpu.py \
-      tests/kernels/test_mosaic_int4_wide_gpu.py tests/test_startup_caches_gpu.py ;;
+  gputests)  # the recorded GPU test run (benchmarks/gpu_tests.py; jax-triton and gguf from the carried .whl/, installed
+             # into the interpreter that runs the tests), in two processes with a result file each
+    $PY -m pip install -q --no-deps .whl/*.whl > "$OUT_DIR/pip.log" 2>&1
+    run gputests-a 300 GPU_TESTS_TAG=a timeout 300 $PY benchmarks/gpu_tests.py \
+      tests/kernels/test_quantized_matmul_gpu.py tests/kernels/test_triton_small_m_gpu.py
+    run gputests-b 300 GPU_TESTS_TAG=b timeout 300 $PY benchmarks/gpu_tests.py \
+      tests/kernels/test_paged_attention_kernel.py tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py \
+      tests/test_stable_addresses_gpu.py tests/kernels/test_kv_quant.py tests/kernels/test_mosaic_int8_gpu.py \
+      tests/kernels/test_mosaic_int4_gpu.py tests/kernels/test_mosaic_int4_wide_gpu.py tests/test_startup_caches_gpu.py ;;
   tests)
     run tests 150 timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
       tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py ;;

@@ -4,6 +4,7 @@ passed" is a recorded fact, not a claim.
 
   python benchmarks/gpu_tests.py                       # all GPU tests
   python benchmarks/gpu_tests.py tests/kernels -x      # extra arguments go to pytest
+  GPU_TESTS_TAG=part2 python benchmarks/gpu_tests.py ... # results/gpu-tests-part2-<date>.json (one file a run)
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ class Recorder:
 
     def save(self, exit_code):
         counts = {k: sum(r["outcome"] == k for r in self.rows) for k in ("passed", "failed", "skipped")}
-        self.path = write_result("gpu-tests", dict(pytest_args=self.args, exit_code=exit_code, counts=counts,
+        self.path = write_result("gpu-tests", tag=os.environ.get("GPU_TESTS_TAG", ""), payload=dict(pytest_args=self.args, exit_code=exit_code, counts=counts,
                                                    wall_s=round(time.perf_counter() - self.t0, 1), tests=self.rows))
         return counts
 

@@ -8,6 +8,7 @@ import pytest
 
 from jaxinfer.weights.quantize import quantized_leaves
 from jaxinfer.config import parse_quantization
+from jaxinfer.models.quant_linear import resolve_backend
 from pallas_kernels.quantized_matmul import kernel as qk
 from pallas_kernels.quantized_matmul import reference as qr
 from pallas_kernels.quantized_matmul import xla as qx
@@ -20,10 +21,13 @@ SHAPES = [(4096, 6144), (4096, 28672), (14336, 4096), (4096, 4096)]  # [K, N]: q
 
 
 def _problem(M, K, N, spec, seed=0):
+    """x, the float weight and its leaves in the layout the Pallas kernels take (int8 'kn' [K, N], int4 'packed'
+    [K/2, N]), named: on a GPU the engine's default layout is another one (models/quant_paths.weight_layout_of)."""
     k1, k2 = jax.random.split(jax.random.key(seed))
     w = 0.02 * jax.random.normal(k1, (K, N), jnp.float32)
     x = jax.random.normal(k2, (M, K), jnp.float32).astype(jnp.bfloat16)
-    return x, w, quantized_leaves(w, spec, jnp.bfloat16)
+    layout = {"int8": "kn", "int4": "packed"}.get(spec.method)
+    return x, w, quantized_leaves(w, spec, jnp.bfloat16, layout=layout)
 
 
 @pytest.mark.parametrize("K,N", SHAPES)
@@ -71,8 +75,10 @@ def test_quantized_engine_on_gpu_matches_reference_path(quantization):
     sp = SamplingParams(temperature=0, max_tokens=8, prompt_logprobs=0, ignore_eos=True)
     auto = jaxinfer.LLM("tiny-llama", **opts)
     ref = jaxinfer.LLM("tiny-llama", quantized_matmul="reference", **opts)
-    # int8 / int4 on GPU: 'auto', the per-M table of models/quant_paths.py (the Pallas kernel until measured)
-    assert auto.model.module().layers[0].mlp.down.backend == ("xla" if quantization == "fp8" else "auto")
+    # the GPU's default backend (models/quant_linear.resolve_backend: int8 'xla-nk', int4 on Hopper 'mosaic-int4',
+    # fp8 'xla'), not the reference path the other engine runs
+    backend = auto.model.module().layers[0].mlp.down.backend
+    assert backend == resolve_backend(parse_quantization(quantization), "gpu") and backend != "reference"
     a, r = auto.generate(prompts, sp, use_tqdm=False), ref.generate(prompts, sp, use_tqdm=False)
     for oa, orf, p in zip(a, r, prompts):
         lp_a = np.array([d[t].logprob for d, t in zip(oa.prompt_logprobs[1:], p[1:])])
