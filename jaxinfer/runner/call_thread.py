@@ -7,8 +7,15 @@ one worker thread, the call leaves the engine thread free to finish step n (fetc
 and pack step n+2 meanwhile. The call releases the GIL for most of its C++ work but takes it back many times; beside
 a thread running Python each re-take waits out the interpreter's switch interval (5 ms by default: a batch-1 call
 took 332 ms instead of 4.3 on the H200, benchmarks/probes/call_gil.py, 2026-12-05), so with the thread on the
-runner lowers the process's switch interval (JAXINFER_SWITCH_INTERVAL seconds, default 0.0002; the CPU probe's
-batch-1 call beside a spinning thread: 42 ms at 5 ms, 0.6 ms at 0.2 ms).
+runner lowers the process's switch interval (JAXINFER_SWITCH_INTERVAL seconds, default 0.0001: on an H100 the
+8B step's call beside a spinning thread took 5.9 / 13.7 ms at batch 1 / 256 at 0.1 ms, as alone, but 23-25 ms at
+0.5 ms and 250-280 ms at 5 ms; call_gil.py --switch-interval, 2026-12-07).
+
+Measured (H100, 8B shape, benchmarks/README.md "2026-12-07 b"): the engine thread's host time a step at batch 256
+3.0-3.4 ms -> 0.86-1.14 ms, the call thread ~2 ms of CPU beside it; batch 64 / 256 decode tok/s unchanged (the step
+is device-bound there); batch 1 3% slower (175.1 -> 170.0 tok/s at 0.2 ms, 169.9 at 0.1 ms; inferred, not
+profiled: when step n ends, the engine thread's Python and the call of step n+1 want the GIL at once, and the
+call's re-takes delay the next step's launch). Hence off by default.
 
 Invariants:
 - Calls run in submission order, one at a time (one worker), so each reads the donated state (KV cache, penalty
@@ -28,7 +35,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-DEFAULT_SWITCH_INTERVAL_S = 0.0002
+DEFAULT_SWITCH_INTERVAL_S = 0.0001
 
 
 def switch_interval_s() -> float:
