@@ -50,8 +50,9 @@
 #   12-06 j ran gso normpro (then order's question and vocab by hand, gpu-round-1207j-0c602fe-2026-12-06.log; H100).
 #   12-06 k ran fmlp (then dprof1 spec1b, a reversed fmlp A/B and gso by hand; gpu-round-1207k-db813a7-2026-12-06.log).
 #   12-07 a ran gso, pinned and fresh2 (then gso / pinned under faulthandler; gpu-round-1207a-8fc9e1b-2026-12-07.log).
-#   Next, on an H200: "spec1b kern qd" (issues 21 / 20's
-#   figures), "tests attn auto", then "serve tp512 mid" (AUTO_CUDNN_MIN_TOKENS is 16 since 12-06 g):
+#   12-07 b ran callthr callthrlat gil, servab gputests (cut), callthr again (gpu-round-1207b-2c4a8c9-2026-12-07.log).
+#   Next: "gputests" on any Hopper (the fixed GPU tests, e6c1ab6, not yet re-run); on an H200 "spec1b kern qd"
+#   (issues 21 / 20's figures), "tests attn auto", then "serve tp512 mid" (AUTO_CUDNN_MIN_TOKENS is 16 since 12-06 g):
 #   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="tests attn" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
 GPU_ROUND=gpu-round-1207
 source "$(dirname "$0")/gpu_lib.sh"
