@@ -186,7 +186,8 @@ for part in $PARTS; do case $part in
     run servab-old 200 JAXINFER_COMMIT=113a027 timeout 240 bash -c "cd .ab_old && PYTHONPATH=\$PWD $PY $SW --tag ab-old"
     run servab-new 150 timeout 150 $PY $SW --tag ab-new ;;
   callthr)  # the compiled call on a worker thread (runner/call_thread.py, JAXINFER_CALL_THREAD; switch interval
-            # 0.2 ms, the default then): the engine thread's host time a step and the call thread's CPU beside it, off then on
+            # 0.2 ms, the default then): the engine thread's host time a step and the call thread's CPU beside it,
+            # off then on
     HSC="benchmarks/probes/host_step_cost.py --model llama3-8b --no-tokenizer --batch 64 256"
     run hsc-thread-off 140 timeout 140 $PY $HSC --no-call-thread --tag callthr-off
     run hsc-thread-on 100 timeout 100 $PY $HSC --call-thread --tag callthr-on ;;
@@ -208,7 +209,8 @@ for part in $PARTS; do case $part in
     run gputests-b 300 GPU_TESTS_TAG=b timeout 300 $PY benchmarks/gpu_tests.py \
       tests/kernels/test_paged_attention_kernel.py tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py \
       tests/test_stable_addresses_gpu.py tests/kernels/test_kv_quant.py tests/kernels/test_mosaic_int8_gpu.py \
-      tests/kernels/test_mosaic_int4_gpu.py tests/kernels/test_mosaic_int4_wide_gpu.py tests/test_startup_caches_gpu.py ;;
+      tests/kernels/test_mosaic_int4_gpu.py tests/kernels/test_mosaic_int4_wide_gpu.py \
+      tests/test_startup_caches_gpu.py ;;
   tests)
     run tests 150 timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
       tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py ;;

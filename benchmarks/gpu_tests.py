@@ -35,8 +35,9 @@ class Recorder:
 
     def save(self, exit_code):
         counts = {k: sum(r["outcome"] == k for r in self.rows) for k in ("passed", "failed", "skipped")}
-        self.path = write_result("gpu-tests", tag=os.environ.get("GPU_TESTS_TAG", ""), payload=dict(pytest_args=self.args, exit_code=exit_code, counts=counts,
-                                                   wall_s=round(time.perf_counter() - self.t0, 1), tests=self.rows))
+        payload = dict(pytest_args=self.args, exit_code=exit_code, counts=counts,
+                       wall_s=round(time.perf_counter() - self.t0, 1), tests=self.rows)
+        self.path = write_result("gpu-tests", payload, tag=os.environ.get("GPU_TESTS_TAG", ""))
         return counts
 
 

@@ -96,11 +96,13 @@ def main():
         alone = []
         work(a.seconds, alone)
         rate = _spin_rate(work, a.seconds)
-        row = dict(switch_interval_s=interval, spinner_idle_rate=base, batch=b, call_ms_median=1e3 * float(np.median(alone)),
+        row = dict(switch_interval_s=interval, spinner_idle_rate=base, batch=b,
+                   call_ms_median=1e3 * float(np.median(alone)),
                    call_ms_median_with_spinner=1e3 * float(np.median(calls)),
                    gil_free_share=rate / base)
         rows.append(row)
-        print(f"switch interval {1e3 * interval:.2f} ms, batch {b:>3}: call (device_put + step) median {row['call_ms_median']:.2f} ms alone, "
+        print(f"switch interval {1e3 * interval:.2f} ms, batch {b:>3}: call (device_put + step) median "
+              f"{row['call_ms_median']:.2f} ms alone, "
               f"{row['call_ms_median_with_spinner']:.2f} ms beside a spinning thread; the spinner ran at "
               f"{100 * row['gil_free_share']:.0f}% of its idle rate during the calls", flush=True)
     print("wrote", write_result("call-gil", dict(model=a.model, context=a.context, rows=rows), tag=a.tag))

@@ -243,8 +243,8 @@ def main():
     hdr = (f"{'scenario':12s} {'batch':>5s} | " + " ".join(f"{s:>10s}" for s in SECTIONS)
            + f" | {'host/step':>9s} {'host/req':>8s} {'uninstr':>8s} {'wall/step':>9s} {'call_thr':>8s}")
     print("µs per step (host/req: host µs per running request per step; uninstr: host/req without the timers; "
-          "wall/step: wall time of an uninstrumented step; wait is wall time too; call_thr: CPU time of the call thread, "
-          "--call-thread)")
+          "wall/step: wall time of an uninstrumented step; wait is wall time too; call_thr: CPU time of the call "
+          "thread, --call-thread)")
     print(hdr)
     for scen, llm in llms.items():
         stream = scen.startswith(("stream", "delta"))
