@@ -274,6 +274,55 @@ def test_failing_request_fails_alone_in_the_async_engine(tiny):
     assert status == 200
 
 
+class _FailAfterFirst:
+    """A RequestStream that yields its first output, then raises what a step failing on the request raises."""
+
+    def __init__(self, stream):
+        self.stream, self.given = stream, 0
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        from serving.async_engine import RequestFailedError
+
+        if self.given:
+            raise RequestFailedError("injected step failure")
+        self.given += 1
+        return await self.stream.__anext__()
+
+    def abort(self):
+        self.stream.abort()
+
+
+@pytest.mark.parametrize("num_prompts", [1, 2])
+def test_stream_failing_mid_way_ends_with_an_error_event(tiny, num_prompts):
+    """serving/server.py _stream reads one prompt's stream directly and several through pump tasks: either way a
+    stream that fails after its first chunk gets that chunk, an error event naming the failure and [DONE], and
+    the engine is left idle (the request aborted)."""
+    srv = tiny.state["server"]
+    real_start = srv._start
+
+    async def failing_start(prompts, params):
+        return [_FailAfterFirst(s) for s in await real_start(prompts, params)]
+
+    srv._start = failing_start
+    try:
+        body = json.dumps({"prompt": [[5, 6, 7]] * num_prompts if num_prompts > 1 else [5, 6, 7], "max_tokens": 50,
+                           "stream": True, **GREEDY}).encode()
+        status, text = _request(tiny.url, "POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    finally:
+        srv._start = real_start
+    assert status == 200
+    events = [e[len("data: "):] for e in text.split("\n\n") if e.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])
+    assert "injected step failure" in error["error"]["message"]
+    chunks = [json.loads(e) for e in events[:-2]]
+    assert len(chunks) >= 1 and all("choices" in c for c in chunks)
+    _wait(lambda: _idle(tiny.url), what="the failed stream's requests to be aborted")
+
+
 # ---- 6. nothing runs for nobody --------------------------------------------------------------------------------
 def test_plain_request_aborted_when_client_goes_away(tiny):
     url = tiny.url
