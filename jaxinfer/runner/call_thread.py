@@ -21,7 +21,7 @@ Invariants:
 - Calls run in submission order, one at a time (one worker), so each reads the donated state (KV cache, penalty
   counts, stage buffers) the call before it left.
 - The engine thread reads or replaces that state only after the last submitted call has returned
-  (`drain`, from ModelRunner's kv_caches / penalty_table properties and call_staged), so nothing donated is used
+  (`drain`, from ModelRunner's kv_caches / penalty_table (DrainedState) and call_staged), so nothing donated is used
   twice and nothing is lost.
 - An exception of the call reaches the engine when it reads the step's outputs (fetch), not at dispatch.
 
@@ -87,3 +87,24 @@ class CallThread:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+class DrainedState:
+    """A class attribute for donated state the calls thread through (ModelRunner.kv_caches, penalty_table): the
+    value lives in the instance's `_<name>`; with a CallThread in the instance's `_calls`, reading or replacing it
+    off the worker first waits for the last submitted call (CallThread.drain)."""
+
+    def __set_name__(self, owner, name: str):
+        self.slot = "_" + name
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        if obj._calls is not None:
+            obj._calls.drain()
+        return getattr(obj, self.slot)
+
+    def __set__(self, obj, value) -> None:
+        if obj._calls is not None:
+            obj._calls.drain()
+        setattr(obj, self.slot, value)

@@ -6,14 +6,12 @@ device as two buffers (int32, float32), launches that bucket's ahead-of-time com
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import operator
 import os
 import threading
 import time
-from concurrent.futures import Future
 from typing import Any, Sequence
 
 import jax
@@ -26,7 +24,8 @@ from jaxinfer.weights.loader import LoadedModel
 from jaxinfer.outputs import RunnerOutput, SeqInput, StepBatch
 from jaxinfer.runner import attention_backend, param_arena
 from jaxinfer.runner.batch import _TOKEN_IDS, pack, pack_step
-from jaxinfer.runner.call_thread import CallThread
+from jaxinfer.runner.call_thread import CallThread, DrainedState
+from jaxinfer.runner.in_flight import InFlight
 from jaxinfer.runner.cpu_defaults import cpu_kv_pages
 from jaxinfer.runner.device_memory import memory_budget
 from jaxinfer.runner.ladders import runner_ladders
@@ -106,6 +105,10 @@ class ModelRunner:
     # engine thread's host time at batch 256 fell from 3.0-3.4 to 0.9-1.1 ms but tok/s did not rise (the 8B step is
     # device-bound at batch 64 / 256) and batch 1 lost 3%.
     call_thread = switch("JAXINFER_CALL_THREAD", default=False)
+    # The donated state the compiled calls thread through: with the call thread on, the engine thread reads or
+    # replaces it only once the last submitted call has returned (call_thread.py's invariants).
+    kv_caches = DrainedState()      # [(k_pages, v_pages)] a layer
+    penalty_table = DrainedState()  # i32[num_penalty_slots, vocab]
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int,
                  num_pages: int | None = None, small_buckets: bool = True, greedy_programs: bool | None = None):
@@ -274,32 +277,6 @@ class ModelRunner:
         jax.block_until_ready(out)
         log.info("compiled %d buckets in %.1f s", len(self.ladder.buckets), time.perf_counter() - t0)
         release_writes()  # warm-up's compiles are done: background cache writes may start
-
-    # The donated state the compiled calls thread through. With the call thread on, the engine thread reads or
-    # replaces it only once the last submitted call has returned (call_thread.py's invariants).
-    @property
-    def kv_caches(self) -> list:
-        if self._calls is not None:
-            self._calls.drain()
-        return self._kv_caches
-
-    @kv_caches.setter
-    def kv_caches(self, value: list) -> None:
-        if self._calls is not None:
-            self._calls.drain()
-        self._kv_caches = value
-
-    @property
-    def penalty_table(self):
-        if self._calls is not None:
-            self._calls.drain()
-        return self._penalty_table
-
-    @penalty_table.setter
-    def penalty_table(self, value) -> None:
-        if self._calls is not None:
-            self._calls.drain()
-        self._penalty_table = value
 
     @property
     def step_params(self):
@@ -610,27 +587,3 @@ class ModelRunner:
             res.num_accepted[rows] = acc[:len(rows)]
             res.spec_logprobs[rows] = lps[:len(rows)]
         return res
-
-
-@dataclasses.dataclass
-class InFlight:
-    """A dispatched step: device arrays not yet copied to the host."""
-
-    _out: Any                   # StepOutput of device arrays, or a Future of it (the call thread): read `out`
-    prompt: Any                 # (lp, top ids, top lp) device arrays, or None
-    prompt_targets: dict[int, np.ndarray]
-    token_offsets: np.ndarray
-    num_seqs: int
-    want_top: bool = False      # some sequence asked for logprobs: fetch the top-20 arrays too
-    spec_seqs: list[int] = dataclasses.field(default_factory=list)  # sequence index of each verify row
-    # The carry the next step reads (runner/spec_carry.py); None: out.carry. A device draft source replaces it with
-    # one whose draft columns it filled.
-    carry: Any = None
-
-    @property
-    def out(self):
-        """The StepOutput (waits for the call to return when it runs on the call thread; raises its error)."""
-        o = self._out
-        if isinstance(o, Future):
-            o = self._out = o.result()
-        return o
