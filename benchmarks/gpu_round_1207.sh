@@ -196,6 +196,14 @@ for part in $PARTS; do case $part in
       run lat-thread-$v 150 JAXINFER_CALL_THREAD=$v timeout 150 $PY $LAT8 --batch 1 64 256 \
         --tag callthr-$v
     done ;;
+  servsi)  # the server under shorter thread switch intervals (serving/server.py --switch-interval): its engine
+           # thread's call re-takes the GIL many times a step and waits out the interval each time the event loop runs
+           # Python (call_gil.py, 12-07 b: 250-280 ms a call beside a spinning thread at 5 ms, as alone at 0.1 ms)
+    SW="benchmarks/serving_sweep.py --rates 64 --num-prompts 1000"
+    run servsi-default 200 timeout 200 $PY $SW --tag si-default
+    for si in 0.0005 0.0001; do
+      run servsi-$si 150 timeout 150 $PY $SW --switch-interval $si --tag si-$si
+    done ;;
   gil)  # a dispatch thread, again (12-05: beside a spinning thread the call took 240-380 ms, its GIL re-takes each
         # waiting out Python's 5 ms switch interval): the same probe under shorter intervals (CPU box, tiny model,
         # batch 1: 42 ms -> 0.6 ms at 0.2 ms); if the call then takes its time alone, the engine's call can move

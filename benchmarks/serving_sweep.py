@@ -200,6 +200,8 @@ def main():
     ap.add_argument("--profile", default=None, metavar="DIR", help="the server writes a jax.profiler trace here")
     ap.add_argument("--log-dir", default=os.environ.get("OUT") or "/tmp")
     ap.add_argument("--attention-backend", default=None, help="passed to the server (default: its own, 'auto')")
+    ap.add_argument("--switch-interval", type=float, default=None,
+                    help="passed to the server: the interpreter's thread switch interval, seconds (default Python's)")
     ap.add_argument("--tag", default="", help="appended to the result file's name (one side of an A/B)")
     a = ap.parse_args()
 
@@ -221,7 +223,8 @@ def main():
            "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--gpu-memory-utilization",
            str(a.gpu_memory_utilization), "--served-model-name", a.model] + (
                ["--profile", a.profile] if a.profile else []) + (
-               ["--attention-backend", a.attention_backend] if a.attention_backend else [])
+               ["--attention-backend", a.attention_backend] if a.attention_backend else []) + (
+               ["--switch-interval", str(a.switch_interval)] if a.switch_interval else [])
     log_path = os.path.join(a.log_dir, "jaxinfer-serve.log")
     rows, ready_s, metrics, interrupted = [], None, "", None
     commit = os.environ.get("JAXINFER_COMMIT")

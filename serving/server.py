@@ -552,7 +552,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_limit_args(p)
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="write a jax.profiler trace of the serving run (start to shutdown) to DIR")
+    p.add_argument("--switch-interval", type=_positive_seconds, default=None, metavar="S",
+                   help="the interpreter's thread switch interval (sys.setswitchinterval; default Python's 0.005): "
+                        "the engine thread's compiled call re-takes the GIL many times a step and, while the event "
+                        "loop runs Python, waits up to this long each time (benchmarks/probes/call_gil.py); an A/B "
+                        "knob, not yet measured in serving")
     return p
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds (e.g. 0.0005)")
+    return value
 
 
 def main(argv=None) -> int:
@@ -582,6 +597,8 @@ def main(argv=None) -> int:
 
     gc.collect()
     gc.freeze()
+    if a.switch_interval is not None:
+        sys.setswitchinterval(a.switch_interval)
     if a.profile:
         import jax
 

@@ -402,6 +402,18 @@ def test_max_waiting_503(tiny_llama_dir):
         srv.stop()
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "fast"])
+def test_switch_interval_must_be_positive_seconds(value, capsys):
+    from serving.server import build_parser
+
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["--switch-interval", value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--switch-interval" in err and "positive number of seconds" in err
+    assert build_parser().parse_args(["--switch-interval", "0.0005"]).switch_interval == 0.0005
+
+
 def test_cli_serve_sigterm_graceful(smollm2_gguf):
     """`python -m serving` serves; SIGTERM lets the in-flight request finish, then exits 0. The grace period is far
     longer than the request needs even on a loaded machine, and every wait polls with a generous deadline. The
@@ -423,7 +435,9 @@ def test_cli_serve_sigterm_graceful(smollm2_gguf):
     proc = subprocess.Popen([sys.executable, "-m", "serving", "--model", smollm2_gguf, "--dtype", "float32",
                              "--port", str(port), "--num-pages", "64", "--max-model-len", "256",
                              "--max-num-batched-tokens", "64", "--max-num-seqs", "4", "--no-warmup",
-                             "--served-model-name", MODEL, "--shutdown-grace", "300"], stdout=log, stderr=subprocess.STDOUT,
+                             "--served-model-name", MODEL, "--shutdown-grace", "300",
+                             "--switch-interval", "0.0005"],  # (the A/B knob: serving works under it too)
+                            stdout=log, stderr=subprocess.STDOUT,
                             env=dict(os.environ))
 
     def output() -> str:
