@@ -224,7 +224,7 @@ def main():
            str(a.gpu_memory_utilization), "--served-model-name", a.model] + (
                ["--profile", a.profile] if a.profile else []) + (
                ["--attention-backend", a.attention_backend] if a.attention_backend else []) + (
-               ["--switch-interval", str(a.switch_interval)] if a.switch_interval else [])
+               ["--switch-interval", str(a.switch_interval)] if a.switch_interval is not None else [])
     log_path = os.path.join(a.log_dir, "jaxinfer-serve.log")
     rows, ready_s, metrics, interrupted = [], None, "", None
     commit = os.environ.get("JAXINFER_COMMIT")

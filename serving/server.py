@@ -31,6 +31,7 @@ import uuid
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from jaxinfer.env_switch import positive_seconds
 from jaxinfer.outputs import CompletionOutput
 from serving.async_engine import AsyncEngine, EngineStoppedError, QueueFullError, RequestFailedError
 from serving.limits import ServerLimits, add_limit_args, limits_from_args
@@ -562,12 +563,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _positive_seconds(text: str) -> float:
     try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds (e.g. 0.0005)")
-    return value
+        return positive_seconds(text)
+    except ValueError as e:  # (argparse shows an ArgumentTypeError's own message)
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main(argv=None) -> int:

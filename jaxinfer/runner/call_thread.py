@@ -35,22 +35,15 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from jaxinfer.env_switch import positive_seconds
+
 DEFAULT_SWITCH_INTERVAL_S = 0.0001
 
 
 def switch_interval_s() -> float:
     """JAXINFER_SWITCH_INTERVAL (seconds) or the default; a clear error for a value that is not a positive number."""
     raw = os.environ.get("JAXINFER_SWITCH_INTERVAL")
-    if raw is None:
-        return DEFAULT_SWITCH_INTERVAL_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"JAXINFER_SWITCH_INTERVAL={raw!r} is not a positive number of seconds; unset it for the "
-                         f"default {DEFAULT_SWITCH_INTERVAL_S}")
-    return value
+    return DEFAULT_SWITCH_INTERVAL_S if raw is None else positive_seconds(raw, "JAXINFER_SWITCH_INTERVAL")
 
 
 class CallThread:
