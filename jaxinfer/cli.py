@@ -149,7 +149,7 @@ def _configure_logging(quiet: bool):
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "serve":  # the server owns its parser (serving/server.py) and its event loop
-        from serving.server import main as serve_main
+        from serving.cli import main as serve_main
 
         return serve_main(argv[1:])
     args = build_parser().parse_args(argv)

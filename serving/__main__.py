@@ -1,5 +1,5 @@
 import sys
 
-from serving.server import main
+from serving.cli import main
 
 sys.exit(main())

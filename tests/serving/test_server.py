@@ -404,7 +404,7 @@ def test_max_waiting_503(tiny_llama_dir):
 
 @pytest.mark.parametrize("value", ["0", "-1", "fast"])
 def test_switch_interval_must_be_positive_seconds(value, capsys):
-    from serving.server import build_parser
+    from serving.cli import build_parser
 
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args(["--switch-interval", value])

@@ -5,7 +5,8 @@ import types
 from prometheus_client import generate_latest
 
 from serving.async_engine import EngineStats
-from serving.server import _Metrics, build_parser
+from serving.cli import build_parser
+from serving.server import _Metrics
 
 
 def test_speculative_config_flag():
