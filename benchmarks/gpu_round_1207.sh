@@ -51,7 +51,10 @@
 #   12-06 k ran fmlp (then dprof1 spec1b, a reversed fmlp A/B and gso by hand; gpu-round-1207k-db813a7-2026-12-06.log).
 #   12-07 a ran gso, pinned and fresh2 (then gso / pinned under faulthandler; gpu-round-1207a-8fc9e1b-2026-12-07.log).
 #   12-07 b ran callthr callthrlat gil, servab gputests (cut), callthr again (gpu-round-1207b-2c4a8c9-2026-12-07.log).
-#   Next: "gputests" on any Hopper (the fixed GPU tests, e6c1ab6, not yet re-run); on an H200 "spec1b kern qd"
+#   12-07 c ran spec1b kern, qd tests attn, callthr tp512, gputests (a cut at 300 s), gputests-b by hand (H200).
+#   Next: "servct servsi" (the call thread and the switch interval in served traffic), "servab" reversed, "auto mid";
+#   gputests-a needs ~750 s (test_quantized_matmul_gpu.py ~3.3 s a test): its own call, or split it.
+#   Before 12-07 c: "gputests" on any Hopper (the fixed GPU tests, e6c1ab6, not yet re-run); on an H200 "spec1b kern qd"
 #   (issues 21 / 20's figures), "tests attn auto", then "serve tp512 mid" (AUTO_CUDNN_MIN_TOKENS is 16 since 12-06 g):
 #   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="tests attn" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
 GPU_ROUND=gpu-round-1207
@@ -204,6 +207,12 @@ for part in $PARTS; do case $part in
     for si in 0.0005 0.0001; do
       run servsi-$si 150 timeout 150 $PY $SW --switch-interval $si --tag si-$si
     done ;;
+  servct)  # the call thread in served traffic (runner/call_thread.py; steps of >= 64 bucket tokens since 12-07 c): the
+           # 8B server at 64 req/s off then on, then latency batch 1 / 64 / 256 on (batch 1 now calls inline)
+    SW="benchmarks/serving_sweep.py --rates 64 --num-prompts 1000"
+    run servct-off 200 timeout 200 $PY $SW --tag ct-off
+    run servct-on 150 JAXINFER_CALL_THREAD=1 timeout 150 $PY $SW --tag ct-on
+    run lat-ct-gated 150 JAXINFER_CALL_THREAD=1 timeout 150 $PY $LAT8 --batch 1 64 256 --tag callthr-gated ;;
   gil)  # a dispatch thread, again (12-05: beside a spinning thread the call took 240-380 ms, its GIL re-takes each
         # waiting out Python's 5 ms switch interval): the same probe under shorter intervals (CPU box, tiny model,
         # batch 1: 42 ms -> 0.6 ms at 0.2 ms); if the call then takes its time alone, the engine's call can move

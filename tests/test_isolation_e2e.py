@@ -1,12 +1,15 @@
 """One bad request fails alone (issue 18): a request whose row makes the batched step raise is found by bisection
 (engine/isolation.py), ended with an error, and every other request of the batch finishes with the same tokens as
 offline greedy generation (tiny random Llama on CPU)."""
+import sys
+
 import numpy as np
 import pytest
 
 import jaxinfer
 from jaxinfer import SamplingParams
 from jaxinfer.engine.isolation import failing_rows
+from jaxinfer.runner.model_runner import ModelRunner
 
 # tests/test_quantization_e2e.py's float engine shape: the same step programs, one compile in the suite
 KW = dict(num_pages=64, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=8, progress=False)
@@ -40,6 +43,25 @@ def _poisoned(**kw):
 
 
 def test_bad_request_fails_alone(llm):
+    _bad_requests_fail_alone(llm)
+
+
+def test_bad_request_fails_alone_with_the_call_thread(tiny_llama_dir, monkeypatch):
+    """The same with every compiled call on the call thread (runner/call_thread.py): the packing that fails runs on
+    the engine thread, and the probe dispatches read their outputs through the thread's futures."""
+    monkeypatch.setattr(ModelRunner, "call_thread", True)
+    monkeypatch.setattr(ModelRunner, "call_thread_min_tokens", 1)
+    interval = sys.getswitchinterval()
+    threaded = jaxinfer.LLM(tiny_llama_dir, **KW)
+    assert threaded.runner._calls is not None
+    try:
+        _bad_requests_fail_alone(threaded)
+        assert threaded.runner._calls.num_calls > 20
+    finally:
+        sys.setswitchinterval(interval)  # (the thread lowered the process's; back for the worker's other tests)
+
+
+def _bad_requests_fail_alone(llm):
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, 512, size=int(rng.integers(3, 30))).tolist() for _ in range(6)]
     greedy = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)

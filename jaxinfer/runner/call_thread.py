@@ -15,7 +15,9 @@ Measured (H100, 8B shape, benchmarks/README.md "2026-12-07 b"): the engine threa
 3.0-3.4 ms -> 0.86-1.14 ms, the call thread ~2 ms of CPU beside it; batch 64 / 256 decode tok/s unchanged (the step
 is device-bound there); batch 1 3% slower (175.1 -> 170.0 tok/s at 0.2 ms, 169.9 at 0.1 ms; inferred, not
 profiled: when step n ends, the engine thread's Python and the call of step n+1 want the GIL at once, and the
-call's re-takes delay the next step's launch). Hence off by default.
+call's re-takes delay the next step's launch), hence small steps stay inline. H200 (12-07 c): the engine thread's
+host time at batch 256 2,495 -> 1,026 µs, wall a step 9.31 / 9.38 ms. Off by default until served traffic (an event
+loop's thread beside the two) is measured with it.
 
 Invariants:
 - Calls run in submission order, one at a time (one worker), so each reads the donated state (KV cache, penalty
@@ -23,7 +25,12 @@ Invariants:
 - The engine thread reads or replaces that state only after the last submitted call has returned
   (`drain`, from ModelRunner's kv_caches / penalty_table (DrainedState) and call_staged), so nothing donated is used
   twice and nothing is lost.
-- An exception of the call reaches the engine when it reads the step's outputs (fetch), not at dispatch.
+- An exception of the call reaches the engine when it reads the step's outputs (fetch), not at dispatch. The
+  engine's per-request isolation (engine/isolation.py) is unaffected: a row fails the batch in packing, which stays
+  on the engine thread, and the probe dispatches read their outputs through the futures
+  (tests/test_isolation_e2e.py runs it with every call on the thread).
+- Steps of fewer than ModelRunner.call_thread_min_tokens bucket tokens are called inline; such a call waits for the
+  threaded ones before it (it reads the previous step's tokens and the drained state), so the two paths mix.
 
 Host only in the sense of this module: it imports no jax; the runner hands it closures.
 """
@@ -47,17 +54,20 @@ def switch_interval_s() -> float:
 
 
 class CallThread:
-    """One worker thread making a runner's compiled calls in order. `cpu_s`: the worker's CPU time in calls."""
+    """One worker thread making a runner's compiled calls in order. `cpu_s`: the worker's CPU time in calls;
+    `num_calls`: calls submitted."""
 
     def __init__(self, interval_s: float | None = None):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jaxinfer-call")
         self._worker = self._pool.submit(threading.get_ident).result()
         self.last: Future | None = None
         self.cpu_s = 0.0
+        self.num_calls = 0  # calls submitted
         sys.setswitchinterval(switch_interval_s() if interval_s is None else interval_s)
 
     def submit(self, fn, *args) -> Future:
         """fn(*args) on the worker, after every call submitted before it."""
+        self.num_calls += 1
         self.last = self._pool.submit(self._timed, fn, args)
         return self.last
 

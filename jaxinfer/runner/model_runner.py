@@ -105,6 +105,10 @@ class ModelRunner:
     # engine thread's host time at batch 256 fell from 3.0-3.4 to 0.9-1.1 ms but tok/s did not rise (the 8B step is
     # device-bound at batch 64 / 256) and batch 1 lost 3%.
     call_thread = switch("JAXINFER_CALL_THREAD", default=False)
+    # ... and only for steps of at least this many bucket tokens: a smaller step's call is short and its host work
+    # small (batch 1 lost 3% with every call on the thread, 12-07 b); a call made inline after threaded ones waits
+    # for them (prev's tokens and the drained state), so the two mix in any order.
+    call_thread_min_tokens = 64
     # The donated state the compiled calls thread through: with the call thread on, the engine thread reads or
     # replaces it only once the last submitted call has returned (call_thread.py's invariants).
     kv_caches = DrainedState()      # [(k_pages, v_pages)] a layer
@@ -517,7 +521,8 @@ class ModelRunner:
         if self.device_put_inputs:  # the former transfer (benchmarks/probes/host_step_cost.py --device-put-inputs)
             ints, floats = jax.device_put((ints, floats), self._replicated)
         prompt = None
-        if self._calls is not None and not prompt_logprob_targets:
+        threaded = self._calls is not None and bucket.num_tokens >= self.call_thread_min_tokens
+        if threaded and not prompt_logprob_targets:
             out = self._calls.submit(self._call_async, step, ints, floats, prev)  # InFlight.out resolves it
         else:
             out, hidden = self._call(step, ints, floats, self._prev_tokens(prev))

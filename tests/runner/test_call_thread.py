@@ -64,11 +64,14 @@ def test_switch_interval_setting_is_checked(monkeypatch):
             switch_interval_s()
 
 
-def _run(call_thread: bool, monkeypatch):
+def _run(call_thread: bool, monkeypatch, min_tokens: int = 1):
     monkeypatch.setattr(ModelRunner, "call_thread", call_thread)
+    monkeypatch.setattr(ModelRunner, "call_thread_min_tokens", min_tokens)
     llm = jaxinfer.LLM(model="tiny-llama", load_format="dummy", warmup=False, progress=False, max_model_len=256,
                        max_num_seqs=4, max_num_batched_tokens=64)
     assert (llm.runner._calls is not None) == call_thread
+    dispatch, dispatches = llm.runner.dispatch, []
+    monkeypatch.setattr(llm.runner, "dispatch", lambda *a: dispatches.append(1) or dispatch(*a))
     eng = llm.engine
     params = [SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True),
               SamplingParams(max_tokens=20, temperature=0.8, seed=3, ignore_eos=True, logprobs=2),
@@ -91,12 +94,18 @@ def _run(call_thread: bool, monkeypatch):
         steps += 1
         if steps == 6:
             assert eng.abort("r4")  # running, a step of it in flight; an aborted request reports nothing more
-    return done
+    threaded = llm.runner._calls.num_calls if call_thread else 0
+    return done, threaded, len(dispatches)
 
 
 def test_engine_tokens_equal_with_and_without_the_call_thread(monkeypatch):
-    off = _run(False, monkeypatch)
-    on = _run(True, monkeypatch)
+    off, _, _ = _run(False, monkeypatch)
+    on, on_calls, on_steps = _run(True, monkeypatch)  # every call on the thread but prompt-logprob steps
+    # calls of >= 4 bucket tokens on the thread (prefill chunks, decodes of 3-4 requests), smaller ones inline
+    mixed, mixed_calls, mixed_steps = _run(True, monkeypatch, min_tokens=4)
     assert set(on) == set(off) == {f"r{i}" for i in range(6)} - {"r4"}
     assert off["r2"][0] and off["r3"][3]  # the penalised and the prompt-logprob requests ran
     assert on == off
+    assert on_steps - 3 <= on_calls < on_steps  # (the prompt-logprob request's prefill steps are inline)
+    assert mixed == off
+    assert 5 < mixed_calls < mixed_steps - 5  # both paths ran, interleaved (23 of 39 calls threaded, 12-07)
