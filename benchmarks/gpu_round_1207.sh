@@ -53,8 +53,9 @@
 #   12-07 b ran callthr callthrlat gil, servab gputests (cut), callthr again (gpu-round-1207b-2c4a8c9-2026-12-07.log).
 #   12-07 c ran spec1b kern, qd tests attn, callthr tp512, gputests (a cut at 300 s), gputests-b by hand (H200).
 #   Next: "servct servsi" (the call thread and the switch interval in served traffic), "servab" reversed, "w8a8" on an
-#   H200 (issue 20's offline int8 >= 1.0x, met on an H100 only), "auto mid"; the GPU tests are three parts, a call each
-#   ("gputests" ~300 s, "gputestsb" ~480 s, "gputestsk" ~300 s: b and k passed on 12-07 c).
+#   H200 (issue 20's offline int8 >= 1.0x, met on an H100 only), "tp512b" (offline 10k), "auto mid";
+#   the GPU tests are three parts, a call each ("gputests" ~300 s, "gputestsb" ~480 s, "gputestsk" ~300 s; b and the
+#   tests of k passed on 12-07 c).
 #   Before 12-07 c: "gputests" on any Hopper (the fixed GPU tests, e6c1ab6, not yet re-run); on an H200 "spec1b kern qd"
 #   (issues 21 / 20's figures), "tests attn auto", then "serve tp512 mid" (AUTO_CUDNN_MIN_TOKENS is 16 since 12-06 g):
 #   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="tests attn" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
@@ -89,6 +90,12 @@ for part in $PARTS; do case $part in
     for be in auto pallas; do
       run tp512-$be 180 timeout 180 $PY benchmarks/throughput.py --workload fixed --max-num-seqs 512 \
         --attention-backend $be --tag s512-$be
+    done ;;
+  tp512b)  # offline at 512 / 384 sequences with the 8192-token budget under 'auto' (12-07 c: 9,461 at 512 with the
+           # default budget and cuDNN; 12-04: 9,421 at 512 / 8192 with the Pallas kernel; the target 10,000)
+    for s in 512 384; do
+      run tp-s$s-b8192 200 timeout 200 $PY benchmarks/throughput.py --workload fixed --max-num-seqs $s \
+        --max-num-batched-tokens 8192 --tag s$s-b8192
     done ;;
   serve)
     for be in auto pallas; do
