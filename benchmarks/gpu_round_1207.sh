@@ -53,9 +53,9 @@
 #   12-07 b ran callthr callthrlat gil, servab gputests (cut), callthr again (gpu-round-1207b-2c4a8c9-2026-12-07.log).
 #   12-07 c ran spec1b kern, qd tests attn, callthr tp512, gputests (a cut at 300 s), gputests-b by hand (H200).
 #   Next: "servct servsi" (the call thread and the switch interval in served traffic), "servab" reversed, "w8a8" on an
-#   H200 (issue 20's offline int8 >= 1.0x, met on an H100 only), "tp512b" (offline 10k), "auto mid";
-#   the GPU tests are three parts, a call each ("gputests" ~300 s, "gputestsb" ~480 s, "gputestsk" ~300 s; b and the
-#   tests of k passed on 12-07 c).
+#   H200 (issue 20's offline int8 >= 1.0x, met on an H100 only), "tp512b" (offline 10k), "specgrid",
+#   "auto mid"; the GPU tests are three parts, a call each ("gputests" ~300 s, "gputestsb" ~480 s,
+#   "gputestsk" ~300 s; b and the tests of k passed on 12-07 c).
 #   Before 12-07 c: "gputests" on any Hopper (the fixed GPU tests, e6c1ab6, not yet re-run); on an H200 "spec1b kern qd"
 #   (issues 21 / 20's figures), "tests attn auto", then "serve tp512 mid" (AUTO_CUDNN_MIN_TOKENS is 16 since 12-06 g):
 #   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="tests attn" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
@@ -134,6 +134,11 @@ for part in $PARTS; do case $part in
   spec1b)  # issue 21's figure on the GPU it names (an H200): the int8 1B draft with its whole head, batch 1, a = 0.7
     run spec1b 300 timeout 300 $PY benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 --accept 0.7 \
       --max-num-batched-tokens 16 --tag draft-int8-whole ;;
+  specgrid)  # the int8 1B draft's speed-up grid (batch 1 / 8, a = 0.5 / 0.7 / 0.9; 12-07 c: 1.55x at batch 1, a = 0.7):
+             # spec_policy.SPEEDUP's "model" rows are the bf16 draft's (12-02 / 12-04); a draft_quantization="int8"
+             # row would let the policy speculate from a lower a at batch 1 and say where batch 8 stands
+    run specgrid 420 timeout 420 $PY benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 8 \
+      --accept 0.5 0.7 0.9 --max-num-batched-tokens 64 --tag draft-int8-grid ;;  # (batch 8 verifies 40 tokens)
   kern)  # issue 20's kernel figure (>= 2.8 TB/s at M <= 16, an H200 figure): the engine's small-M int8 / int4 kernels
     run kern 190 timeout 190 $PY benchmarks/kernels/quantized_matmul.py --shapes qkv o gate_up down lm_head \
       --m 1 4 16 --variants int8_pallas_nk int4_pallas_nk --check-m 1 --budget-s 160 ;;
