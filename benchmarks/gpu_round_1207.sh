@@ -52,7 +52,7 @@
 #   12-07 a ran gso, pinned and fresh2 (then gso / pinned under faulthandler; gpu-round-1207a-8fc9e1b-2026-12-07.log).
 #   12-07 b ran callthr callthrlat gil, servab gputests (cut), callthr again (gpu-round-1207b-2c4a8c9-2026-12-07.log).
 #   12-07 c ran spec1b kern, qd tests attn, callthr tp512, gputests (a cut at 300 s), gputests-b by hand (H200).
-#   Next: "servct servsi" (the call thread and the switch interval in served traffic), "servab" reversed, "w8a8" on an
+#   Next: "servct" (the call thread and the switch interval in served traffic), "latct", "servab" reversed, "w8a8" on an
 #   H200 (issue 20's offline int8 >= 1.0x, met on an H100 only), "tp512b" (offline 10k), "specgrid",
 #   "auto mid"; the GPU tests are three parts, a call each ("gputests" ~300 s, "gputestsb" ~480 s,
 #   "gputestsk" ~300 s; b and the tests of k passed on 12-07 c).
@@ -221,12 +221,17 @@ for part in $PARTS; do case $part in
     for si in 0.0005 0.0001; do
       run servsi-$si 150 timeout 150 $PY $SW --switch-interval $si --tag si-$si
     done ;;
-  servct)  # the call thread in served traffic (runner/call_thread.py; steps of >= 64 bucket tokens since 12-07 c): the
-           # 8B server at 64 req/s off then on, then latency batch 1 / 64 / 256 on (batch 1 now calls inline)
+  servct)  # served traffic, one call: the 8B server at 64 req/s as shipped, with the call thread (call_thread.py;
+           # steps of >= 64 bucket tokens since 12-07 c), and with only the switch interval at 0.1 ms (serve
+           # --switch-interval; what the call thread also sets): can the call thread become the default?
     SW="benchmarks/serving_sweep.py --rates 64 --num-prompts 1000"
-    run servct-off 200 timeout 200 $PY $SW --tag ct-off
-    run servct-on 150 JAXINFER_CALL_THREAD=1 timeout 150 $PY $SW --tag ct-on
-    run lat-ct-gated 150 JAXINFER_CALL_THREAD=1 timeout 150 $PY $LAT8 --batch 1 64 256 --tag callthr-gated ;;
+    run servct-off 190 timeout 190 $PY $SW --tag ct-off
+    run servct-on 170 JAXINFER_CALL_THREAD=1 timeout 170 $PY $SW --tag ct-on
+    run servct-si100 170 timeout 170 $PY $SW --switch-interval 0.0001 --tag si-0.0001 ;;
+  latct)  # latency batch 1 / 64 / 256 with the call thread on (batch 1 calls inline since 12-07 c) and off
+    for v in 1 0; do
+      run lat-ct-$v 150 JAXINFER_CALL_THREAD=$v timeout 150 $PY $LAT8 --batch 1 64 256 --tag callthr-gated-$v
+    done ;;
   gil)  # a dispatch thread, again (12-05: beside a spinning thread the call took 240-380 ms, its GIL re-takes each
         # waiting out Python's 5 ms switch interval): the same probe under shorter intervals (CPU box, tiny model,
         # batch 1: 42 ms -> 0.6 ms at 0.2 ms); if the call then takes its time alone, the engine's call can move
