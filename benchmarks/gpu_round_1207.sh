@@ -213,17 +213,11 @@ for part in $PARTS; do case $part in
       run lat-thread-$v 150 JAXINFER_CALL_THREAD=$v timeout 150 $PY $LAT8 --batch 1 64 256 \
         --tag callthr-$v
     done ;;
-  servsi)  # the server under shorter thread switch intervals (serving/server.py --switch-interval): its engine
-           # thread's call re-takes the GIL many times a step and waits out the interval each time the event loop runs
-           # Python (call_gil.py, 12-07 b: 250-280 ms a call beside a spinning thread at 5 ms, as alone at 0.1 ms)
-    SW="benchmarks/serving_sweep.py --rates 64 --num-prompts 1000"
-    run servsi-default 200 timeout 200 $PY $SW --tag si-default
-    for si in 0.0005 0.0001; do
-      run servsi-$si 150 timeout 150 $PY $SW --switch-interval $si --tag si-$si
-    done ;;
   servct)  # served traffic, one call: the 8B server at 64 req/s as shipped, with the call thread (call_thread.py;
            # steps of >= 64 bucket tokens since 12-07 c), and with only the switch interval at 0.1 ms (serve
-           # --switch-interval; what the call thread also sets): can the call thread become the default?
+           # --switch-interval; what the call thread also sets): can the call thread become the default? Is the
+           # server's engine call slowed by the 5 ms interval (call_gil.py, 12-07 b: 250-280 ms a call beside a
+           # spinning thread, as alone at 0.1 ms)? (Replaces part servsi, which had no call-thread run.)
     SW="benchmarks/serving_sweep.py --rates 64 --num-prompts 1000"
     run servct-off 190 timeout 190 $PY $SW --tag ct-off
     run servct-on 170 JAXINFER_CALL_THREAD=1 timeout 170 $PY $SW --tag ct-on
@@ -245,6 +239,7 @@ for part in $PARTS; do case $part in
       tests/kernels/test_quantized_matmul_gpu.py tests/kernels/test_triton_small_m_gpu.py \
       -k "not test_kernel_matches_reference and not test_xla_fused_int8_paths" ;;
   gputestsb)  # the Mosaic GPU kernels, attention, KV quantization, stable addresses, start-up caches (~480 s)
+    $PY -m pip install -q --no-deps .whl/*.whl > "$OUT_DIR/pip.log" 2>&1
     run gputests-b 540 GPU_TESTS_TAG=b timeout 540 $PY benchmarks/gpu_tests.py \
       tests/kernels/test_paged_attention_kernel.py tests/kernels/test_cudnn_paged.py tests/test_cudnn_attention_gpu.py \
       tests/test_stable_addresses_gpu.py tests/kernels/test_kv_quant.py tests/kernels/test_mosaic_int8_gpu.py \
