@@ -100,18 +100,22 @@ def program_cache_entries() -> int:
 
 
 def write_result(name: str, payload: dict, tag: str = "") -> str:
-    """Write benchmarks/results/<name>[-<tag>][-<backend>]-<date>.json (tag: a run's label, e.g. one A/B side)."""
+    """Write benchmarks/results/<name>[-<tag>]-<commit>[-<backend>]-<date>.json (tag: a run's label, e.g. one A/B
+    side; the commit as git_commit() says, left out when unknown), the name the recorded files carry, so a device
+    call's files go into results/ as they come back."""
     if tag:
         name = f"{name}-{tag}"
     os.makedirs(RESULTS_DIR, exist_ok=True)
+    commit = git_commit()
     payload = {"benchmark": name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "device": device_name(), "jax": jax.__version__, "commit": git_commit(),
+               "device": device_name(), "jax": jax.__version__, "commit": commit,
                "xla_flags": os.environ.get("XLA_FLAGS", ""),  # e.g. runner/xla_env.py's command-buffer mode
                "allocator": os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default"), **payload}
     stamp = datetime.date.today().isoformat()
     # CPU runs (smoke tests of the scripts) never overwrite the GPU results of the same day.
     suffix = "" if jax.default_backend() == "gpu" else f"-{jax.default_backend()}"
-    path = os.path.join(RESULTS_DIR, f"{name}{suffix}-{stamp}.json")
+    commit_part = f"-{commit}" if commit and commit != "unknown" else ""
+    path = os.path.join(RESULTS_DIR, f"{name}{commit_part}{suffix}-{stamp}.json")
     with open(path, "w") as f:
         json.dump(payload, f, indent=2)
     out = os.environ.get("OUT")

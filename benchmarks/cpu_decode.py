@@ -12,7 +12,8 @@ busy the box was. Optional jaxinfer variants (--variants) measure the other CPU 
 model file cached) then warm (the persistent compilation cache of the cold run).
 
   python benchmarks/cpu_decode.py [--new-tokens 64] [--rounds 3] [--variants gguf,int8,bf16] [--cli]
-Result: benchmarks/results/cpu-decode-cpu-<date>.json (git-ignored pattern *-cpu-*.json: add it with git add -f).
+Result: benchmarks/results/cpu-decode-<commit>-cpu-<date>.json (git-ignored pattern *-cpu-*.json: add it with
+git add -f).
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """Run the GPU-marked tests (`pytest -m gpu`) on the GPU and record every test's outcome and duration in
-benchmarks/results/gpu-tests-<date>.json (with the device, jax version and commit), so that "the GPU tests
+benchmarks/results/gpu-tests-<commit>-<date>.json (with the device, jax version and commit), so that "the GPU tests
 passed" is a recorded fact, not a claim.
 
   python benchmarks/gpu_tests.py                       # all GPU tests
   python benchmarks/gpu_tests.py tests/kernels -x      # extra arguments go to pytest
-  GPU_TESTS_TAG=part2 python benchmarks/gpu_tests.py ... # results/gpu-tests-part2-<date>.json (one file a run)
+  GPU_TESTS_TAG=part2 python benchmarks/gpu_tests.py ... # results/gpu-tests-part2-<commit>-<date>.json (one file a run)
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ for a well-formed request, or a wrong answer), 5xx, lost (no answer: an exceptio
 with 0 lost, 0 5xx, 0 bad and, once the traffic stops, 0 KV pages used and 0 requests running. RSS (of the whole
 process: server, engine and the load generator; and device memory on a GPU) is sampled every 5 s; the growth after
 warm-up (the first 20% of the run) is printed.
-Results: benchmarks/results/soak[-cpu]-<date>.json.
+Results: benchmarks/results/soak-<commit>[-cpu]-<date>.json.
 """
 from __future__ import annotations
 
