@@ -1,5 +1,6 @@
 """Every benchmark script imports: they import helpers from each other (e.g. prefill_attention.py times with
-paged_attention.py's `measure`), and a rename in one must not break another that only runs on the GPU."""
+paged_attention.py's `measure`), and a rename in one must not break another that only runs on the GPU. And the
+result files they write are named as the recorded ones are."""
 import datetime
 import importlib
 import pathlib
