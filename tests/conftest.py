@@ -1,6 +1,7 @@
 """Test-wide settings and shared fixtures: offline hub, a repo-local cache (default model + XLA cache)."""
 import os
 import shutil
+import sys
 
 import pytest
 
@@ -79,6 +80,15 @@ def pytest_configure(config):
 
         jax.monitoring.register_event_listener(on_event)
         jax.monitoring.register_event_duration_secs_listener(on_duration)
+
+
+@pytest.fixture
+def restore_switch_interval():
+    """A CallThread (runner/call_thread.py) lowers the process's thread switch interval; the worker's later tests get
+    the one before back."""
+    before = sys.getswitchinterval()
+    yield
+    sys.setswitchinterval(before)
 
 
 @pytest.fixture(scope="session")

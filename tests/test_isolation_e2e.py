@@ -1,8 +1,6 @@
 """One bad request fails alone (issue 18): a request whose row makes the batched step raise is found by bisection
 (engine/isolation.py), ended with an error, and every other request of the batch finishes with the same tokens as
 offline greedy generation (tiny random Llama on CPU)."""
-import sys
-
 import numpy as np
 import pytest
 
@@ -46,19 +44,15 @@ def test_bad_request_fails_alone(llm):
     _bad_requests_fail_alone(llm)
 
 
-def test_bad_request_fails_alone_with_the_call_thread(tiny_llama_dir, monkeypatch):
+def test_bad_request_fails_alone_with_the_call_thread(tiny_llama_dir, monkeypatch, restore_switch_interval):
     """The same with every compiled call on the call thread (runner/call_thread.py): the packing that fails runs on
     the engine thread, and the probe dispatches read their outputs through the thread's futures."""
     monkeypatch.setattr(ModelRunner, "call_thread", True)
     monkeypatch.setattr(ModelRunner, "call_thread_min_tokens", 1)
-    interval = sys.getswitchinterval()
     threaded = jaxinfer.LLM(tiny_llama_dir, **KW)
     assert threaded.runner._calls is not None
-    try:
-        _bad_requests_fail_alone(threaded)
-        assert threaded.runner._calls.num_calls > 20
-    finally:
-        sys.setswitchinterval(interval)  # (the thread lowered the process's; back for the worker's other tests)
+    _bad_requests_fail_alone(threaded)
+    assert threaded.runner._calls.num_calls > 20
 
 
 def _bad_requests_fail_alone(llm):

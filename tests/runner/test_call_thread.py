@@ -5,7 +5,6 @@ engine thread, with the paths that touch the donated state from the engine threa
 between calls, prompt logprobs on the synchronous path, seeded sampling, an abort with a step in flight, more
 requests than slots). The thread itself: calls in submission order, `drain` waits for the last one, a call's error
 reaches the step's reader and not `drain`."""
-import sys
 import threading
 import time
 
@@ -17,12 +16,7 @@ from jaxinfer.runner.call_thread import CallThread, switch_interval_s
 from jaxinfer.runner.model_runner import ModelRunner
 
 
-@pytest.fixture(autouse=True)
-def _restore_switch_interval():
-    """A CallThread sets the process's switch interval; the other tests of this worker get Python's back."""
-    before = sys.getswitchinterval()
-    yield
-    sys.setswitchinterval(before)
+pytestmark = pytest.mark.usefixtures("restore_switch_interval")  # (conftest.py: a CallThread lowers it)
 
 
 def test_calls_run_in_order_and_drain_waits_for_the_last():
