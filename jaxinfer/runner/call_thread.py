@@ -6,8 +6,8 @@ host->device transfer (docs/architecture.md, "A transferred input ..."), and it 
 one worker thread, the call leaves the engine thread free to finish step n (fetch, update, outputs) and schedule
 and pack step n+2 meanwhile. The call releases the GIL for most of its C++ work but takes it back many times; beside
 a thread running Python each re-take waits out the interpreter's switch interval (5 ms by default: a batch-1 call
-took 332 ms instead of 4.3 on the H200, benchmarks/probes/call_gil.py, 2026-12-05), so with the thread on the
-runner lowers the process's switch interval (JAXINFER_SWITCH_INTERVAL seconds, default 0.0001: on an H100 the
+took 332 ms instead of 4.3 on the H200, benchmarks/probes/call_gil.py, 2026-12-05), so the thread's first call
+lowers the process's switch interval (JAXINFER_SWITCH_INTERVAL seconds, default 0.0001: on an H100 the
 8B step's call beside a spinning thread took 5.9 / 13.7 ms at batch 1 / 256 at 0.1 ms, as alone, but 23-25 ms at
 0.5 ms and 250-280 ms at 5 ms; call_gil.py --switch-interval, 2026-12-07).
 
@@ -58,15 +58,18 @@ class CallThread:
     `num_calls`: calls submitted."""
 
     def __init__(self, interval_s: float | None = None):
+        self._interval_s = switch_interval_s() if interval_s is None else interval_s  # (a bad setting fails here)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jaxinfer-call")
         self._worker = self._pool.submit(threading.get_ident).result()
         self.last: Future | None = None
         self.cpu_s = 0.0
         self.num_calls = 0  # calls submitted
-        sys.setswitchinterval(switch_interval_s() if interval_s is None else interval_s)
 
     def submit(self, fn, *args) -> Future:
-        """fn(*args) on the worker, after every call submitted before it."""
+        """fn(*args) on the worker, after every call submitted before it. The first call lowers the process's switch
+        interval: an engine whose steps all stay inline (below ModelRunner.call_thread_min_tokens) leaves it alone."""
+        if not self.num_calls:
+            sys.setswitchinterval(self._interval_s)
         self.num_calls += 1
         self.last = self._pool.submit(self._timed, fn, args)
         return self.last

@@ -5,6 +5,7 @@ engine thread, with the paths that touch the donated state from the engine threa
 between calls, prompt logprobs on the synchronous path, seeded sampling, an abort with a step in flight, more
 requests than slots). The thread itself: calls in submission order, `drain` waits for the last one, a call's error
 reaches the step's reader and not `drain`."""
+import sys
 import threading
 import time
 
@@ -46,6 +47,15 @@ def test_a_failing_call_raises_at_its_reader_not_at_drain():
     with pytest.raises(RuntimeError, match="bad step"):
         fut.result()
     assert ct.submit(lambda: 7).result() == 7  # the thread keeps serving
+    ct.close()
+
+
+def test_the_switch_interval_is_lowered_at_the_first_call_not_before():
+    before = sys.getswitchinterval()
+    ct = CallThread(interval_s=0.0007)
+    assert sys.getswitchinterval() == before  # an engine whose steps all stay inline keeps the process's
+    assert ct.submit(lambda: 1).result() == 1
+    assert sys.getswitchinterval() == pytest.approx(0.0007)
     ct.close()
 
 
