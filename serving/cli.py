@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from aiohttp import web
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the interpreter's thread switch interval (sys.setswitchinterval; default Python's 0.005): "
                         "the engine thread's compiled call re-takes the GIL many times a step and, while the event "
                         "loop runs Python, waits up to this long each time (benchmarks/probes/call_gil.py); an A/B "
-                        "knob, not yet measured in serving")
+                        "knob, not yet measured in serving (JAXINFER_CALL_THREAD=1's call thread takes it too)")
     return p
 
 
@@ -48,12 +49,21 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def apply_switch_interval(seconds: float) -> None:
+    """--switch-interval: the process's interval now, and JAXINFER_SWITCH_INTERVAL for the engine about to be built,
+    whose call thread (JAXINFER_CALL_THREAD=1) would set its own at its first call."""
+    os.environ["JAXINFER_SWITCH_INTERVAL"] = repr(seconds)
+    sys.setswitchinterval(seconds)
+
+
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     from jaxinfer import LLM
     from jaxinfer.cli_args import config_from_args, init_distributed
 
+    if a.switch_interval is not None:
+        apply_switch_interval(a.switch_interval)
     try:
         config = config_from_args(a)
         if init_distributed(a):
@@ -75,8 +85,6 @@ def main(argv=None) -> int:
 
     gc.collect()
     gc.freeze()
-    if a.switch_interval is not None:
-        sys.setswitchinterval(a.switch_interval)
     if a.profile:
         import jax
 

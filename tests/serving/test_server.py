@@ -2,6 +2,7 @@
 thread, driven by the official `openai` client and by raw HTTP."""
 import asyncio
 import json
+import sys
 import threading
 import time
 import urllib.error
@@ -412,6 +413,21 @@ def test_switch_interval_must_be_positive_seconds(value, capsys):
     err = capsys.readouterr().err
     assert "--switch-interval" in err and "positive number of seconds" in err
     assert build_parser().parse_args(["--switch-interval", "0.0005"]).switch_interval == 0.0005
+
+
+def test_switch_interval_reaches_the_call_thread(monkeypatch, restore_switch_interval):
+    """serve --switch-interval sets the process's interval and the one a call thread (JAXINFER_CALL_THREAD=1) would
+    set at its first call, so the flag is not undone by the engine."""
+    from jaxinfer.runner.call_thread import CallThread
+    from serving.cli import apply_switch_interval
+
+    monkeypatch.setenv("JAXINFER_SWITCH_INTERVAL", "0.005")  # (restored after: apply_switch_interval writes it)
+    apply_switch_interval(0.0003)
+    assert sys.getswitchinterval() == pytest.approx(0.0003)
+    ct = CallThread()
+    ct.submit(lambda: None).result()
+    assert sys.getswitchinterval() == pytest.approx(0.0003)
+    ct.close()
 
 
 def test_cli_serve_sigterm_graceful(smollm2_gguf):
