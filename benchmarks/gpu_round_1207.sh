@@ -54,8 +54,8 @@
 #   12-07 c ran spec1b kern, qd tests attn, callthr tp512, gputests (a cut at 300 s), gputests-b by hand (H200).
 #   Next: "servct" (the call thread and the switch interval in served traffic), "latct", "servab" reversed, "w8a8" on an
 #   H200 (issue 20's offline int8 >= 1.0x, met on an H100 only), "tp512b" (offline 10k), "specgrid",
-#   "auto mid"; the GPU tests are three parts, a call each ("gputests" ~300 s, "gputestsb" ~480 s,
-#   "gputestsk" ~300 s; b and the tests of k passed on 12-07 c).
+#   "kern" (now with the Hopper int4 default), "auto mid"; the GPU tests are three parts, a call each ("gputests"
+#   ~300 s, "gputestsb" ~480 s, "gputestsk" ~300 s; b and the tests of k passed on 12-07 c).
 #   Before 12-07 c: "gputests" on any Hopper (the fixed GPU tests, e6c1ab6, not yet re-run); on an H200 "spec1b kern qd"
 #   (issues 21 / 20's figures), "tests attn auto", then "serve tp512 mid" (AUTO_CUDNN_MIN_TOKENS is 16 since 12-06 g):
 #   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="tests attn" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
@@ -139,9 +139,10 @@ for part in $PARTS; do case $part in
              # row would let the policy speculate from a lower a at batch 1 and say where batch 8 stands
     run specgrid 420 timeout 420 $PY benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 8 \
       --accept 0.5 0.7 0.9 --max-num-batched-tokens 64 --tag draft-int8-grid ;;  # (batch 8 verifies 40 tokens)
-  kern)  # issue 20's kernel figure (>= 2.8 TB/s at M <= 16, an H200 figure): the engine's small-M int8 / int4 kernels
-    run kern 190 timeout 190 $PY benchmarks/kernels/quantized_matmul.py --shapes qkv o gate_up down lm_head \
-      --m 1 4 16 --variants int8_pallas_nk int4_pallas_nk --check-m 1 --budget-s 160 ;;
+  kern)  # issue 20's kernel figure (>= 2.8 TB/s at M <= 16, an H200 figure): the engine's small-M int8 kernel, the
+         # Hopper int4 default (int4_mosaic; 12-07 c measured only the Pallas int4 kernel, not the default) and it
+    run kern 250 timeout 250 $PY benchmarks/kernels/quantized_matmul.py --shapes qkv o gate_up down lm_head \
+      --m 1 4 16 --variants int8_pallas_nk int4_mosaic int4_pallas_nk --check-m 1 --budget-s 220 ;;
   qd)  # issue 20's decode figures: bf16 / int8 / int4-g128 at batch 1 and 16, one process
     run qd 330 timeout 330 $PY benchmarks/quantized_decode.py --methods bf16 int8 int4 --decode-batches 1 16 \
       --throughput-methods --no-kv-capacity --budget-s 300 --tag h200 ;;
