@@ -52,10 +52,11 @@
 #   12-07 a ran gso, pinned and fresh2 (then gso / pinned under faulthandler; gpu-round-1207a-8fc9e1b-2026-12-07.log).
 #   12-07 b ran callthr callthrlat gil, servab gputests (cut), callthr again (gpu-round-1207b-2c4a8c9-2026-12-07.log).
 #   12-07 c ran spec1b kern, qd tests attn, callthr tp512, gputests (a cut at 300 s), gputests-b by hand (H200).
-#   Next: "servct" (the call thread and the switch interval in served traffic), "latct", "servab" reversed, "w8a8" on an
-#   H200 (issue 20's offline int8 >= 1.0x, met on an H100 only), "tp512b" (offline 10k), "specgrid",
-#   "kern" (now with the Hopper int4 default), "auto mid"; the GPU tests are three parts, a call each ("gputests"
-#   ~300 s, "gputestsb" ~480 s, "gputestsk" ~300 s; b and the tests of k passed on 12-07 c).
+#   Next: "servct" (the call thread and the switch interval in served traffic), "latct", "pages" (64-token KV pages:
+#   decode attention and offline), "tp512b" (offline 10k), "servab" reversed, "w8a8" on an H200 (issue 20's offline
+#   int8 >= 1.0x, met on an H100 only), "specgrid", "kern" (now with the Hopper int4 default), "auto mid"; the GPU
+#   tests are three parts, a call each ("gputests" ~300 s, "gputestsb" ~480 s, "gputestsk" ~300 s; b and the tests
+#   of k passed on 12-07 c).
 #   Before 12-07 c: "gputests" on any Hopper (the fixed GPU tests, e6c1ab6, not yet re-run); on an H200 "spec1b kern qd"
 #   (issues 21 / 20's figures), "tests attn auto", then "serve tp512 mid" (AUTO_CUDNN_MIN_TOKENS is 16 since 12-06 g):
 #   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="tests attn" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
@@ -90,6 +91,17 @@ for part in $PARTS; do case $part in
     for be in auto pallas; do
       run tp512-$be 180 timeout 180 $PY benchmarks/throughput.py --workload fixed --max-num-seqs 512 \
         --attention-backend $be --tag s512-$be
+    done ;;
+  pages)  # KV pages of 64 tokens against the default 16 (engine option page_size): decode attention reads a sequence's
+          # KV in page-sized pieces, and at short contexts (256 x 512) cuDNN streamed 2.21 TB/s against 3.10 at 64 x 4k
+          # (12-07 c; issue 17's >= 3.2); offline at 512 sequences is mostly that attention (43 GB of KV a decode step
+          # at ~640 tokens a sequence against 16 GB of weights). Latency 64 / 256, then offline 512:2048, each page size
+    for ps in 64 16; do
+      run lat-ps$ps 130 timeout 130 $PY $LAT8 --batch 64 256 --page-size $ps --tag ps$ps
+    done
+    for ps in 64 16; do
+      run tp-ps$ps 170 timeout 170 $PY benchmarks/throughput.py --workload fixed --max-num-seqs 512 --page-size $ps \
+        --tag s512-ps$ps
     done ;;
   tp512b)  # offline, sequences:budget under 'auto', one call: the defaults (256:2048), 512:2048 (12-07 c: 9,461) and
            # 512:8192 (12-04: 9,421 with the Pallas kernel): do LLM's offline defaults want more sequences / tokens

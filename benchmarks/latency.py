@@ -168,6 +168,7 @@ def main():
     ap.add_argument("--max-num-seqs", type=int, default=256, help="at least the largest --batch")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--attention-backend", default="auto", choices=list(ATTENTION_BACKENDS))
+    ap.add_argument("--page-size", type=int, default=16, help="tokens per KV page (the engine's page_size)")
     ap.add_argument("--min-bucket-tokens", type=int, default=None,
                     help="KernelConfig.min_bucket_tokens: tokens of the smallest step shape (batch 1 pads to it)")
     ap.add_argument("--tag", default="", help="appended to the result file's name")
@@ -196,7 +197,7 @@ def main():
     llm = LLM(a.model, load_format=a.load_format, max_model_len=a.max_model_len,
               max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
               gpu_memory_utilization=a.gpu_memory_utilization, attention_backend=a.attention_backend,
-              min_bucket_tokens=a.min_bucket_tokens)
+              min_bucket_tokens=a.min_bucket_tokens, page_size=a.page_size)
     startup = time.perf_counter() - t0
     background_s = llm.runner.finish_background_compiles()  # steady state: no compile beside the steps
     weight_bytes = llm.model.num_bytes
