@@ -148,7 +148,7 @@ def _configure_logging(quiet: bool):
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == "serve":  # the server owns its parser (serving/server.py) and its event loop
+    if argv and argv[0] == "serve":  # the server owns its parser (serving/cli.py) and its event loop
         from serving.cli import main as serve_main
 
         return serve_main(argv[1:])

@@ -101,9 +101,9 @@ class ModelRunner:
     # step reads the transferred inputs themselves (the A/B side of benchmarks/probes/host_step_cost.py).
     stage_inputs = True
     # Make the step's compiled call on a worker thread (runner/call_thread.py; single-device runners), so the engine
-    # thread does not spend the call's time. An A/B switch (JAXINFER_CALL_THREAD=1), off: on an H100 (12-07 b) the
-    # engine thread's host time at batch 256 fell from 3.0-3.4 to 0.9-1.1 ms but tok/s did not rise (the 8B step is
-    # device-bound at batch 64 / 256) and batch 1 lost 3%.
+    # thread does not spend the call's time. An A/B switch (JAXINFER_CALL_THREAD=1), off: the engine thread's host
+    # time at batch 256 fell from 2.5-3.4 to 0.9-1.1 ms (H100 12-07 b, H200 12-07 c) but tok/s did not rise (the 8B
+    # step is device-bound at batch 64 / 256), and a server with it is not yet measured.
     call_thread = switch("JAXINFER_CALL_THREAD", default=False)
     # ... and only for steps of at least this many bucket tokens: a smaller step's call is short and its host work
     # small (batch 1 lost 3% with every call on the thread, 12-07 b); a call made inline after threaded ones waits
@@ -522,12 +522,10 @@ class ModelRunner:
             ints, floats = jax.device_put((ints, floats), self._replicated)
         prompt = None
         threaded = self._calls is not None and bucket.num_tokens >= self.call_thread_min_tokens
-        if threaded and not prompt_logprob_targets:
-            out = self._calls.submit(self._call_async, step, ints, floats, prev)  # InFlight.out resolves it
+        if threaded and not prompt_logprob_targets:  # (InFlight.out resolves the future)
+            out = self._calls.submit(lambda: self._call_and_copy(step, ints, floats, prev)[0])
         else:
-            out, hidden = self._call(step, ints, floats, self._prev_tokens(prev))
-            if self.early_host_copy:
-                out.host.copy_to_host_async()
+            out, hidden = self._call_and_copy(step, ints, floats, prev)
         if prompt_logprob_targets:
             targets = np.zeros(bucket.num_tokens, np.int32)
             for i, tgt in prompt_logprob_targets.items():
@@ -544,13 +542,13 @@ class ModelRunner:
     def _prev_tokens(self, prev: "InFlight | None"):
         return (prev.carry if prev.carry is not None else prev.out.carry) if prev is not None else self._no_prev
 
-    def _call_async(self, step, ints, floats, prev: "InFlight | None"):
-        """The call thread's job for one step: its call (prev's outputs are ready: calls run in order) and the
-        early copy of its results to the host. Returns the StepOutput."""
-        out, _ = self._call(step, ints, floats, self._prev_tokens(prev))
+    def _call_and_copy(self, step, ints, floats, prev: "InFlight | None"):
+        """A step's call and the early copy of its results to the host: (StepOutput, hidden). On the call thread
+        prev's outputs are ready when it runs (calls run in order)."""
+        out, hidden = self._call(step, ints, floats, self._prev_tokens(prev))
         if self.early_host_copy:
             out.host.copy_to_host_async()
-        return out
+        return out, hidden
 
     @property
     def call_thread_cpu_s(self) -> float:
