@@ -6,7 +6,8 @@ tuning, and its prefill path is 1.3-2.9x cuDNN's dense attention. The method say
 fused attention takes a paged KV cache (JAX's private `_dot_product_attention_fwd` with page tables; the public
 `jax.nn.dot_product_attention` does not pass them), on the engine's own pool layout [num_pages, page_size, KVH, D].
 
-Per (batch, context), decode (one query token a sequence, bf16, 32 q / 8 KV heads, D 128, page 16), one process:
+Per (batch, context), decode (one query token a sequence, bf16, 32 q / 8 KV heads, D 128, page 16 or
+--page-size), one process:
   kernel      the engine's Pallas kernel with the engine's split rule (the figure to beat), and p8 / 1 split
   cudnn_gqa   cuDNN paged, q [B, 1, 32, D] against 8 KV heads (GQA inside cuDNN)
   cudnn_fold  cuDNN paged, the 4 query heads of a KV head folded into the query length: q [B, 4, 8, D], 8 heads
@@ -165,6 +166,7 @@ def prefill_check(api, a) -> list[dict]:
 
 
 def main():
+    global PS
     ap = argparse.ArgumentParser()
     ap.add_argument("--configs", nargs="+", default=["256x512", "64x512", "64x4096", "256x4096", "16x4096", "1x4096"])
     ap.add_argument("--prefill", nargs="+", default=["2x0x512", "2x512x512", "4x0x2048", "2x2048x2048"],
@@ -172,22 +174,25 @@ def main():
     ap.add_argument("--inner", type=int, default=10)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--page-size", type=int, default=PS,
+                    help="tokens a KV page, the kernel's and cuDNN's pools alike (the engine's page_size; default 16)")
     ap.add_argument("--tag", default="")
     a = ap.parse_args()
+    PS = pa.PS = a.page_size  # (read at call time by this module and by the kernel benchmark's pools and tables)
     a.prefill = [tuple(int(x) for x in s.split("x")) for s in a.prefill]
     t0 = time.perf_counter()
     api = cudnn_api()
     hbm = measure_hbm_bandwidth()
     sms = pa.device_num_sms()
     print(f"device {jax.devices()[0].device_kind}, jax {jax.__version__}, HBM x*2 {hbm / 1e12:.2f} TB/s, "
-          f"cudnn {api}", flush=True)
+          f"cudnn {api}, page size {PS}", flush=True)
     rows = []
     for c in a.configs:
         b, ctx = (int(x) for x in c.split("x"))
         rows += decode_config(api, b, ctx, a, hbm, sms)
     rows += prefill_check(api, a)
     write_result("cudnn-paged-attention" + (f"-{a.tag}" if a.tag else ""),
-                 dict(hbm_ceiling_gbps=hbm / 1e9, rows=rows, wall_s=time.perf_counter() - t0))
+                 dict(hbm_ceiling_gbps=hbm / 1e9, page_size=PS, rows=rows, wall_s=time.perf_counter() - t0))
 
 
 if __name__ == "__main__":
