@@ -12,6 +12,10 @@ Per (batch, context), decode (one query token a sequence, bf16, 32 q / 8 KV head
   cudnn_gqa   cuDNN paged, q [B, 1, 32, D] against 8 KV heads (GQA inside cuDNN)
   cudnn_fold  cuDNN paged, the 4 query heads of a KV head folded into the query length: q [B, 4, 8, D], 8 heads
               (each KV head read once per sequence, whatever cuDNN does for GQA)
+  cudnn_gqa_bnth  the GQA form on head-major pools [num_pages, KVH, page_size, D] (layout BNTH: each page's head
+              one contiguous block; the engine's pools are token-major): would another pool layout stream faster?
+  cudnn_gqa_dense the GQA form on unpaged K / V [B, S, KVH, D] (the pages gathered outside the timing): what
+              paging costs cuDNN
   cudnn_engine  the engine's form (cudnn_paged.cudnn_paged_attention: the fold, one row a token, with the jnp
               around it: the per-token page tables and KV lengths from the step's metadata)
 each as `inner` dependent calls in one program (benchmarks/kernels/paged_attention.measure), rel. error of each
@@ -104,6 +108,22 @@ def decode_config(api, batch: int, ctx: int, a, hbm: float, sms: int) -> list[di
     timed("cudnn_engine", lambda x, k, v, *m: cudnn_paged_attention(x, k, v, *m, sm_scale=scale), (q, kp, vp, *md))
     timed("cudnn_gqa", gqa, (q, kp, vp, pt, ones, kvl))
     timed("cudnn_fold", fold, (q, kp, vp, pt, ones, kvl))
+
+    def gqa_bnth(x, k, v, pt, ql, kl):  # head-major pools [num_pages, KVH, PS, D]: each (page, head) contiguous
+        o = cudnn_sdpa(x[:batch].reshape(batch, H, 1, D), k, v, ql, kl, pt, scale=scale, layout="BNTH")
+        return jnp.zeros_like(x).at[:batch].set(o.reshape(batch, H, D).astype(x.dtype))
+
+    def gqa_dense(x, k, v, ql, kl):  # no pages: K / V [B, S, KVH, D] per sequence (cuDNN's unpaged best case)
+        o = cudnn_sdpa(x[:batch].reshape(batch, 1, H, D), k, v, ql, kl, None, scale=scale)
+        return jnp.zeros_like(x).at[:batch].set(o.reshape(batch, H, D).astype(x.dtype))
+
+    kp_t, vp_t = jnp.swapaxes(kp, 1, 2), jnp.swapaxes(vp, 1, 2)  # (outside the timing, as a pool layout would be)
+    timed("cudnn_gqa_bnth", gqa_bnth, (q, kp_t, vp_t, pt, ones, kvl))
+    del kp_t, vp_t
+    dk = kp[jnp.asarray(page_lists)].reshape(batch, pps * PS, KVH, D)
+    dv = vp[jnp.asarray(page_lists)].reshape(batch, pps * PS, KVH, D)
+    timed("cudnn_gqa_dense", gqa_dense, (q, dk, dv, ones, kvl))
+    del dk, dv
     timed("cudnn_fold_wide_table", fold, (q, kp, vp, pt_wide, ones, kvl))
     if any("error" in r for r in rows if r["impl"].startswith("cudnn")):  # jax's public contract: B x W pages
         timed("cudnn_fold_exact_pool", fold, (q, kp[1:], vp[1:], pt - 1, ones, kvl))

@@ -30,12 +30,14 @@ import jax.numpy as jnp
 
 
 def cudnn_sdpa(q, k_pages, v_pages, q_len, kv_len, table, *, scale: float, causal: bool = False,
-               return_lse: bool = False):
+               return_lse: bool = False, layout: str = "BTNH"):
     """cuDNN paged attention. q [B, L, N, D]; pools [num_pages, page_size, KVH, D] (N a multiple of KVH); table
     i32[B, 1, W, 1] (None: dense K / V [B, S, KVH, D], for comparisons); q_len / kv_len i32[B]: query row i < q_len
     of batch row b sees keys < kv_len[b] (causal: also cuDNN's causal mask, whose alignment when q_len < kv_len is
     the probe's question, benchmarks/probes/cudnn_paged_attention.py). -> [B, L, N, D]; return_lse: also the
-    rows' log-sum-exp of the scaled scores, f32 [B, N, L] (jax's `return_residual`, FlashAttention-2's L)."""
+    rows' log-sum-exp of the scaled scores, f32 [B, N, L] (jax's `return_residual`, FlashAttention-2's L).
+    layout "BNTH": heads before tokens everywhere instead (q [B, N, L, D], pools [num_pages, KVH, page_size, D],
+    out [B, N, L, D]; the probe's head-major pool question, not the engine's layout)."""
     from jax._src.cudnn import fused_attention_stablehlo as fa
 
     none = jnp.zeros(0, q.dtype)
@@ -44,7 +46,7 @@ def cudnn_sdpa(q, k_pages, v_pages, q_len, kv_len, table, *, scale: float, causa
               page_table_v=none if table is None else table, scale=scale, seed=42, dropout_rate=0.0,
               variadic_args=(False, False),
               mask_type=fa.MaskType.PADDING_CAUSAL if causal else fa.MaskType.PADDING,
-              layout=fa.AttentionLayout.BTNH.value, sliding_window_length=None,
+              layout=fa.AttentionLayout[layout].value, sliding_window_length=None,
               cudnn_version=fa.check_cudnn_version(), return_residual=return_lse)
     assert set(kw) == set(_OUR_KEYWORDS)  # (available() checks this jax against the same names)
     params = inspect.signature(fa._dot_product_attention_fwd).parameters
