@@ -94,18 +94,17 @@ for part in $PARTS; do case $part in
     done ;;
   tpgrid)  # issue 17's offline 10k and decode attention 3.2 TB/s in one call (~470 s warm): cuDNN's decode attention
            # per op at page 16 and 64 (the probe's --page-size), then offline under 'auto' at sequences:budget 512:2048
-           # (12-07 c: 9,461) and 512:8192, each at page 16 and 64, then 512:2048 with an fp8 KV cache
+           # (12-07 c: 9,461) and 512:8192, each at page 16 and 64, and 512:2048 with an fp8 KV cache
     for ps in 64 16; do
       run attn-ps$ps 60 timeout 60 $PY benchmarks/probes/cudnn_paged_attention.py --tag gqa-ps$ps --page-size $ps \
         --configs 256x512 64x4096 --prefill 2x512x512
     done
-    for sbp in 512:2048:16 512:2048:64 512:8192:16 512:8192:64; do
-      IFS=: read -r s b p <<< "$sbp"
-      run tp-$s-$b-ps$p 110 timeout 110 $PY benchmarks/throughput.py --workload fixed --max-num-seqs $s \
-        --max-num-batched-tokens $b --page-size $p --tag s$s-b$b-ps$p
-    done  # then fp8 KV (half the bytes of the ~1/3 of the run that is decode attention; the Pallas kernel)
-    run tp-fp8kv 110 timeout 110 $PY benchmarks/throughput.py --workload fixed --max-num-seqs 512 \
-      --kv-cache-dtype fp8 --tag s512-b2048-fp8kv ;;
+    # (fp8: half the KV bytes of the ~1/3 of the run that is decode attention, through the Pallas kernel)
+    for sbp in 512:2048:16 512:2048:64 512:8192:16 512:2048:16:fp8 512:8192:64; do
+      IFS=: read -r s b p kv <<< "$sbp"
+      run tp-$s-$b-ps$p${kv:+-$kv} 110 timeout 110 $PY benchmarks/throughput.py --workload fixed --max-num-seqs $s \
+        --max-num-batched-tokens $b --page-size $p --kv-cache-dtype ${kv:-auto} --tag s$s-b$b-ps$p${kv:+-$kv}kv
+    done ;;
   pages)  # KV pages of 64 tokens against the default 16 (engine option page_size): decode attention reads a sequence's
           # KV in page-sized pieces, and at short contexts (256 x 512) cuDNN streamed 2.21 TB/s against 3.10 at 64 x 4k
           # (12-07 c; issue 17's >= 3.2); offline at 512 sequences is mostly that attention (43 GB of KV a decode step
