@@ -103,7 +103,7 @@ for part in $PARTS; do case $part in
     for sbp in 512:2048:16 512:2048:64 512:8192:16 512:2048:16:fp8 512:8192:64; do
       IFS=: read -r s b p kv <<< "$sbp"
       run tp-$s-$b-ps$p${kv:+-$kv} 110 timeout 110 $PY benchmarks/throughput.py --workload fixed --max-num-seqs $s \
-        --max-num-batched-tokens $b --page-size $p --kv-cache-dtype ${kv:-auto} --tag s$s-b$b-ps$p${kv:+-$kv}kv
+        --max-num-batched-tokens $b --page-size $p --kv-cache-dtype ${kv:-auto} --tag s$s-b$b-ps$p${kv:+-${kv}kv}
     done ;;
   pages)  # KV pages of 64 tokens against the default 16 (engine option page_size): decode attention reads a sequence's
           # KV in page-sized pieces, and at short contexts (256 x 512) cuDNN streamed 2.21 TB/s against 3.10 at 64 x 4k
