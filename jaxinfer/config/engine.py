@@ -197,7 +197,8 @@ class SchedulerConfig:
 class CacheConfig:
     """The paged KV cache (engine/kv_cache.py pages it; runner/model_runner.py allocates it)."""
 
-    page_size: int = _opt(16, "tokens per KV page (a power of two)")
+    page_size: int = _opt(16, "tokens per KV page (a power of two; on a GPU one page of one KV head is at most "
+                              "32 KiB: 128 tokens of a bf16 model of head dim 128)")
     num_pages: int | None = _opt(None, "KV pages (overrides the memory budget)")
     gpu_memory_utilization: float = _opt(0.9, "fraction of device memory the weights + KV cache may use")
     kv_cache_dtype: str = _opt(

@@ -62,14 +62,47 @@ def cudnn_attention_problem(loaded: LoadedModel, config: EngineConfig) -> str | 
     return None
 
 
+# The Pallas kernel loads one KV head's keys in blocks of whole pages, max(64, page_size) keys a block
+# (models/attention._pages_per_block), software-pipelined in shared memory (~227 KB a block on an H100 / H200). A page
+# of one KV head above 32 KB (page_size x head_dim x KV itemsize; 128 bf16 keys of D 128) is past what was seen to
+# compile: 128 bf16 keys of D 128 at a 64-row query tile take ~147 KB (kernel.py's docstring), 128 float32 keys ~290
+# KB (cannot launch), and 512 bf16 keys asked for 413,696 bytes (H100, 12-07 d, benchmarks/probes/
+# cudnn_paged_attention.py --page-size 64 with 8 pages a block: RESOURCE_EXHAUSTED when the step compiles).
+MAX_KERNEL_PAGE_BYTES = 128 * 128 * 2
+
+
+def kernel_page_problem(page_size: int, head_dim: int, kv_itemsize: int) -> str | None:
+    """What keeps the Pallas kernel from KV pages of this size (None: nothing), as the error to raise naming the
+    fix: a page of one KV head above MAX_KERNEL_PAGE_BYTES."""
+    page_bytes = page_size * head_dim * kv_itemsize
+    if page_bytes <= MAX_KERNEL_PAGE_BYTES:
+        return None
+    fits = MAX_KERNEL_PAGE_BYTES // (head_dim * kv_itemsize)
+    largest = 1 << (fits.bit_length() - 1) if fits else 0
+    return (f"page_size={page_size} is too large for the GPU attention kernel: one page of one KV head is "
+            f"{page_size} x {head_dim} x {kv_itemsize} B = {page_bytes // 1024} KiB, and the kernel's "
+            f"shared-memory blocks take pages of at most {MAX_KERNEL_PAGE_BYTES // 1024} KiB; use "
+            f"page_size <= {largest} (16, the default, or 64 are measured)")
+
+
+def kv_itemsize(loaded: LoadedModel, config: EngineConfig) -> int:
+    """Bytes of one stored K or V element: the model dtype's, or 1 for an fp8 / int8 KV cache."""
+    return 1 if config.cache.kv_cache_dtype in ("fp8", "int8") else jnp.dtype(loaded.dtype).itemsize
+
+
 def resolve(loaded: LoadedModel, config: EngineConfig, single_device: bool = True) -> str:
-    """The configured backend, 'auto' resolved (auto_attention_backend); an explicit 'cudnn' that cannot apply is
-    a ValueError naming what to use instead."""
+    """The configured backend, 'auto' resolved (auto_attention_backend); an explicit 'cudnn' that cannot apply, or
+    pages too large for the GPU kernel (kernel_page_problem: 'pallas', and 'cudnn' whose prefill-shaped buckets
+    run the kernel), is a ValueError naming what to use instead."""
     backend = config.kernels.attention_backend
     if backend == "auto":
-        return auto_attention_backend(loaded, config, single_device)  # (cuDNN only where no problem was found)
-    if backend == "cudnn":
+        backend = auto_attention_backend(loaded, config, single_device)  # (cuDNN only where no problem was found)
+    elif backend == "cudnn":
         problem = cudnn_attention_problem(loaded, config)
+        if problem:
+            raise ValueError(problem)
+    if backend in ("pallas", "cudnn") and jax.default_backend() == "gpu":
+        problem = kernel_page_problem(config.cache.page_size, loaded.cfg.head_dim, kv_itemsize(loaded, config))
         if problem:
             raise ValueError(problem)
     return backend

@@ -355,6 +355,46 @@ def test_an_old_cudnn_keeps_auto_on_the_kernel_and_explicit_cudnn_names_it(monke
         attention_backend.resolve(loaded, EngineConfig(kernels=KernelConfig(attention_backend="cudnn")))
 
 
+@pytest.mark.parametrize("page_size,head_dim,itemsize,fits", [
+    (16, 128, 2, True), (64, 128, 2, True), (128, 128, 2, True), (256, 128, 2, False), (512, 128, 2, False),
+    (64, 128, 4, True), (128, 128, 4, False), (64, 256, 2, True), (128, 256, 2, False), (256, 128, 1, True)])
+def test_kernel_page_problem_bounds(page_size, head_dim, itemsize, fits):
+    """Pages the Pallas kernel can take (a page of one KV head <= 32 KiB: 128 bf16 keys of D 128 are seen to
+    compile, 128 float32 keys cannot launch, kernel.py), and an error naming page_size and a size that fits."""
+    from jaxinfer.runner.attention_backend import kernel_page_problem
+    got = kernel_page_problem(page_size, head_dim, itemsize)
+    assert (got is None) == fits, got
+    if not fits:
+        largest = int(got.split("use page_size <= ")[1].split()[0])
+        assert f"page_size={page_size}" in got and kernel_page_problem(largest, head_dim, itemsize) is None
+        assert kernel_page_problem(2 * largest, head_dim, itemsize) is not None
+
+
+@pytest.mark.parametrize("backend", ["auto", "pallas", "cudnn"])
+def test_pages_too_large_for_the_gpu_kernel_fail_at_build_with_the_fix(monkeypatch, backend):
+    """On a GPU (stood in for), page_size 256 of a bf16 D-128 model fails when the runner resolves its backend, with
+    the fix (page_size <= 128), not when the step compiles (RESOURCE_EXHAUSTED from Triton); an fp8 KV cache (one
+    byte an element) takes it; on the CPU (the jnp reference) any page size works."""
+    from jaxinfer.config import CacheConfig, EngineConfig, KernelConfig
+    from jaxinfer.runner import attention_backend
+    loaded = SimpleNamespace(cfg=SimpleNamespace(sliding_window=None, head_dim=128), dtype=jnp.bfloat16)  # (read)
+    config = EngineConfig(kernels=KernelConfig(attention_backend=backend), cache=CacheConfig(page_size=256))
+    if backend != "cudnn":  # (CPU: 'auto' is the reference; an explicit 'pallas' runs interpreted)
+        assert attention_backend.resolve(loaded, config) == ("reference" if backend == "auto" else "pallas")
+    monkeypatch.setattr(attention_backend.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(attention_backend.cudnn_paged, "available", lambda: True)
+    monkeypatch.setattr(attention_backend.cudnn_paged, "runtime_problem", lambda head_dim: None)
+    with pytest.raises(ValueError, match=r"page_size=256 .*use page_size <= 128"):
+        attention_backend.resolve(loaded, config)
+    assert attention_backend.resolve(loaded, config.replace(page_size=128)) in ("cudnn", "pallas")
+    fp8 = config.replace(kv_cache_dtype="fp8")
+    if backend == "cudnn":  # (cuDNN takes no quantized KV: its own error first)
+        with pytest.raises(ValueError, match="bf16 / fp16 KV pages"):
+            attention_backend.resolve(loaded, fp8)
+    else:
+        assert attention_backend.resolve(loaded, fp8) == "pallas"
+
+
 @pytest.mark.parametrize("version,cc,head_dim,problem", [
     (91000, "9.0", 128, None), (90500, "8.0", 64, None), (90400, "9.0", 128, "9.5"), (91000, "7.5", 128, "SM 8.0"),
     (91000, "9.0", 256, "head dim 256")])
