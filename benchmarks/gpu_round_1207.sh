@@ -52,6 +52,9 @@
 #   12-07 a ran gso, pinned and fresh2 (then gso / pinned under faulthandler; gpu-round-1207a-8fc9e1b-2026-12-07.log).
 #   12-07 b ran callthr callthrlat gil, servab gputests (cut), callthr again (gpu-round-1207b-2c4a8c9-2026-12-07.log).
 #   12-07 c ran spec1b kern, qd tests attn, callthr tp512, gputests (a cut at 300 s), gputests-b by hand (H200).
+#   12-07 d ran tpgrid on an H100 (its budget cut after two offline rows), then page 16 / 64 offline again by hand
+#   (gpu-round-1207d-7874606-2026-12-07.log): page size and head-major pools do not lift cuDNN at 256 x 512; page 64
+#   +1.8% offline. Left of tpgrid: 512:8192 and the fp8-KV row (PARTS=tpgrid with BUDGET >= 560 on a warm machine).
 #   Next: "servct" (the call thread and the switch interval in served traffic), "latct", "pages" (64-token KV pages:
 #   decode attention and offline), "tp512b" (offline 10k), "servab" reversed, "w8a8" on an H200 (issue 20's offline
 #   int8 >= 1.0x, met on an H100 only), "specgrid", "kern" (now with the Hopper int4 default), "auto mid"; the GPU
