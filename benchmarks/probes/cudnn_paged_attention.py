@@ -8,7 +8,8 @@ fused attention takes a paged KV cache (JAX's private `_dot_product_attention_fw
 
 Per (batch, context), decode (one query token a sequence, bf16, 32 q / 8 KV heads, D 128, page 16 or
 --page-size), one process:
-  kernel      the engine's Pallas kernel with the engine's split rule (the figure to beat), and p8 / 1 split
+  kernel      the engine's Pallas kernel with the engine's block and split rules (the figure to beat), and 128-key
+              blocks / 1 split
   cudnn_gqa   cuDNN paged, q [B, 1, 32, D] against 8 KV heads (GQA inside cuDNN)
   cudnn_fold  cuDNN paged, the 4 query heads of a KV head folded into the query length: q [B, 4, 8, D], 8 heads
               (each KV head read once per sequence, whatever cuDNN does for GQA)
@@ -45,6 +46,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks.common import measure_hbm_bandwidth, write_result  # noqa: E402
 from benchmarks.kernels import paged_attention as pa  # noqa: E402
+from jaxinfer.models.attention import _pages_per_block  # noqa: E402
 from pallas_kernels.paged_attention.cudnn_paged import cudnn_paged_attention, cudnn_sdpa  # noqa: E402
 
 H, KVH, D, PS, G = pa.H, pa.KVH, pa.D, pa.PS, pa.H // pa.KVH
@@ -89,8 +91,11 @@ def decode_config(api, batch: int, ctx: int, a, hbm: float, sms: int) -> list[di
         rows.append(row)
 
     ks = pa.engine_splits(batch, sms)
-    timed("kernel_engine", pa._kernel_fn(4, ks, scale, False), (q, kp, vp, *md))
-    timed("kernel_p8_s1", pa._kernel_fn(8, 1, scale, False), (q, kp, vp, *md))
+    # the engine's blocks: 64 keys (models/attention._pages_per_block; before 12-07 d this row took 4 pages at any
+    # page size); the second row 128-key blocks without a split (8 pages at page 16)
+    timed("kernel_engine", pa._kernel_fn(_pages_per_block(PS), ks, scale, False), (q, kp, vp, *md))
+    p128 = max(1, 128 // PS)
+    timed(f"kernel_p{p128}_s1", pa._kernel_fn(p128, 1, scale, False), (q, kp, vp, *md))
     if isinstance(api, str):
         rows.append(dict(batch=batch, context=ctx, impl="cudnn", error=api))
         return rows
