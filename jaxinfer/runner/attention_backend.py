@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from jaxinfer.config import EngineConfig
 from jaxinfer.weights.loader import LoadedModel
-from pallas_kernels.paged_attention import cudnn_paged
+from pallas_kernels.paged_attention import cudnn_paged, kv_quant
 
 # 'auto' picks cuDNN's paged attention for the decode-shaped buckets of at least AUTO_CUDNN_MIN_TOKENS tokens where
 # it applies (cudnn_attention_problem is None, one device, no speculation). Measured in the engine on an H100 (12-06 c,
@@ -85,11 +85,6 @@ def kernel_page_problem(page_size: int, head_dim: int, kv_itemsize: int) -> str 
             f"page_size <= {largest} (16, the default, or 64 are measured)")
 
 
-def kv_itemsize(loaded: LoadedModel, config: EngineConfig) -> int:
-    """Bytes of one stored K or V element: the model dtype's, or 1 for an fp8 / int8 KV cache."""
-    return 1 if config.cache.kv_cache_dtype in ("fp8", "int8") else jnp.dtype(loaded.dtype).itemsize
-
-
 def resolve(loaded: LoadedModel, config: EngineConfig, single_device: bool = True) -> str:
     """The configured backend, 'auto' resolved (auto_attention_backend); an explicit 'cudnn' that cannot apply, or
     pages too large for the GPU kernel (kernel_page_problem: 'pallas', and 'cudnn' whose prefill-shaped buckets
@@ -102,7 +97,9 @@ def resolve(loaded: LoadedModel, config: EngineConfig, single_device: bool = Tru
         if problem:
             raise ValueError(problem)
     if backend in ("pallas", "cudnn") and jax.default_backend() == "gpu":
-        problem = kernel_page_problem(config.cache.page_size, loaded.cfg.head_dim, kv_itemsize(loaded, config))
+        kind = config.cache.kv_cache_dtype  # (the stored elements: the model dtype, or kv_quant's fp8 / int8)
+        stored = loaded.dtype if kind == "auto" else kv_quant.storage_dtype(kind)
+        problem = kernel_page_problem(config.cache.page_size, loaded.cfg.head_dim, jnp.dtype(stored).itemsize)
         if problem:
             raise ValueError(problem)
     return backend
