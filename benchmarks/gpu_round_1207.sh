@@ -57,8 +57,7 @@
 #   +1.8% offline. Left of tpgrid: 512:8192 and the fp8-KV row (PARTS=tpgrid with BUDGET >= 560 on a warm machine).
 #   Next: "servct" (the call thread and the switch interval in served traffic), "latct", "tpgrid" on an H200 (its
 #   512:8192 and fp8-KV rows were not reached; it replaces "pages" and "tp512b"), "servab" reversed, "w8a8" on an H200
-#   (issue 20's offline
-#   int8 >= 1.0x, met on an H100 only), "specgrid", "kern" (now with the Hopper int4 default), "auto mid"; the GPU
+#   (issue 20's offline int8 >= 1.0x, met on an H100 only), "specgrid", "kern" (now with the Hopper int4 default), "auto mid"; the GPU
 #   tests are three parts, a call each ("gputests" ~300 s, "gputestsb" ~480 s, "gputestsk" ~300 s; b and the tests
 #   of k passed on 12-07 c).
 #   Before 12-07 c: "gputests" on any Hopper (the fixed GPU tests, e6c1ab6, not yet re-run); on an H200 "spec1b kern qd"
