@@ -111,24 +111,8 @@ for part in $PARTS; do case $part in
         --max-num-batched-tokens $b --page-size $p --kv-cache-dtype ${kv:-auto} --tag s$s-b$b-ps$p${kv:+-${kv}kv}
       t=130
     done ;;
-  pages)  # KV pages of 64 tokens against the default 16 (engine option page_size): decode attention reads a sequence's
-          # KV in page-sized pieces, and at short contexts (256 x 512) cuDNN streamed 2.21 TB/s against 3.10 at 64 x 4k
-          # (12-07 c; issue 17's >= 3.2); offline at 512 sequences is mostly that attention (43 GB of KV a decode step
-          # at ~640 tokens a sequence against 16 GB of weights). Latency 64 / 256, then offline 512:2048, each page size
-    for ps in 64 16; do
-      run lat-ps$ps 130 timeout 130 $PY $LAT8 --batch 64 256 --page-size $ps --tag ps$ps
-    done
-    for ps in 64 16; do
-      run tp-ps$ps 170 timeout 170 $PY benchmarks/throughput.py --workload fixed --max-num-seqs 512 --page-size $ps \
-        --tag s512-ps$ps
-    done ;;
-  tp512b)  # offline, sequences:budget under 'auto', one call: the defaults (256:2048), 512:2048 (12-07 c: 9,461) and
-           # 512:8192 (12-04: 9,421 with the Pallas kernel): do LLM's offline defaults want more sequences / tokens
-           # (as vLLM's LLM class has), and does any reach the 10,000 target?
-    for sb in 256:2048 512:2048 512:8192; do
-      run tp-$sb 180 timeout 180 $PY benchmarks/throughput.py --workload fixed --max-num-seqs ${sb%:*} \
-        --max-num-batched-tokens ${sb#*:} --tag s${sb%:*}-b${sb#*:}
-    done ;;
+  # (pages / tp512b, page 64 vs 16 and sequences:budget offline: removed 12-07 d, tpgrid runs their offline rows;
+  #  pages' latency at page 64 and tp512b's 256:2048 row were dropped with them)
   serve)
     for be in auto pallas; do
       run serve-$be 270 timeout 270 $PY benchmarks/serving_sweep.py --rates 16 32 --num-prompts 500 \
