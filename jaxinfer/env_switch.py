@@ -14,8 +14,8 @@ def is_off(value: str) -> bool:
     return value.strip().lower() in OFF_VALUES
 
 
-def switch(name: str, default: bool = True, environ: Mapping[str, str] | None = None) -> bool:
-    """Whether switch `name` is on: `default` when unset."""
+def switch(name: str, default: bool | None = True, environ: Mapping[str, str] | None = None) -> bool | None:
+    """Whether switch `name` is on: `default` when unset (None: the caller decides, e.g. by backend)."""
     value = (os.environ if environ is None else environ).get(name)
     return default if value is None else not is_off(value)
 

@@ -49,6 +49,7 @@ import jax  # noqa: E402
 
 import jaxinfer.runner.model_runner as model_runner_mod  # noqa: E402
 from benchmarks.common import add_engine_flags, engine_config, write_result  # noqa: E402
+from jaxinfer.runner.call_thread import wanted  # noqa: E402
 from jaxinfer import LLM, SamplingParams  # noqa: E402
 
 try:
@@ -197,7 +198,7 @@ def main():
                          "runner/step.stage_inputs; on by default since 2026-12-06; --no-stage-inputs: A/B)")
     ap.add_argument("--call-thread", action=argparse.BooleanOptionalAction, default=None,
                     help="the compiled call on a worker thread (ModelRunner.call_thread, runner/call_thread.py; "
-                         "default: JAXINFER_CALL_THREAD, off); its CPU time is the column call_thr, not in host")
+                         "default: JAXINFER_CALL_THREAD, else on with a GPU); its CPU time is the column call_thr, not in host")
     # --model: on a GPU, llama3-8b shows the host sections beside the real device time ('wait')
     add_engine_flags(ap, model="tiny-llama", load_format="dummy", max_num_batched_tokens=512)
     a = ap.parse_args()
@@ -276,7 +277,8 @@ def main():
     path = write_result("host-step-cost", dict(model=f"{a.model} ({a.load_format})", prompt_len=a.prompt_len,
                                                general_loop=a.general_loop, device_put_inputs=a.device_put_inputs,
                                                early_host_copy=a.early_host_copy, stage_inputs=a.stage_inputs,
-                                               call_thread=model_runner_mod.ModelRunner.call_thread,
+                                               call_thread=wanted(model_runner_mod.ModelRunner.call_thread,
+                                                                  jax.default_backend()),
                                                marginal_us_per_req=marginal,
                                                max_model_len=max_len, page_size=16, rows=rows), tag=a.tag)
     print("wrote", path)

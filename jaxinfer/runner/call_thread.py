@@ -1,4 +1,4 @@
-"""The step's compiled call on a thread of its own: an A/B switch (JAXINFER_CALL_THREAD=1), off by default.
+"""The step's compiled call on a thread of its own: on by default with a GPU (JAXINFER_CALL_THREAD=0 / 1 forces it).
 
 Why: on the GPU the compiled call of step n+1 lasts until step n ends on the device, because a step's inputs are a
 host->device transfer (docs/architecture.md, "A transferred input ..."), and it spends that time on the CPU
@@ -16,8 +16,10 @@ Measured (H100, 8B shape, benchmarks/README.md "2026-12-07 b"): the engine threa
 is device-bound there); batch 1 3% slower (175.1 -> 170.0 tok/s at 0.2 ms, 169.9 at 0.1 ms; inferred, not
 profiled: when step n ends, the engine thread's Python and the call of step n+1 want the GIL at once, and the
 call's re-takes delay the next step's launch), hence small steps stay inline. H200 (12-07 c): the engine thread's
-host time at batch 256 2,495 -> 1,026 µs, wall a step 9.31 / 9.38 ms. Off by default until served traffic (an event
-loop's thread beside the two) is measured with it.
+host time at batch 256 2,495 -> 1,026 µs, wall a step 9.31 / 9.38 ms. Served traffic (H100, 8B, ShareGPT-like mix at
+64 req/s offered, 12-07 e): 29.0 -> 32.6 req/s completed, TPOT p99 27.4 -> 13.5 ms, as with only the switch interval
+lowered (32.65 req/s; serve now lowers it itself); batch 1 / 64 / 256 decode within 0.7% on / off. Hence on with a
+GPU; off on the CPU, whose compiled call is the computation itself rather than a wait for the device.
 
 Invariants:
 - Calls run in submission order, one at a time (one worker), so each reads the donated state (KV cache, penalty
@@ -51,6 +53,12 @@ def switch_interval_s() -> float:
     """JAXINFER_SWITCH_INTERVAL (seconds) or the default; a clear error for a value that is not a positive number."""
     raw = os.environ.get("JAXINFER_SWITCH_INTERVAL")
     return DEFAULT_SWITCH_INTERVAL_S if raw is None else positive_seconds(raw, "JAXINFER_SWITCH_INTERVAL")
+
+
+def wanted(setting: bool | None, backend: str) -> bool:
+    """Whether a single-device runner makes its calls on a CallThread: `setting` (JAXINFER_CALL_THREAD, None when
+    unset) when given, else only on a GPU backend."""
+    return setting if setting is not None else backend == "gpu"
 
 
 class CallThread:

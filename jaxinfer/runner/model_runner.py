@@ -24,7 +24,7 @@ from jaxinfer.weights.loader import LoadedModel
 from jaxinfer.outputs import RunnerOutput, SeqInput, StepBatch
 from jaxinfer.runner import attention_backend, param_arena
 from jaxinfer.runner.batch import _TOKEN_IDS, pack, pack_step
-from jaxinfer.runner.call_thread import CallThread, DrainedState
+from jaxinfer.runner.call_thread import CallThread, DrainedState, wanted as call_thread_wanted
 from jaxinfer.runner.in_flight import InFlight
 from jaxinfer.runner.cpu_defaults import cpu_kv_pages
 from jaxinfer.runner.device_memory import memory_budget
@@ -101,10 +101,12 @@ class ModelRunner:
     # step reads the transferred inputs themselves (the A/B side of benchmarks/probes/host_step_cost.py).
     stage_inputs = True
     # Make the step's compiled call on a worker thread (runner/call_thread.py; single-device runners), so the engine
-    # thread does not spend the call's time. An A/B switch (JAXINFER_CALL_THREAD=1), off: the engine thread's host
-    # time at batch 256 fell from 2.5-3.4 to 0.9-1.1 ms (H100 12-07 b, H200 12-07 c) but tok/s did not rise (the 8B
-    # step is device-bound at batch 64 / 256), and a server with it is not yet measured.
-    call_thread = switch("JAXINFER_CALL_THREAD", default=False)
+    # thread does not spend the call's time. None (JAXINFER_CALL_THREAD unset): on with a GPU, off on the CPU (whose
+    # calls are the computation itself, not a wait for the device). On a GPU (H100, 8B, 12-07 e): the engine
+    # thread's host time a step at batch 256 4.5 -> 1.6 ms; served ShareGPT-like traffic at 64 req/s offered 29.0 ->
+    # 32.6 req/s, TPOT p99 27.4 -> 13.5 ms (the lower switch interval it sets is that gain: serve sets it too);
+    # batch 1 / 64 / 256 decode tok/s unchanged (+-0.7%). JAXINFER_CALL_THREAD=0 / 1 forces it off / on.
+    call_thread = switch("JAXINFER_CALL_THREAD", default=None)
     # ... and only for steps of at least this many bucket tokens: a smaller step's call is short and its host work
     # small (batch 1 lost 3% with every call on the thread, 12-07 b); a call made inline after threaded ones waits
     # for them (prev's tokens and the drained state), so the two mix in any order.
@@ -180,7 +182,7 @@ class ModelRunner:
         self._run_step = make_step_fn(*step_args, **step_kw, staged=True) if self.staged else self._step
         self._stages: dict = {}  # (len(ints), len(floats)) -> the stage buffers (step.stage_inputs), when staged
         M = config.scheduler.max_num_seqs
-        if self.call_thread and plan is None:
+        if call_thread_wanted(self.call_thread, jax.default_backend()) and plan is None:
             self._calls = CallThread()
         self._no_prev = jax.device_put(np.zeros((M, self.carry_width) if self.carry_width else (M,), np.int32),
                                        self._replicated)

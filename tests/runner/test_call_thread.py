@@ -1,4 +1,4 @@
-"""runner/call_thread.py: the step's compiled call on a worker thread (ModelRunner.call_thread, an A/B switch).
+"""runner/call_thread.py: the step's compiled call on a worker thread (ModelRunner.call_thread: on with a GPU).
 
 Exactness: an engine whose calls run on the thread produces the same tokens and logprobs as one that calls on the
 engine thread, with the paths that touch the donated state from the engine thread in the mix (penalty rows written
@@ -13,7 +13,7 @@ import pytest
 
 import jaxinfer
 from jaxinfer import SamplingParams
-from jaxinfer.runner.call_thread import CallThread, switch_interval_s
+from jaxinfer.runner.call_thread import CallThread, switch_interval_s, wanted
 from jaxinfer.runner.model_runner import ModelRunner
 
 
@@ -66,6 +66,18 @@ def test_switch_interval_setting_is_checked(monkeypatch):
         monkeypatch.setenv("JAXINFER_SWITCH_INTERVAL", bad)
         with pytest.raises(ValueError, match="JAXINFER_SWITCH_INTERVAL"):
             switch_interval_s()
+
+
+def test_on_by_default_with_a_gpu_only_and_the_setting_wins():
+    assert wanted(None, "gpu") and not wanted(None, "cpu")
+    assert wanted(True, "cpu") and not wanted(False, "gpu")
+
+
+def test_the_cpu_engine_calls_inline_by_default(monkeypatch):
+    monkeypatch.setattr(ModelRunner, "call_thread", None)  # (JAXINFER_CALL_THREAD unset)
+    llm = jaxinfer.LLM(model="tiny-llama", load_format="dummy", warmup=False, progress=False, max_model_len=64,
+                       max_num_seqs=2, max_num_batched_tokens=32)
+    assert llm.runner._calls is None
 
 
 def _run(call_thread: bool, monkeypatch, min_tokens: int = 1):
