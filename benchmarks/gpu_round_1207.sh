@@ -111,6 +111,16 @@ for part in $PARTS; do case $part in
         --max-num-batched-tokens $b --page-size $p --kv-cache-dtype ${kv:-auto} --tag s$s-b$b-ps$p${kv:+-${kv}kv}
       t=130
     done ;;
+  tpgrid2)  # tpgrid's offline rows not reached on 12-07 d, beside its baseline (no attention probe; ~520 s on a fresh
+            # machine): 512:2048 page 16 (the default form), 512:8192 (more steps pure decode: cuDNN's buckets),
+            # 512:2048 with an fp8 KV cache, 512:4096
+    t=200
+    for sbp in 512:2048:16 512:8192:16 512:2048:16:fp8 512:4096:16; do
+      IFS=: read -r s b p kv <<< "$sbp"
+      run tp-$s-$b-ps$p${kv:+-$kv} $t timeout $t $PY benchmarks/throughput.py --workload fixed --max-num-seqs $s \
+        --max-num-batched-tokens $b --page-size $p --kv-cache-dtype ${kv:-auto} --tag s$s-b$b-ps$p${kv:+-${kv}kv}
+      t=170
+    done ;;
   # (pages / tp512b, page 64 vs 16 and sequences:budget offline: removed 12-07 d, tpgrid runs their offline rows;
   #  pages' latency at page 64 and tp512b's 256:2048 row were dropped with them)
   serve)
