@@ -55,11 +55,13 @@
 #   12-07 d ran tpgrid on an H100 (its budget cut after two offline rows), then page 16 / 64 offline again by hand
 #   (gpu-round-1207d-7874606-2026-12-07.log): page size and head-major pools do not lift cuDNN at 256 x 512; page 64
 #   +1.8% offline. Left of tpgrid: 512:8192 and the fp8-KV row (PARTS=tpgrid with BUDGET >= 560 on a warm machine).
-#   Next: "servct" (the call thread and the switch interval in served traffic), "latct", "tpgrid" on an H200 (its
-#   512:8192 and fp8-KV rows were not reached; it replaces "pages" and "tp512b"), "servab" reversed, "w8a8" on an H200
-#   (issue 20's offline int8 >= 1.0x, met on an H100 only), "specgrid", "kern" (now with the Hopper int4 default), "auto mid"; the GPU
-#   tests are three parts, a call each ("gputests" ~300 s, "gputestsb" ~480 s, "gputestsk" ~300 s; b and the tests
-#   of k passed on 12-07 c).
+#   12-07 e ran servct latct callthr gputests gputestsk, then tpgrid2 and the defaults by hand (H100;
+#   gpu-round-1207e-96b048e-19256dc-2026-12-07.log): the serving gain is the switch interval (29.0 -> 32.6 req/s),
+#   the call thread is now on with a GPU; offline 512:8192 = 512:2048 (8,011 / 8,018), 512:4096 7,726, fp8 KV 8,633.
+#   Next: "mixprof" (where the offline step's time goes, per kernel), "tpgrid" on an H200, "w8a8" on an H200 (issue
+#   20's offline int8 >= 1.0x, met on an H100 only), "specgrid", "kern" (now with the Hopper int4 default), "gputestsb"
+#   (b passed on 12-07 c; a and k at 96b048e on 12-07 e). Pass JAXINFER_COMMIT always (the device's tree may hold a
+#   stale .git: 12-07 e's hand-run JSONs named 96b048e for 19256dc).
 #   Before 12-07 c: "gputests" on any Hopper (the fixed GPU tests, e6c1ab6, not yet re-run); on an H200 "spec1b kern qd"
 #   (issues 21 / 20's figures), "tests attn auto", then "serve tp512 mid" (AUTO_CUDNN_MIN_TOKENS is 16 since 12-06 g):
 #   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="tests attn" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
@@ -121,6 +123,11 @@ for part in $PARTS; do case $part in
         --max-num-batched-tokens $b --page-size $p --kv-cache-dtype ${kv:-auto} --tag s$s-b$b-ps$p${kv:+-${kv}kv}
       t=170
     done ;;
+  mixprof)  # where the offline run's device time goes (issue 17's 10k; 12-07 e: ~15 ms of an ~85 ms H100 step not
+            # explained by its linears and KV reads): the usual mixed step (509 decodes + 3 prompts) and a pure-decode
+            # step of 512 under jax.profiler, per kernel (~250 s on a fresh machine)
+    run mixprof 280 timeout 280 $PY benchmarks/probes/step_profile.py --shapes mixed-2048 decode-b512 \
+      --max-num-seqs 512 --max-model-len 2048 --top 30 --iters 10 --tag mixed ;;
   # (pages / tp512b, page 64 vs 16 and sequences:budget offline: removed 12-07 d, tpgrid runs their offline rows;
   #  pages' latency at page 64 and tp512b's 256:2048 row were dropped with them)
   serve)

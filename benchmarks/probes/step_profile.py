@@ -8,6 +8,10 @@ Step shapes (Llama-3-8B dummy weights, bf16; every token of a prefill chunk is n
   decode-b256     256 sequences x 1 token, context 512         (offline decode; int4's many-token kernel)
   prefill-256     1 sequence, 256 tokens after 256 cached      (TTFT's unit; issue: 9.88 ms, ~53% matmul rate)
   prefill-2048    8 sequences x 256 tokens after 256 cached    (a large chunked-prefill step: >= 60% target)
+  mixed-2048      509 decodes at context 640 + 3 whole 512-token prompts (2,045 tokens: the offline run's usual
+                  step at --max-num-seqs 512 --max-num-batched-tokens 2048; its decodes' attention goes through
+                  the Pallas kernel, not cuDNN; needs --max-num-seqs 512)
+  decode-b512     512 sequences x 1 token, context 640         (the same run's pure-decode steps: cuDNN's bucket)
 For each: the mean of --iters back-to-back calls (device time: the host call returns at once since the dispatch
 fix) beside the median of --iters single calls each waited for (call + wait), the FLOPs of the step (2 x non-embedding params x tokens + causal attention + LM head on the
 sampled rows) over the bf16 matmul rate measured first (an 8192^3 XLA dot), the weight bytes over the measured HBM
@@ -41,9 +45,11 @@ from jaxinfer import LLM  # noqa: E402
 from jaxinfer.outputs import SeqInput  # noqa: E402
 from jaxinfer.runner.batch import pack  # noqa: E402
 
-# name -> (sequences, new tokens per sequence, cached context per sequence)
-SHAPES = {"decode-b1": (1, 1, 512), "decode-b64": (64, 1, 704), "prefill-256": (1, 256, 256),
-          "prefill-2048": (8, 256, 256), "decode-b256": (256, 1, 512)}
+# name -> groups of (sequences, new tokens per sequence, cached context per sequence)
+SHAPES = {"decode-b1": [(1, 1, 512)], "decode-b64": [(64, 1, 704)], "prefill-256": [(1, 256, 256)],
+          "prefill-2048": [(8, 256, 256)], "decode-b256": [(256, 1, 512)],
+          "mixed-2048": [(509, 1, 640), (3, 512, 0)], "decode-b512": [(512, 1, 640)]}
+DEFAULT_SHAPES = ["decode-b1", "decode-b64", "prefill-256", "prefill-2048", "decode-b256"]  # (fit 256 sequences)
 
 
 def device_op_times(trace_dir: str, steps: int) -> tuple[dict[str, float], list[str]]:
@@ -89,7 +95,7 @@ def op_family(name: str) -> str:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, choices=list(SHAPES))
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--top", type=int, default=14)
     ap.add_argument("--no-trace", action="store_true")
@@ -122,11 +128,17 @@ def main():
 
     rows = []
     for name in a.shapes:
-        n_seq, n_new, ctx = SHAPES[name]
-        per = (ctx + n_new) // r.page_size + 1
-        seqs = [SeqInput(token_ids=[1] * n_new, start_pos=ctx, page_table=list(range(1 + i * per, 1 + (i + 1) * per)))
-                for i in range(n_seq)]
-        hb = pack(seqs, r.ladder.pick(n_seq * n_new, n_seq), r.page_size)
+        groups = SHAPES[name]
+        seqs, first = [], 1
+        for g_seq, g_new, g_ctx in groups:  # each sequence its own pages, numbered on from the last
+            per = (g_ctx + g_new) // r.page_size + 1
+            for _ in range(g_seq):
+                pages = list(range(first, first + per))
+                seqs.append(SeqInput(token_ids=[1] * g_new, start_pos=g_ctx, page_table=pages))
+                first += per
+        n_seq = len(seqs)
+        tokens = sum(g_seq * g_new for g_seq, g_new, _ in groups)
+        hb = pack(seqs, r.ladder.pick(tokens, n_seq), r.page_size)
         step = r.step_program(hb)
         ints, floats = jax.device_put(hb.flat())
         o, _ = r.run_compiled(step, ints, floats)
@@ -151,10 +163,11 @@ def main():
             y = mats(x, *ws)
         y.block_until_ready()
         peer_ms = (time.perf_counter() - t0) / a.iters * 1e3 * cfg.num_layers
-        tokens = n_seq * n_new
-        attn_flops = 4 * cfg.num_heads * cfg.head_dim * n_seq * (n_new * ctx + n_new * (n_new + 1) / 2) * cfg.num_layers
+        attn_flops = sum(4 * cfg.num_heads * cfg.head_dim * g_seq * (g_new * g_ctx + g_new * (g_new + 1) / 2)
+                         for g_seq, g_new, g_ctx in groups) * cfg.num_layers
         flops = 2 * layer_params * cfg.num_layers * tokens + attn_flops + 2 * head_params * n_seq
-        kv_bytes = n_seq * (ctx + n_new) * cfg.num_kv_heads * cfg.head_dim * 2 * 2 * cfg.num_layers
+        kv_bytes = sum(g_seq * (g_ctx + g_new) for g_seq, g_new, g_ctx in groups) * cfg.num_kv_heads * cfg.head_dim \
+            * 2 * 2 * cfg.num_layers
         floor_ms = max(flops / rate, (weight_bytes + kv_bytes) / hbm) * 1e3
         row = dict(shape=name, bucket=str(hb.bucket), tokens=tokens, step_ms=device_ms, sync_call_ms=step_ms,
                    pct_matmul_rate=100 * flops / rate / (device_ms / 1e3),
