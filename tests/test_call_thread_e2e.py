@@ -4,9 +4,9 @@ default with a GPU; the rest of the suite runs on the CPU, where calls stay inli
 The tests below are the functions and fixtures of tests/test_engine_e2e.py (continuous batching equals solo
 decoding, preemption, aborts that free pages, n samples and logprobs, bad requests that leave the engine serving)
 and tests/test_spec_pipelined.py (pipelined speculative steps with stop tokens, max_tokens, preemption and an abort
-with a step in flight equal plain decoding, no page leaked; draft-model and layer-skip cycles), imported: collected here, they run in this module,
-whose module-scoped autouse fixture turns the thread on for steps of any size before the module's engines are built
-(pytest sets up autouse fixtures first within a scope). tests/runner/test_call_thread.py compares threaded and
+with a step in flight equal plain decoding, no page leaked; draft-model and layer-skip cycles), imported: collected
+here, they run in this module, whose module-scoped autouse fixture turns the thread on for steps of any size before
+the module's engines are built (pytest sets up autouse fixtures first within a scope). tests/runner/test_call_thread.py compares threaded and
 inline engines token for token."""
 import sys
 
