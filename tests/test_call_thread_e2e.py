@@ -6,8 +6,8 @@ decoding, preemption, aborts that free pages, n samples and logprobs, bad reques
 and tests/test_spec_pipelined.py (pipelined speculative steps with stop tokens, max_tokens, preemption and an abort
 with a step in flight equal plain decoding, no page leaked; draft-model and layer-skip cycles), imported: collected
 here, they run in this module, whose module-scoped autouse fixture turns the thread on for steps of any size before
-the module's engines are built (pytest sets up autouse fixtures first within a scope). tests/runner/test_call_thread.py compares threaded and
-inline engines token for token."""
+the module's engines are built (pytest sets up autouse fixtures first within a scope).
+tests/runner/test_call_thread.py compares threaded and inline engines token for token."""
 import sys
 
 import pytest
@@ -21,7 +21,8 @@ from tests.test_spec_pipelined import (base, spec_llm, test_draft_model_cycles_a
 
 __all__ = ["llm", "base", "spec_llm", "test_abort_frees_pages", "test_bad_requests_leave_engine_serving",
            "test_continuous_batching_equals_solo", "test_n_samples_and_logprobs", "test_preemption_keeps_outputs",
-           "test_pipelined_greedy_identical_to_plain", "test_draft_model_cycles_are_pipelined"]  # (collected here; fixtures used by name)
+           "test_pipelined_greedy_identical_to_plain",
+           "test_draft_model_cycles_are_pipelined"]  # (collected here; the fixtures are used by name)
 
 
 @pytest.fixture(scope="module", autouse=True)
