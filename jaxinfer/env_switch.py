@@ -14,10 +14,16 @@ def is_off(value: str) -> bool:
     return value.strip().lower() in OFF_VALUES
 
 
-def switch(name: str, default: bool | None = True, environ: Mapping[str, str] | None = None) -> bool | None:
-    """Whether switch `name` is on: `default` when unset (None: the caller decides, e.g. by backend)."""
+def switch(name: str, default: bool = True, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether switch `name` is on: `default` when unset."""
     value = (os.environ if environ is None else environ).get(name)
     return default if value is None else not is_off(value)
+
+
+def auto_switch(name: str, environ: Mapping[str, str] | None = None) -> bool | None:
+    """A switch whose default the caller decides (e.g. by backend): None when unset or "auto", else as switch()."""
+    value = (os.environ if environ is None else environ).get(name)
+    return None if value is None or value.strip().lower() == "auto" else not is_off(value)
 
 
 def positive_seconds(text: str, name: str | None = None) -> float:

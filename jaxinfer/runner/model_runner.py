@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer.config import EngineConfig
-from jaxinfer.env_switch import switch
+from jaxinfer.env_switch import auto_switch
 from jaxinfer.weights.loader import LoadedModel
 from jaxinfer.outputs import RunnerOutput, SeqInput, StepBatch
 from jaxinfer.runner import attention_backend, param_arena
@@ -105,8 +105,9 @@ class ModelRunner:
     # calls are the computation itself, not a wait for the device). On a GPU (H100, 8B, 12-07 e): the engine
     # thread's host time a step at batch 256 4.5 -> 1.6 ms; served ShareGPT-like traffic at 64 req/s offered 29.0 ->
     # 32.6 req/s, TPOT p99 27.4 -> 13.5 ms (the lower switch interval it sets is that gain: serve sets it too);
-    # batch 1 / 64 / 256 decode tok/s unchanged (+-0.7%). JAXINFER_CALL_THREAD=0 / 1 forces it off / on.
-    call_thread = switch("JAXINFER_CALL_THREAD", default=None)
+    # batch 1 / 64 / 256 decode tok/s unchanged (+-0.7%). JAXINFER_CALL_THREAD=0 / 1 forces it off / on ('auto':
+    # the default).
+    call_thread = auto_switch("JAXINFER_CALL_THREAD")
     # ... and only for steps of at least this many bucket tokens: a smaller step's call is short and its host work
     # small (batch 1 lost 3% with every call on the thread, 12-07 b); a call made inline after threaded ones waits
     # for them (prev's tokens and the drained state), so the two mix in any order.
