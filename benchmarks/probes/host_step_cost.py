@@ -198,7 +198,8 @@ def main():
                          "runner/step.stage_inputs; on by default since 2026-12-06; --no-stage-inputs: A/B)")
     ap.add_argument("--call-thread", action=argparse.BooleanOptionalAction, default=None,
                     help="the compiled call on a worker thread (ModelRunner.call_thread, runner/call_thread.py; "
-                         "default: JAXINFER_CALL_THREAD, else on with a GPU); its CPU time is the column call_thr, not in host")
+                         "default: JAXINFER_CALL_THREAD, else on with a GPU); its CPU time is the column call_thr, "
+                         "not in host")
     # --model: on a GPU, llama3-8b shows the host sections beside the real device time ('wait')
     add_engine_flags(ap, model="tiny-llama", load_format="dummy", max_num_batched_tokens=512)
     a = ap.parse_args()
