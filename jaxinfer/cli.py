@@ -1,4 +1,4 @@
-"""The `jaxinfer` command line: generate, info (and serve, once the server lands).
+"""The `jaxinfer` command line: generate, info and serve (the server owns its parser: serving/cli.py).
 
   jaxinfer generate "PROMPT" [--model PATH] [--max-tokens N] [--temperature T] [--seed S] [--chat]
   jaxinfer info [MODEL]
