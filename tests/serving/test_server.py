@@ -416,7 +416,7 @@ def test_switch_interval_must_be_positive_seconds(value, capsys):
 
 
 def test_switch_interval_reaches_the_call_thread(monkeypatch, restore_switch_interval):
-    """serve --switch-interval sets the process's interval and the one a call thread (JAXINFER_CALL_THREAD=1) would
+    """serve --switch-interval sets the process's interval and the one a call thread (on with a GPU) would
     set at its first call, so the flag is not undone by the engine."""
     from jaxinfer.runner.call_thread import CallThread
     from serving.cli import apply_switch_interval
