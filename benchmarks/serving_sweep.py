@@ -201,7 +201,8 @@ def main():
     ap.add_argument("--log-dir", default=os.environ.get("OUT") or "/tmp")
     ap.add_argument("--attention-backend", default=None, help="passed to the server (default: its own, 'auto')")
     ap.add_argument("--switch-interval", type=float, default=None,
-                    help="passed to the server: the interpreter's thread switch interval, seconds (default: the server's, 0.0001 since 12-07 e)")
+                    help="passed to the server: the interpreter's thread switch interval, seconds (default: the "
+                         "server's, 0.0001 since 12-07 e)")
     ap.add_argument("--tag", default="", help="appended to the result file's name (one side of an A/B)")
     a = ap.parse_args()
 
