@@ -39,7 +39,7 @@ def model_proposer(draft: LoadedModel, config: EngineConfig, max_model_len: int,
     """A ModelProposer over `draft`: its own runner (config without speculation, `num_pages` KV pages) and its
     own page allocator over that cache (no prefix caching)."""
     runner = ModelRunner(draft, config.replace(speculative_config=None, num_pages=num_pages), max_model_len,
-                         small_buckets=False)  # (a draft step drafts for every speculating sequence)
+                         small_buckets=False, draft=True)  # (a draft step drafts for every speculating sequence)
     kv = KVCacheManager(runner.num_pages, runner.page_size)
     sc = config.speculative
     k = sc.num_speculative_tokens if sc is not None else 0

@@ -19,7 +19,8 @@ call's re-takes delay the next step's launch), hence small steps stay inline. H2
 host time at batch 256 2,495 -> 1,026 µs, wall a step 9.31 / 9.38 ms. Served traffic (H100, 8B, ShareGPT-like mix at
 64 req/s offered, 12-07 e): 29.0 -> 32.6 req/s completed, TPOT p99 27.4 -> 13.5 ms, as with only the switch interval
 lowered (32.65 req/s; serve now lowers it itself); batch 1 / 64 / 256 decode within 0.7% on / off. Hence on with a
-GPU; off on the CPU, whose compiled call is the computation itself rather than a wait for the device.
+GPU (speculative engines excepted until measured: `wanted`); off on the CPU, whose compiled call is the computation
+itself rather than a wait for the device.
 
 Invariants:
 - Calls run in submission order, one at a time (one worker), so each reads the donated state (KV cache, penalty
@@ -55,10 +56,13 @@ def switch_interval_s() -> float:
     return DEFAULT_SWITCH_INTERVAL_S if raw is None else positive_seconds(raw, "JAXINFER_SWITCH_INTERVAL")
 
 
-def wanted(setting: bool | None, backend: str) -> bool:
-    """Whether a single-device runner makes its calls on a CallThread: `setting` (JAXINFER_CALL_THREAD, None when
-    unset) when given, else only on a GPU backend."""
-    return setting if setting is not None else backend == "gpu"
+def wanted(setting: bool | None, backend: str, speculative: bool = False) -> bool:
+    """Whether a single-device runner makes its calls on a CallThread: `setting` (JAXINFER_CALL_THREAD; None when
+    unset or 'auto') when given, else on a GPU backend for engines without speculation. A speculative engine's
+    runners (the target's and the draft model's) keep inline calls by default: the speed-ups of issue 21 were
+    measured that way and their steps are not yet GPU-measured threaded (their exactness is, on the CPU:
+    tests/test_call_thread_e2e.py)."""
+    return setting if setting is not None else (backend == "gpu" and not speculative)
 
 
 class CallThread:

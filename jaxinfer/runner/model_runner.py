@@ -105,8 +105,9 @@ class ModelRunner:
     # calls are the computation itself, not a wait for the device). On a GPU (H100, 8B, 12-07 e): the engine
     # thread's host time a step at batch 256 4.5 -> 1.6 ms; served ShareGPT-like traffic at 64 req/s offered 29.0 ->
     # 32.6 req/s, TPOT p99 27.4 -> 13.5 ms (the lower switch interval it sets is that gain: serve sets it too);
-    # batch 1 / 64 / 256 decode tok/s unchanged (+-0.7%). JAXINFER_CALL_THREAD=0 / 1 forces it off / on ('auto':
-    # the default).
+    # batch 1 / 64 / 256 decode tok/s unchanged (+-0.7%). Speculative engines (target and draft runner) keep inline
+    # calls by default: their steps are not yet GPU-measured threaded. JAXINFER_CALL_THREAD=0 / 1 forces it off / on
+    # everywhere ('auto': the default).
     call_thread = auto_switch("JAXINFER_CALL_THREAD")
     # ... and only for steps of at least this many bucket tokens: a smaller step's call is short and its host work
     # small (batch 1 lost 3% with every call on the thread, 12-07 b); a call made inline after threaded ones waits
@@ -118,7 +119,8 @@ class ModelRunner:
     penalty_table = DrainedState()  # i32[num_penalty_slots, vocab]
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int,
-                 num_pages: int | None = None, small_buckets: bool = True, greedy_programs: bool | None = None):
+                 num_pages: int | None = None, small_buckets: bool = True, greedy_programs: bool | None = None,
+                 draft: bool = False):
         self.loaded = loaded
         self.config = config
         self._calls: CallThread | None = None  # (before the donated state's first assignment: its setters read it)
@@ -183,7 +185,9 @@ class ModelRunner:
         self._run_step = make_step_fn(*step_args, **step_kw, staged=True) if self.staged else self._step
         self._stages: dict = {}  # (len(ints), len(floats)) -> the stage buffers (step.stage_inputs), when staged
         M = config.scheduler.max_num_seqs
-        if call_thread_wanted(self.call_thread, jax.default_backend()) and plan is None:
+        # (draft: this runner is a speculative engine's draft model; neither it nor its target threads by default)
+        speculative = draft or config.speculative is not None
+        if call_thread_wanted(self.call_thread, jax.default_backend(), speculative) and plan is None:
             self._calls = CallThread()
         self._no_prev = jax.device_put(np.zeros((M, self.carry_width) if self.carry_width else (M,), np.int32),
                                        self._replicated)

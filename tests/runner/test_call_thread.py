@@ -70,7 +70,8 @@ def test_switch_interval_setting_is_checked(monkeypatch):
 
 def test_on_by_default_with_a_gpu_only_and_the_setting_wins():
     assert wanted(None, "gpu") and not wanted(None, "cpu")
-    assert wanted(True, "cpu") and not wanted(False, "gpu")
+    assert not wanted(None, "gpu", speculative=True)  # (speculative engines: inline until GPU-measured)
+    assert wanted(True, "cpu") and wanted(True, "gpu", speculative=True) and not wanted(False, "gpu")
 
 
 def test_the_cpu_engine_calls_inline_by_default(monkeypatch):
@@ -78,6 +79,24 @@ def test_the_cpu_engine_calls_inline_by_default(monkeypatch):
     llm = jaxinfer.LLM(model="tiny-llama", load_format="dummy", warmup=False, progress=False, max_model_len=64,
                        max_num_seqs=2, max_num_batched_tokens=32)
     assert llm.runner._calls is None
+
+
+def test_speculative_engines_ask_for_inline_calls(monkeypatch, tiny_llama_dir):
+    """The runners tell `wanted` whether they serve speculation: a plain engine's no, a draft-model engine's target
+    and draft runners yes (so with a GPU only the plain engine threads by default)."""
+    from jaxinfer.runner import model_runner
+
+    asked = []
+    monkeypatch.setattr(model_runner, "call_thread_wanted", lambda setting, backend, speculative: asked.append(
+        speculative) or False)
+    jaxinfer.LLM(model="tiny-llama", load_format="dummy", warmup=False, progress=False, max_model_len=64,
+                 max_num_seqs=2, max_num_batched_tokens=32)
+    assert asked == [False]
+    asked.clear()
+    jaxinfer.LLM(tiny_llama_dir, warmup=False, progress=False, max_model_len=64, max_num_seqs=2,
+                 max_num_batched_tokens=32, num_pages=32,
+                 speculative_config=dict(method="draft", draft_model=tiny_llama_dir, num_speculative_tokens=2))
+    assert sorted(asked) == [True, True]  # the target's runner and the draft model's
 
 
 def _run(call_thread: bool, monkeypatch, min_tokens: int = 1):
