@@ -58,7 +58,8 @@
 #   12-07 e ran servct latct callthr gputests gputestsk, then tpgrid2 and the defaults by hand (H100;
 #   gpu-round-1207e-96b048e-19256dc-2026-12-07.log): the serving gain is the switch interval (29.0 -> 32.6 req/s),
 #   the call thread is now on with a GPU; offline 512:8192 = 512:2048 (8,011 / 8,018), 512:4096 7,726, fp8 KV 8,633.
-#   Next: "mixprof" (where the offline step's time goes, per kernel), "tpgrid" on an H200, "w8a8" on an H200 (issue
+#   Next: "mixprof" (where the offline step's time goes, per kernel), "specct" (speculation threaded: may it be the
+#   default?), "tpgrid" on an H200, "w8a8" on an H200 (issue
 #   20's offline int8 >= 1.0x, met on an H100 only), "specgrid", "kern" (now with the Hopper int4 default), "gputestsb"
 #   (b passed on 12-07 c; a and k at 96b048e on 12-07 e). Pass JAXINFER_COMMIT always (the device's tree may hold a
 #   stale .git: 12-07 e's hand-run JSONs named 96b048e for 19256dc).
@@ -171,6 +172,13 @@ for part in $PARTS; do case $part in
              # row would let the policy speculate from a lower a at batch 1 and say where batch 8 stands
     run specgrid 420 timeout 420 $PY benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 8 \
       --accept 0.5 0.7 0.9 --max-num-batched-tokens 64 --tag draft-int8-grid ;;  # (batch 8 verifies 40 tokens)
+  specct)  # speculation with the call thread (12-07 e: speculative engines keep inline calls by default, unmeasured
+           # threaded): free drafts and the int8 1B draft at batch 1 / 8, a = 0.7, inline then JAXINFER_CALL_THREAD=1
+           # (batch 8 verifies 40 tokens in the 64-token bucket: threaded; batch 1 stays inline either way) (~500 s)
+    for v in 0 1; do
+      run specct-$v 250 JAXINFER_CALL_THREAD=$v timeout 250 $PY benchmarks/spec_speed.py --drafts none \
+        llama3.2-1b@int8 --batch 1 8 --accept 0.7 --max-num-batched-tokens 64 --tag callthr-$v
+    done ;;
   kern)  # issue 20's kernel figure (>= 2.8 TB/s at M <= 16, an H200 figure): the engine's small-M int8 kernel, the
          # Hopper int4 default (int4_mosaic; 12-07 c measured only the Pallas int4 kernel, not the default) and it
     run kern 250 timeout 250 $PY benchmarks/kernels/quantized_matmul.py --shapes qkv o gate_up down lm_head \
