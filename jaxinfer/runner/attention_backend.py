@@ -97,8 +97,7 @@ def resolve(loaded: LoadedModel, config: EngineConfig, single_device: bool = Tru
         if problem:
             raise ValueError(problem)
     if backend in ("pallas", "cudnn") and jax.default_backend() == "gpu":
-        kind = config.cache.kv_cache_dtype  # (the stored elements: the model dtype, or kv_quant's fp8 / int8)
-        stored = loaded.dtype if kind == "auto" else kv_quant.storage_dtype(kind)
+        stored = kv_quant.cache_dtype(config.cache.kv_cache_dtype, loaded.dtype)
         problem = kernel_page_problem(config.cache.page_size, loaded.cfg.head_dim, jnp.dtype(stored).itemsize)
         if problem:
             raise ValueError(problem)

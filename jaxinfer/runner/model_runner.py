@@ -141,7 +141,7 @@ class ModelRunner:
         self._write_penalty_row_exe = None
         kind = config.cache.kv_cache_dtype  # "auto" | "fp8" | "int8"
         # The storage dtype; part of the prefix-cache hash (engine.py extra_key).
-        self.kv_dtype = loaded.dtype if kind == "auto" else kv_quant.storage_dtype(kind)
+        self.kv_dtype = kv_quant.cache_dtype(kind, loaded.dtype)
         self.num_pages = num_pages or config.cache.num_pages or self._pages_from_budget()
         shape = (self.num_pages, self.page_size, cfg.num_kv_heads, cfg.head_dim)
         kv_sharding = None

@@ -53,6 +53,11 @@ def storage_dtype(kind: str):
     return KV_QUANT_FORMATS[kind][0]
 
 
+def cache_dtype(kind: str, model_dtype):
+    """The dtype of the elements a KV cache of this kind stores: the model's for "auto", else storage_dtype."""
+    return model_dtype if kind == "auto" else storage_dtype(kind)
+
+
 def bytes_per_token_head(kind: str, head_dim: int, model_itemsize: int) -> int:
     """Bytes one token's K (or V) of one KV head takes in the cache: data (+ its float32 scale if quantized)."""
     if kind == "auto":
