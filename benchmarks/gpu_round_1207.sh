@@ -124,6 +124,14 @@ for part in $PARTS; do case $part in
         --max-num-batched-tokens $b --page-size $p --kv-cache-dtype ${kv:-auto} --tag s$s-b$b-ps$p${kv:+-${kv}kv}
       t=170
     done ;;
+  attnps)  # tpgrid's attention probe alone: cuDNN's decode attention at page 64 / 16, 256 x 512 and 64 x 4k (~120 s)
+    for ps in 64 16; do
+      run attn-ps$ps 60 timeout 60 $PY benchmarks/probes/cudnn_paged_attention.py --tag gqa-ps$ps --page-size $ps \
+        --configs 256x512 64x4096 --prefill 2x512x512
+    done ;;
+  hsc256)  # the engine thread's host time a step at batch 256 with the defaults (issue 17's <= 1.0 ms; ~100 s)
+    run hsc-256 110 timeout 110 $PY benchmarks/probes/host_step_cost.py --model llama3-8b --no-tokenizer --batch 256 \
+      --tag defaults ;;
   mixprof)  # where the offline run's device time goes (issue 17's 10k; 12-07 e: ~15 ms of an ~85 ms H100 step not
             # explained by its linears and KV reads): the usual mixed step (509 decodes + 3 prompts) and a pure-decode
             # step of 512 under jax.profiler, per kernel (~250 s on a fresh machine)
