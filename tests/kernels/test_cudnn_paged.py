@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from pallas_kernels.paged_attention.cudnn_paged import cudnn_paged_attention
 from pallas_kernels.paged_attention.cudnn_prefill_forms import cudnn_sequence_attention, cudnn_tile_attention
+from pallas_kernels.paged_attention.kernel import ragged_paged_attention
 from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference
 from tests.kernels.paged_cases import build, cases, kernel_args, rel_err, unreferenced
 
@@ -288,21 +289,50 @@ def _mixed_step(rng, H=8, KVH=2, D=32, ps=16):
     return d
 
 
-@pytest.mark.parametrize("step", ["mixed", "prefill"])
-def test_cudnn_backend_matches_the_reference_on_mixed_steps(monkeypatch, step):
+def test_single_token_sequences_marks_the_decodes():
+    """models/attention.single_token_sequences: the tokens (packed in sequence order) and tiles of the sequences
+    with one token in the step, against the step's own list."""
+    from jaxinfer.models.attention import single_token_sequences
+    from pallas_kernels.paged_attention.cudnn_paged import token_sequences
+
+    d = build(np.random.default_rng(5), cases(16), 8, 2, 32, 16, max_seqs=16, max_tokens=256, query_tile=4)
+    a, T, S = d["a"], d["batch"].bucket.num_tokens, d["batch"].bucket.num_seqs
+    tiles, tile_seq, tile_kv_len = (jnp.asarray(a[n]) for n in ("tile_tokens", "tile_seq", "tile_kv_len"))
+    one_tok, one_tile = single_token_sequences(token_sequences(tiles, tile_seq, T, S), tile_seq, tile_kv_len, S)
+    expected = np.zeros(T, bool)
+    expected[:sum(n for _, n in cases(16))] = np.concatenate([[n == 1] * n for _, n in cases(16)])
+    np.testing.assert_array_equal(np.asarray(one_tok), expected)
+    tiles_of_decodes = {int(a["tile_seq"][i]) for i in np.flatnonzero(np.asarray(one_tile))}
+    assert tiles_of_decodes == {i for i, (_, n) in enumerate(cases(16)) if n == 1}
+
+
+@pytest.mark.parametrize("step,split", [("mixed", False), ("mixed", True), ("prefill", False), ("prefill", True)])
+def test_cudnn_backend_matches_the_reference_on_mixed_steps(monkeypatch, step, split):
     """Decodes beside a prompt chunk and a verification: in a decode-shaped bucket whole through cuDNN (its
-    stand-in, one row a token), in a prefill-shaped bucket (more tokens than sequences) through the Pallas kernel
-    (interpret mode); both match the reference. (A split form, cuDNN for the decodes only and the Pallas kernel for
-    the rest in every bucket, measured no offline gain on an H100 and was removed: benchmarks/README.md 2026-12-06
-    d; so was the tile form's switch, 12-06 h.)"""
+    stand-in, one row a token), split or not; in a prefill-shaped bucket (more tokens than sequences) through the
+    Pallas kernel (interpret mode), or split (AttentionOptions.cudnn_split: the decodes gathered into min(T, S)
+    cuDNN rows, the kernel for the rest with the decodes' tiles emptied). Every form matches the reference, and
+    the split hands cuDNN exactly the decodes."""
     from jaxinfer.models import attention as attn
+    from pallas_kernels.paged_attention import cudnn_paged
 
     calls = []
 
-    def rows(*a, **kw):
-        calls.append("rows")
+    def whole(*a, **kw):
+        calls.append(("whole", a[0].shape[0]))
         return cudnn_paged_attention(*a, **kw, sdpa=dense_sdpa)
-    monkeypatch.setattr(attn, "cudnn_paged_attention", rows)
+
+    def rows(q, kp, vp, kv_len, seq, tables, **kw):
+        calls.append(("rows", q.shape[0], int((np.asarray(seq) < tables.shape[0] - 1).sum())))
+        return cudnn_paged.cudnn_rows(q, kp, vp, kv_len, seq, tables, **kw, sdpa=dense_sdpa)
+    kernel_kv_lens = []
+
+    def kernel(*a, **kw):  # the Pallas kernel, recording which tiles it reads
+        kernel_kv_lens.append(np.asarray(a[6]))
+        return ragged_paged_attention(*a, **kw)
+    monkeypatch.setattr(attn, "cudnn_paged_attention", whole)
+    monkeypatch.setattr(attn, "cudnn_rows", rows)
+    monkeypatch.setattr(attn, "ragged_paged_attention", kernel)
     D, KVH, ps = 32, 2, 16
     steps = MIXED if step == "mixed" else cases(ps)
     d = (_mixed_step(np.random.default_rng(6), KVH=KVH, D=D) if step == "mixed" else
@@ -311,14 +341,23 @@ def test_cudnn_backend_matches_the_reference_on_mixed_steps(monkeypatch, step):
     assert (T > S) == (step == "prefill"), d["batch"].bucket
     md = attn.AttentionMetadata(*(jnp.asarray(a[n]) for n in ("positions", "slot_mapping", "tile_tokens",
                                                              "tile_seq", "tile_kv_len", "page_tables")))
-    opts = attn.AttentionOptions(2, False, "cudnn", interpret=True)
+    opts = attn.AttentionOptions(2, False, "cudnn", interpret=True, cudnn_split=split)
     zeros = jnp.zeros((T, KVH, D), jnp.float32)
     slotless = md._replace(slot_mapping=jnp.full((T,), -1, jnp.int32))
     out, _, _ = attn.paged_attention(d["q"], zeros, zeros, d["kp"], d["vp"], slotless, opts, sm_scale=D ** -0.5)
     ref = ragged_paged_attention_reference(*kernel_args(d), sm_scale=D ** -0.5, kv_chunk_pages=2)
     n = sum(n for _, n in steps)
     np.testing.assert_allclose(np.asarray(out)[:n], np.asarray(ref)[:n], rtol=2e-5, atol=2e-5)
-    assert calls == (["rows"] if step == "mixed" else [])
+    decodes = sum(n == 1 for _, n in steps)
+    assert decodes >= 3 and n > decodes  # (the split has decodes and prompt tokens to separate)
+    expected = {"mixed": [("whole", T)], "prefill": [("rows", min(T, S), decodes)] if split else []}[step]
+    assert calls == expected
+    if step == "prefill":  # under the split the kernel reads no decode's KV (their tiles emptied), the rest as given
+        (kv_len,) = kernel_kv_lens
+        decode_tiles = np.isin(a["tile_seq"], [i for i, (_, m) in enumerate(steps) if m == 1]) & (a["tile_kv_len"] > 0)
+        assert decode_tiles.sum() == decodes
+        np.testing.assert_array_equal(kv_len[decode_tiles], 0 if split else a["tile_kv_len"][decode_tiles])
+        np.testing.assert_array_equal(kv_len[~decode_tiles], a["tile_kv_len"][~decode_tiles])
 
 
 @pytest.mark.parametrize("backend,speculative,expected", [
