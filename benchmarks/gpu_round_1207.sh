@@ -139,13 +139,13 @@ for part in $PARTS; do case $part in
       --max-num-seqs 512 --max-model-len 2048 --top 30 --iters 10 --tag mixed ;;
   split2)  # the decodes of prefill-shaped buckets through cuDNN rows (JAXINFER_CUDNN_SPLIT=1, models/attention.
            # decode_split; 12-07 f mixprof: the Pallas kernel 22.3 of the mixed step's 67.8 ms on an H100, cuDNN 14.5
-           # ms for the same decodes): the mixed step per kernel split, then offline 512:2048 split / as shipped (~500 s)
-    run mixprof-split 150 JAXINFER_CUDNN_SPLIT=1 timeout 150 $PY benchmarks/probes/step_profile.py --shapes mixed-2048 \
-      --max-num-seqs 512 --max-model-len 2048 --top 20 --iters 10 --tag mixed-split
+           # ms for the same decodes): offline 512:2048 split / as shipped, then the mixed step per kernel split (~500 s)
     for v in 1 0; do
       run tp-split-$v 170 JAXINFER_CUDNN_SPLIT=$v timeout 170 $PY benchmarks/throughput.py --workload fixed \
         --max-num-seqs 512 --max-num-batched-tokens 2048 --tag split$v
-    done ;;
+    done
+    run mixprof-split 150 JAXINFER_CUDNN_SPLIT=1 timeout 150 $PY benchmarks/probes/step_profile.py --shapes mixed-2048 \
+      --max-num-seqs 512 --max-model-len 2048 --top 20 --iters 10 --tag mixed-split ;;
   mixprofq)  # the same mixed step quantized: fp8 W8A8 (offline 1.20x bf16 against issue 20's >= 1.4x) and int4-g128
              # (0.87x against >= 1.0x): which kernels hold their time (~300 s on a warm machine)
     for q in fp8 int4; do
