@@ -141,7 +141,7 @@ for part in $PARTS; do case $part in
            # decode_split; 12-07 f mixprof: the Pallas kernel 22.3 of the mixed step's 67.8 ms on an H100, cuDNN 14.5
            # ms for the same decodes): offline 512:2048 split / as shipped, then the mixed step per kernel split (~500 s)
     for v in 1 0; do
-      run tp-split-$v 170 JAXINFER_CUDNN_SPLIT=$v timeout 170 $PY benchmarks/throughput.py --workload fixed \
+      run tp-split-$v 190 JAXINFER_CUDNN_SPLIT=$v timeout 190 $PY benchmarks/throughput.py --workload fixed \
         --max-num-seqs 512 --max-num-batched-tokens 2048 --tag split$v
     done
     run mixprof-split 150 JAXINFER_CUDNN_SPLIT=1 timeout 150 $PY benchmarks/probes/step_profile.py --shapes mixed-2048 \
