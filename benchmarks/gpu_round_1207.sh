@@ -146,6 +146,11 @@ for part in $PARTS; do case $part in
     done
     run mixprof-split 150 JAXINFER_CUDNN_SPLIT=1 timeout 150 $PY benchmarks/probes/step_profile.py --shapes mixed-2048 \
       --max-num-seqs 512 --max-model-len 2048 --top 20 --iters 10 --tag mixed-split ;;
+  splitstep)  # split2's mixed step alone, split then not, one call (~250 s on a fresh machine; little lease left)
+    for v in 1 0; do
+      run mixprof-split$v 140 JAXINFER_CUDNN_SPLIT=$v timeout 140 $PY benchmarks/probes/step_profile.py \
+        --shapes mixed-2048 --max-num-seqs 512 --max-model-len 2048 --top 12 --iters 5 --tag mixed-split$v
+    done ;;
   mixprofq)  # the same mixed step quantized: fp8 W8A8 (offline 1.20x bf16 against issue 20's >= 1.4x) and int4-g128
              # (0.87x against >= 1.0x): which kernels hold their time (~300 s on a warm machine)
     for q in fp8 int4; do
