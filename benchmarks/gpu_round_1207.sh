@@ -58,11 +58,15 @@
 #   12-07 e ran servct latct callthr gputests gputestsk, then tpgrid2 and the defaults by hand (H100;
 #   gpu-round-1207e-96b048e-19256dc-2026-12-07.log): the serving gain is the switch interval (29.0 -> 32.6 req/s),
 #   the call thread is now on with a GPU; offline 512:8192 = 512:2048 (8,011 / 8,018), 512:4096 7,726, fp8 KV 8,633.
-#   Next: "mixprof" (where the offline step's time goes, per kernel), "specct" (speculation threaded: may it be the
-#   default?), "tpgrid" on an H200, "w8a8" on an H200 (issue
-#   20's offline int8 >= 1.0x, met on an H100 only), "specgrid", "kern" (now with the Hopper int4 default), "gputestsb"
-#   (b passed on 12-07 c; a and k at 96b048e on 12-07 e). Pass JAXINFER_COMMIT always (the device's tree may hold a
-#   stale .git: 12-07 e's hand-run JSONs named 96b048e for 19256dc).
+#   12-07 f ran mixprof (crashed: page ids past the H100's pool; fixed), hsc256 attnps, then mixprof again (H100;
+#   gpu-round-1207f-2026-12-07.log): the Pallas kernel holds 22.3 of the mixed step's 67.8 ms, cuDNN 14.5 ms for the
+#   same decodes; the split (JAXINFER_CUDNN_SPLIT) is back for prefill-shaped buckets, off, not yet measured.
+#   Next: "split2" (offline 512:2048 split / not, then the split mixed step per kernel; "splitstep" when little lease
+#   is left): if the split wins, set CUDNN_SPLIT_DEFAULT and measure "serve" with it (small prefill-shaped serving
+#   steps pay a second attention call a layer) and "tpgrid" on an H200 (issue 17's 10k); then "specct", "w8a8" on an
+#   H200 (issue 20's offline int8 >= 1.0x, met on an H100 only), "specgrid", "kern" (with the Hopper int4 default),
+#   "gputestsb" (b passed on 12-07 c; a and k at 96b048e on 12-07 e). Pass JAXINFER_COMMIT always (the device's tree
+#   may hold a stale .git: 12-07 e's hand-run JSONs named 96b048e for 19256dc).
 #   Before 12-07 c: "gputests" on any Hopper (the fixed GPU tests, e6c1ab6, not yet re-run); on an H200 "spec1b kern qd"
 #   (issues 21 / 20's figures), "tests attn auto", then "serve tp512 mid" (AUTO_CUDNN_MIN_TOKENS is 16 since 12-06 g):
 #   JAXINFER_COMMIT=<sha> BUDGET=560 PARTS="tests attn" bash benchmarks/gpu_round_1207.sh   # one archive in $OUT
