@@ -360,6 +360,42 @@ def test_cudnn_backend_matches_the_reference_on_mixed_steps(monkeypatch, step, s
         np.testing.assert_array_equal(kv_len[~decode_tiles], a["tile_kv_len"][~decode_tiles])
 
 
+@pytest.mark.parametrize("value,expected", [(None, False), ("0", False), ("off", False), ("1", True)])
+def test_cudnn_split_switch_reaches_the_runner(monkeypatch, value, expected):
+    """JAXINFER_CUDNN_SPLIT (off when unset: not yet measured in the engine) sets the runner's
+    AttentionOptions.cudnn_split, part of its programs' cache key (repr(opts))."""
+    import jaxinfer
+    from jaxinfer.runner import attention_backend
+    if value is None:
+        monkeypatch.delenv("JAXINFER_CUDNN_SPLIT", raising=False)
+    else:
+        monkeypatch.setenv("JAXINFER_CUDNN_SPLIT", value)
+    assert attention_backend.cudnn_split() is expected
+    llm = jaxinfer.LLM(model="tiny-llama", load_format="dummy", warmup=False, progress=False)
+    assert llm.runner.attention_options.cudnn_split is expected
+    assert f"cudnn_split={expected}" in repr(llm.runner.attention_options)
+
+
+def test_cudnn_split_keeps_buckets_below_the_minimum_whole(monkeypatch):
+    """A prefill-shaped bucket of fewer tokens than cudnn_min_tokens is not split: the Pallas kernel alone."""
+    from jaxinfer.models import attention as attn
+    calls = []
+    monkeypatch.setattr(attn, "cudnn_rows", lambda *a, **kw: calls.append("rows"))
+    D, KVH, ps = 32, 2, 16
+    d = build(np.random.default_rng(8), cases(ps), 8, KVH, D, ps, max_seqs=16, max_tokens=256, query_tile=4)
+    a, T = d["a"], d["batch"].bucket.num_tokens
+    md = attn.AttentionMetadata(*(jnp.asarray(a[n]) for n in ("positions", "slot_mapping", "tile_tokens",
+                                                             "tile_seq", "tile_kv_len", "page_tables")))
+    opts = attn.AttentionOptions(2, False, "cudnn", interpret=True, cudnn_split=True, cudnn_min_tokens=T + 1)
+    zeros = jnp.zeros((T, KVH, D), jnp.float32)
+    slotless = md._replace(slot_mapping=jnp.full((T,), -1, jnp.int32))
+    out, _, _ = attn.paged_attention(d["q"], zeros, zeros, d["kp"], d["vp"], slotless, opts, sm_scale=D ** -0.5)
+    ref = ragged_paged_attention_reference(*kernel_args(d), sm_scale=D ** -0.5, kv_chunk_pages=2)
+    n = sum(m for _, m in cases(ps))
+    np.testing.assert_allclose(np.asarray(out)[:n], np.asarray(ref)[:n], rtol=2e-5, atol=2e-5)
+    assert calls == []
+
+
 @pytest.mark.parametrize("backend,speculative,expected", [
     ("auto", False, ("cudnn", 16)), ("auto", True, ("pallas", 16)), ("cudnn", True, ("cudnn", 1)),
     ("pallas", False, ("pallas", 1))])
