@@ -228,3 +228,27 @@ def _check_8b_shape(kind, interpret=False):
 def test_gpu_compiled_matches_reference(kind):
     """The compiled Triton kernel (interpret=False) at 32 q heads / 8 KV heads / D 128, page 16."""
     _check_8b_shape(kind)
+
+
+@pytest.mark.parametrize("H,KVH,Bq,R", [(8, 2, 4, 16), (32, 8, 16, 64), (4, 4, 3, 16)])
+def test_tiles_to_tokens_is_the_inverse_of_the_tile_layout(H, KVH, Bq, R):
+    """tiles_to_tokens (a gather of each token's slot) against a loop over the slots: row b * g + h of tile i, KV
+    head k is token tile_tokens[i, b]'s head k * g + h; empty slots (token T) and the padding rows past Bq * g are
+    ignored, tokens no tile holds are zeros."""
+    rng = np.random.default_rng(H + Bq)
+    T, NT, D, g = 21, 9, 8, H // KVH
+    slots = rng.permutation(NT * Bq)
+    held = rng.permutation(T)[:T - 3]                     # three tokens in no tile
+    tiles = np.full(NT * Bq, T, np.int32)
+    tiles[slots[:held.size]] = held
+    tiles = tiles.reshape(NT, Bq)
+    o = rng.normal(size=(NT, KVH, R, D)).astype(np.float32)
+    expected = np.zeros((T, H, D), np.float32)
+    for i in range(NT):
+        for b in range(Bq):
+            if tiles[i, b] < T:
+                for k in range(KVH):
+                    expected[tiles[i, b], k * g:(k + 1) * g] = o[i, k, b * g:(b + 1) * g]
+    got = jax.jit(pk.tiles_to_tokens, static_argnums=(2, 3))(jnp.asarray(o), jnp.asarray(tiles), T, H)
+    np.testing.assert_array_equal(np.asarray(got), expected)
+    assert not np.asarray(got)[np.setdiff1d(np.arange(T), held)].any()
