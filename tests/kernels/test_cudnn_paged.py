@@ -248,6 +248,20 @@ def test_auto_backend_is_the_reference_off_the_gpu(monkeypatch):
     assert attention_backend.auto_attention_backend(None, EngineConfig()) == "reference"
 
 
+def _attention_and_reference(d, opts):
+    """models/attention.paged_attention on a built step (its K / V already in the pages: no slot written) under
+    `opts`, and the reference on the same step: (out, ref), both [T, H, D]."""
+    from jaxinfer.models import attention as attn
+    a, D = d["a"], d["q"].shape[-1]
+    md = attn.AttentionMetadata(*(jnp.asarray(a[n]) for n in ("positions", "slot_mapping", "tile_tokens",
+                                                             "tile_seq", "tile_kv_len", "page_tables")))
+    T, KVH = d["q"].shape[0], d["kp"].shape[2]
+    zeros = jnp.zeros((T, KVH, D), jnp.float32)
+    slotless = md._replace(slot_mapping=jnp.full((T,), -1, jnp.int32))
+    out, _, _ = attn.paged_attention(d["q"], zeros, zeros, d["kp"], d["vp"], slotless, opts, sm_scale=D ** -0.5)
+    return out, ragged_paged_attention_reference(*kernel_args(d), sm_scale=D ** -0.5, kv_chunk_pages=2)
+
+
 @pytest.mark.parametrize("decode_shaped,below_min", [(True, False), (True, True), (False, False)])
 def test_engine_attention_picks_cudnn_for_decode_shaped_buckets(monkeypatch, decode_shaped, below_min):
     """models/attention.py with backend 'cudnn': buckets of no more tokens than sequences and at least
@@ -268,14 +282,8 @@ def test_engine_attention_picks_cudnn_for_decode_shaped_buckets(monkeypatch, dec
               query_tile=4)
     T, S = d["batch"].bucket.num_tokens, d["batch"].bucket.num_seqs
     assert (T <= S) == decode_shaped, d["batch"].bucket
-    a = d["a"]
-    md = attn.AttentionMetadata(*(jnp.asarray(a[n]) for n in ("positions", "slot_mapping", "tile_tokens",
-                                                             "tile_seq", "tile_kv_len", "page_tables")))
     opts = attn.AttentionOptions(2, False, "cudnn", interpret=True, cudnn_min_tokens=T + 1 if below_min else T)
-    zeros = jnp.zeros((T, KVH, D), jnp.float32)
-    slotless = md._replace(slot_mapping=jnp.full((T,), -1, jnp.int32))  # K/V already in the pages (build)
-    out, _, _ = attn.paged_attention(d["q"], zeros, zeros, d["kp"], d["vp"], slotless, opts, sm_scale=D ** -0.5)
-    ref = ragged_paged_attention_reference(*kernel_args(d), sm_scale=D ** -0.5, kv_chunk_pages=2)
+    out, ref = _attention_and_reference(d, opts)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-5, atol=2e-5)
     assert calls == ([T] if decode_shaped and not below_min else [])
 
@@ -339,13 +347,7 @@ def test_cudnn_backend_matches_the_reference_on_mixed_steps(monkeypatch, step, s
          build(np.random.default_rng(7), steps, 8, KVH, D, ps, max_seqs=16, max_tokens=256, query_tile=4))
     a, T, S = d["a"], d["batch"].bucket.num_tokens, d["batch"].bucket.num_seqs
     assert (T > S) == (step == "prefill"), d["batch"].bucket
-    md = attn.AttentionMetadata(*(jnp.asarray(a[n]) for n in ("positions", "slot_mapping", "tile_tokens",
-                                                             "tile_seq", "tile_kv_len", "page_tables")))
-    opts = attn.AttentionOptions(2, False, "cudnn", interpret=True, cudnn_split=split)
-    zeros = jnp.zeros((T, KVH, D), jnp.float32)
-    slotless = md._replace(slot_mapping=jnp.full((T,), -1, jnp.int32))
-    out, _, _ = attn.paged_attention(d["q"], zeros, zeros, d["kp"], d["vp"], slotless, opts, sm_scale=D ** -0.5)
-    ref = ragged_paged_attention_reference(*kernel_args(d), sm_scale=D ** -0.5, kv_chunk_pages=2)
+    out, ref = _attention_and_reference(d, attn.AttentionOptions(2, False, "cudnn", interpret=True, cudnn_split=split))
     n = sum(n for _, n in steps)
     np.testing.assert_allclose(np.asarray(out)[:n], np.asarray(ref)[:n], rtol=2e-5, atol=2e-5)
     decodes = sum(n == 1 for _, n in steps)
@@ -383,14 +385,9 @@ def test_cudnn_split_keeps_buckets_below_the_minimum_whole(monkeypatch):
     monkeypatch.setattr(attn, "cudnn_rows", lambda *a, **kw: calls.append("rows"))
     D, KVH, ps = 32, 2, 16
     d = build(np.random.default_rng(8), cases(ps), 8, KVH, D, ps, max_seqs=16, max_tokens=256, query_tile=4)
-    a, T = d["a"], d["batch"].bucket.num_tokens
-    md = attn.AttentionMetadata(*(jnp.asarray(a[n]) for n in ("positions", "slot_mapping", "tile_tokens",
-                                                             "tile_seq", "tile_kv_len", "page_tables")))
+    T = d["batch"].bucket.num_tokens
     opts = attn.AttentionOptions(2, False, "cudnn", interpret=True, cudnn_split=True, cudnn_min_tokens=T + 1)
-    zeros = jnp.zeros((T, KVH, D), jnp.float32)
-    slotless = md._replace(slot_mapping=jnp.full((T,), -1, jnp.int32))
-    out, _, _ = attn.paged_attention(d["q"], zeros, zeros, d["kp"], d["vp"], slotless, opts, sm_scale=D ** -0.5)
-    ref = ragged_paged_attention_reference(*kernel_args(d), sm_scale=D ** -0.5, kv_chunk_pages=2)
+    out, ref = _attention_and_reference(d, opts)
     n = sum(m for _, m in cases(ps))
     np.testing.assert_allclose(np.asarray(out)[:n], np.asarray(ref)[:n], rtol=2e-5, atol=2e-5)
     assert calls == []
