@@ -3,8 +3,8 @@
 An XLA scatter whose indices may repeat is emitted on the GPU with atomic updates (for 16-bit types a
 compare-and-swap loop per element); when padding points many rows at one dummy row, those rows also serialise on
 the same addresses. Here every padding row gets an index of its own past the end of the destination: the scatter
-drops it, the indices are unique, and XLA emits plain stores. Used for the KV write (padding tokens) and for the
-attention output's tile -> token scatter (empty tile slots).
+drops it, the indices are unique, and XLA emits plain stores. Used for the KV write (padding tokens), the
+reference's output scatter, and the Pallas kernel's slot of each token (kernel.tiles_to_tokens: empty tile slots).
 """
 from __future__ import annotations
 
