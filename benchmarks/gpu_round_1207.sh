@@ -155,6 +155,12 @@ for part in $PARTS; do case $part in
       run mixprof-split$v 140 JAXINFER_CUDNN_SPLIT=$v timeout 140 $PY benchmarks/probes/step_profile.py \
         --shapes mixed-2048 --max-num-seqs 512 --max-model-len 2048 --top 12 --iters 5 --tag mixed-split$v
     done ;;
+  splitserve)  # served traffic with the split on / off (small prefill-shaped serving steps pay a second attention
+               # call a layer under it; the ShareGPT-like mix at 32 req/s, ~340 s on a warm machine)
+    for v in 1 0; do
+      run serve-split$v 200 JAXINFER_CUDNN_SPLIT=$v timeout 200 $PY benchmarks/serving_sweep.py --rates 32 \
+        --num-prompts 500 --tag split$v
+    done ;;
   mixprofq)  # the same mixed step quantized: fp8 W8A8 (offline 1.20x bf16 against issue 20's >= 1.4x) and int4-g128
              # (0.87x against >= 1.0x): which kernels hold their time (~300 s on a warm machine)
     for q in fp8 int4; do
