@@ -161,6 +161,14 @@ for part in $PARTS; do case $part in
       run serve-split$v 200 JAXINFER_CUDNN_SPLIT=$v timeout 200 $PY benchmarks/serving_sweep.py --rates 32 \
         --num-prompts 500 --tag split$v
     done ;;
+  splitshapes)  # the split's cost where it has few or no decodes (12-07 g: the mixed-2048 step 66.2 -> 63.2 ms on an
+                # H100, offline +0.9%): mixed-370 (the H200 run's mean mixed step, offline_step_mix.py), mixed-64 and
+                # prefill-2048 (no decode: R padding cuDNN rows), split then not (~300 s on a fresh machine)
+    for v in 1 0; do
+      run shapes-split$v 170 JAXINFER_CUDNN_SPLIT=$v timeout 170 $PY benchmarks/probes/step_profile.py \
+        --shapes mixed-370 mixed-64 prefill-2048 --max-num-seqs 512 --max-model-len 2048 --top 8 --iters 5 \
+        --tag shapes-split$v
+    done ;;
   mixprofq)  # the same mixed step quantized: fp8 W8A8 (offline 1.20x bf16 against issue 20's >= 1.4x) and int4-g128
              # (0.87x against >= 1.0x): which kernels hold their time (~300 s on a warm machine)
     for q in fp8 int4; do

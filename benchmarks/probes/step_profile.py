@@ -12,6 +12,10 @@ Step shapes (Llama-3-8B dummy weights, bf16; every token of a prefill chunk is n
                   step at --max-num-seqs 512 --max-num-batched-tokens 2048; its decodes' attention goes through
                   the Pallas kernel, not cuDNN; needs --max-num-seqs 512)
   decode-b512     512 sequences x 1 token, context 640         (the same run's pure-decode steps: cuDNN's bucket)
+  mixed-370       370 decodes at context 640 + 3 prompts of 559 (2,047 tokens: the mean mixed step of that run on an
+                  H200's KV pool, benchmarks/probes/offline_step_mix.py)
+  mixed-64        64 decodes at context 640 + 4 prompts of 496 (a prefill-heavy step: few decodes for the cuDNN
+                  split's rows, JAXINFER_CUDNN_SPLIT)
 For each: the mean of --iters back-to-back calls (device time: the host call returns at once since the dispatch
 fix) beside the median of --iters single calls each waited for (call + wait), the FLOPs of the step (2 x non-embedding params x tokens + causal attention + LM head on the
 sampled rows) over the bf16 matmul rate measured first (an 8192^3 XLA dot), the weight bytes over the measured HBM
@@ -48,7 +52,8 @@ from jaxinfer.runner.batch import pack  # noqa: E402
 # name -> groups of (sequences, new tokens per sequence, cached context per sequence)
 SHAPES = {"decode-b1": [(1, 1, 512)], "decode-b64": [(64, 1, 704)], "prefill-256": [(1, 256, 256)],
           "prefill-2048": [(8, 256, 256)], "decode-b256": [(256, 1, 512)],
-          "mixed-2048": [(509, 1, 640), (3, 512, 0)], "decode-b512": [(512, 1, 640)]}
+          "mixed-2048": [(509, 1, 640), (3, 512, 0)], "decode-b512": [(512, 1, 640)],
+          "mixed-370": [(370, 1, 640), (3, 559, 0)], "mixed-64": [(64, 1, 640), (4, 496, 0)]}
 DEFAULT_SHAPES = ["decode-b1", "decode-b64", "prefill-256", "prefill-2048", "decode-b256"]  # (fit 256 sequences)
 
 
