@@ -116,8 +116,8 @@ def decode_split(q, kd, vd, md, sm_scale: float, kernel):
     sequences (decodes; at most one a sequence, so <= S of them) gathered into R = min(T, S) cuDNN rows, the other
     tokens through `kernel(md)` (the Pallas kernel) with the decodes' tiles emptied (kv_len 0: no KV read), the cuDNN
     rows selected into its output (a select, not a scatter: the scatter of 512 rows took 704 us of an H100's mixed
-    step, step-profile-mixed-split1-8a9ee0c; the select fuses with the kernel's own output gather). K / V are
-    already in the pages.
+    step, step-profile-mixed-split1-8a9ee0c; a select can fuse with the kernel's output gather: not yet measured).
+    K / V are already in the pages.
 
     Why: in the offline run's usual step (509 decodes at context 640 beside 3 prompts, 2,048 tokens) the Pallas
     kernel took 22.3 of the step's 67.8 ms on an H100 (1.9 TB/s of KV), cuDNN 14.5 ms for the same decodes alone
