@@ -61,7 +61,11 @@
 #   12-07 f ran mixprof (crashed: page ids past the H100's pool; fixed), hsc256 attnps, then mixprof again (H100;
 #   gpu-round-1207f-2026-12-07.log): the Pallas kernel holds 22.3 of the mixed step's 67.8 ms, cuDNN 14.5 ms for the
 #   same decodes; the split (JAXINFER_CUDNN_SPLIT) is back for prefill-shaped buckets, off, not yet measured.
-#   Next: "split2" (offline 512:2048 split / not, then the split mixed step per kernel; "splitstep" when little lease
+#   12-07 g ran split2 and splitstep (H100; gpu-round-1207g-2026-12-07.log): the mixed step 66.2 -> 63.2-64.2 ms
+#   split, offline 8,094 -> 8,171 (+0.9%); probes/offline_step_mix.py: the H200 run's mixed steps carry ~370 decodes,
+#   half its steps are decode-only. Next: "splitshapes" (the split where steps have few / no decodes), then "split2"
+#   on an H200 (PARTS_H200), then as below.
+#   (Before 12-07 g:) "split2" (offline 512:2048 split / not, then the split mixed step per kernel; "splitstep" when little lease
 #   is left): if the split wins, set CUDNN_SPLIT_DEFAULT and measure "serve" with it (small prefill-shaped serving
 #   steps pay a second attention call a layer) and "tpgrid" on an H200 (issue 17's 10k); then "specct", "w8a8" on an
 #   H200 (issue 20's offline int8 >= 1.0x, met on an H100 only), "specgrid", "kern" (with the Hopper int4 default),
