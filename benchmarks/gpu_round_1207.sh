@@ -65,9 +65,9 @@
 #   split, offline 8,094 -> 8,171 (+0.9%); probes/offline_step_mix.py: the H200 run's mixed steps carry ~370 decodes,
 #   half its steps are decode-only. Next: "splitshapes" (the split where steps have few / no decodes), then "split2"
 #   on an H200 (PARTS_H200), then as below.
-#   (Before 12-07 g:) "split2" (offline 512:2048 split / not, then the split mixed step per kernel; "splitstep" when little lease
-#   is left): if the split wins, set CUDNN_SPLIT_DEFAULT and measure "serve" with it (small prefill-shaped serving
-#   steps pay a second attention call a layer) and "tpgrid" on an H200 (issue 17's 10k); then "specct", "w8a8" on an
+#   (Before 12-07 g:) "split2" (offline 512:2048 split / not, then the split mixed step per kernel; "splitstep" when
+#   little lease is left): if the split wins, set CUDNN_SPLIT_DEFAULT and measure "serve" with it (small
+#   prefill-shaped serving steps pay a second attention call a layer) and "tpgrid" on an H200 (issue 17's 10k); then "specct", "w8a8" on an
 #   H200 (issue 20's offline int8 >= 1.0x, met on an H100 only), "specgrid", "kern" (with the Hopper int4 default),
 #   "gputestsb" (b passed on 12-07 c; a and k at 96b048e on 12-07 e). Pass JAXINFER_COMMIT always (the device's tree
 #   may hold a stale .git: 12-07 e's hand-run JSONs named 96b048e for 19256dc).

@@ -6,8 +6,9 @@ grouped by the bucket the GPU's ladder (runner/buckets.py with GPU_LADDER) would
   decode   every sequence has one token (decode-shaped: cuDNN under 'auto')
   mixed    decodes beside prompt chunks (prefill-shaped)
   prefill  prompt chunks only
-With --step-ms SHAPE=MS (device ms a step, e.g. from step_profile.py), the rows' time is estimated, to see which
-steps hold the run's seconds. The workload is throughput.py's (make_workload), greedy, ignore_eos.
+Read beside step_profile.py's per-shape device times (its mixed-370 shape is the H200 run's mean mixed step) to see
+which steps hold the run's seconds. The workload is throughput.py's (make_workload), greedy, ignore_eos; the pool's
+size decides how much is preempted and recomputed (--num-pages).
 
   PYTHONPATH=$PWD python benchmarks/probes/offline_step_mix.py [--max-num-seqs 512 --max-num-batched-tokens 2048]
       [--num-pages 18775] [--num-requests 1000 --prompt-len 512 --output-len 256]
@@ -56,7 +57,8 @@ def main() -> None:
 
     # (tiny-llama's max_model_len, 1024, holds the workload's 768 tokens; the limit sets no step's shape)
     llm = LLM("tiny-llama", load_format="dummy", progress=False, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, page_size=args.page_size, num_pages=args.num_pages, async_scheduling=True)
+              max_num_batched_tokens=args.max_num_batched_tokens, page_size=args.page_size, num_pages=args.num_pages,
+              async_scheduling=True)
     ladder = BucketLadder.build(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                                 max_model_len=args.max_model_len, page_size=args.page_size, query_tile=16,
                                 kv_chunk_pages=1, **GPU_LADDER)
