@@ -63,11 +63,10 @@
 #   same decodes; the split (JAXINFER_CUDNN_SPLIT) is back for prefill-shaped buckets, off, not yet measured.
 #   12-07 g ran split2 and splitstep (H100; gpu-round-1207g-2026-12-07.log): the mixed step 66.2 -> 63.2-64.2 ms
 #   split, offline 8,094 -> 8,171 (+0.9%); probes/offline_step_mix.py: the H200 run's mixed steps carry ~370 decodes,
-#   half its steps are decode-only. Next: "splitshapes" (the split where steps have few / no decodes), then "split2"
-#   on an H200 (PARTS_H200), then as below.
-#   (Before 12-07 g:) "split2" (offline 512:2048 split / not, then the split mixed step per kernel; "splitstep" when
-#   little lease is left): if the split wins, set CUDNN_SPLIT_DEFAULT and measure "serve" with it (small
-#   prefill-shaped serving steps pay a second attention call a layer) and "tpgrid" on an H200 (issue 17's 10k); then "specct", "w8a8" on an
+#   half its steps are decode-only.
+#   12-07 h ran splitshapes (H100; gpu-round-1207h-2026-12-07.log): the split slower where steps have few or no
+#   decodes (prefill 50.9 -> 55.0 ms); the split and its parts (split2 splitstep splitserve splitshapes) removed.
+#   Next: "tpgrid" on an H200 (issue 17's 10k); then "specct", "w8a8" on an
 #   H200 (issue 20's offline int8 >= 1.0x, met on an H100 only), "specgrid", "kern" (with the Hopper int4 default),
 #   "gputestsb" (b passed on 12-07 c; a and k at 96b048e on 12-07 e). Pass JAXINFER_COMMIT always (the device's tree
 #   may hold a stale .git: 12-07 e's hand-run JSONs named 96b048e for 19256dc).
@@ -145,34 +144,6 @@ for part in $PARTS; do case $part in
             # step of 512 under jax.profiler, per kernel (~250 s on a fresh machine)
     run mixprof 280 timeout 280 $PY benchmarks/probes/step_profile.py --shapes mixed-2048 decode-b512 \
       --max-num-seqs 512 --max-model-len 2048 --top 30 --iters 10 --tag mixed ;;
-  split2)  # the decodes of prefill-shaped buckets through cuDNN rows (JAXINFER_CUDNN_SPLIT=1, models/attention.
-           # decode_split; 12-07 f mixprof: the Pallas kernel 22.3 of the mixed step's 67.8 ms on an H100, cuDNN 14.5
-           # ms for the same decodes): offline 512:2048 split / as shipped, then the mixed step per kernel split (~500 s)
-    for v in 1 0; do
-      run tp-split-$v 190 JAXINFER_CUDNN_SPLIT=$v timeout 190 $PY benchmarks/throughput.py --workload fixed \
-        --max-num-seqs 512 --max-num-batched-tokens 2048 --tag split$v
-    done
-    run mixprof-split 150 JAXINFER_CUDNN_SPLIT=1 timeout 150 $PY benchmarks/probes/step_profile.py --shapes mixed-2048 \
-      --max-num-seqs 512 --max-model-len 2048 --top 20 --iters 10 --tag mixed-split ;;
-  splitstep)  # split2's mixed step alone, split then not, one call (~250 s on a fresh machine; little lease left)
-    for v in 1 0; do
-      run mixprof-split$v 140 JAXINFER_CUDNN_SPLIT=$v timeout 140 $PY benchmarks/probes/step_profile.py \
-        --shapes mixed-2048 --max-num-seqs 512 --max-model-len 2048 --top 12 --iters 5 --tag mixed-split$v
-    done ;;
-  splitserve)  # served traffic with the split on / off (small prefill-shaped serving steps pay a second attention
-               # call a layer under it; the ShareGPT-like mix at 32 req/s, ~340 s on a warm machine)
-    for v in 1 0; do
-      run serve-split$v 200 JAXINFER_CUDNN_SPLIT=$v timeout 200 $PY benchmarks/serving_sweep.py --rates 32 \
-        --num-prompts 500 --tag split$v
-    done ;;
-  splitshapes)  # the split's cost where it has few or no decodes (12-07 g: the mixed-2048 step 66.2 -> 63.2 ms on an
-                # H100, offline +0.9%): mixed-370 (the H200 run's mean mixed step, offline_step_mix.py), mixed-64 and
-                # prefill-2048 (no decode: R padding cuDNN rows), split then not (~300 s on a fresh machine)
-    for v in 1 0; do
-      run shapes-split$v 170 JAXINFER_CUDNN_SPLIT=$v timeout 170 $PY benchmarks/probes/step_profile.py \
-        --shapes mixed-370 mixed-64 prefill-2048 --max-num-seqs 512 --max-model-len 2048 --top 8 --iters 5 \
-        --tag shapes-split$v
-    done ;;
   mixprofq)  # the same mixed step quantized: fp8 W8A8 (offline 1.20x bf16 against issue 20's >= 1.4x) and int4-g128
              # (0.87x against >= 1.0x): which kernels hold their time (~300 s on a warm machine)
     for q in fp8 int4; do

@@ -40,11 +40,7 @@ def _error(got, ref):
     return n, worst
 
 
-@pytest.mark.parametrize("split", [False, True])
-def test_cudnn_backend_is_as_close_to_the_reference_as_the_pallas_kernel(tiny_llama_dir, monkeypatch, split):
-    """split: JAXINFER_CUDNN_SPLIT=1 (the decodes of prefill-shaped buckets through cuDNN rows, the prompt chunks
-    beside them through the Pallas kernel)."""
-    monkeypatch.setenv("JAXINFER_CUDNN_SPLIT", "1" if split else "0")
+def test_cudnn_backend_is_as_close_to_the_reference_as_the_pallas_kernel(tiny_llama_dir):
     ref = _run(tiny_llama_dir, "reference")
     n_pallas, e_pallas = _error(_run(tiny_llama_dir, "pallas"), ref)
     n_cudnn, e_cudnn = _error(_run(tiny_llama_dir, "cudnn"), ref)

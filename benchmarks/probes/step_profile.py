@@ -14,8 +14,7 @@ Step shapes (Llama-3-8B dummy weights, bf16; every token of a prefill chunk is n
   decode-b512     512 sequences x 1 token, context 640         (the same run's pure-decode steps: cuDNN's bucket)
   mixed-370       370 decodes at context 640 + 3 prompts of 559 (2,047 tokens: the mean mixed step of that run on an
                   H200's KV pool, benchmarks/probes/offline_step_mix.py)
-  mixed-64        64 decodes at context 640 + 4 prompts of 496 (a prefill-heavy step: few decodes for the cuDNN
-                  split's rows, JAXINFER_CUDNN_SPLIT)
+  mixed-64        64 decodes at context 640 + 4 prompts of 496 (a prefill-heavy step)
 For each: the mean of --iters back-to-back calls (device time: the host call returns at once since the dispatch
 fix) beside the median of --iters single calls each waited for (call + wait), the FLOPs of the step (2 x non-embedding params x tokens + causal attention + LM head on the
 sampled rows) over the bf16 matmul rate measured first (an 8192^3 XLA dot), the weight bytes over the measured HBM

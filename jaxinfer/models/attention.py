@@ -8,10 +8,9 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from pallas_kernels.paged_attention.cudnn_paged import cudnn_paged_attention, cudnn_rows, token_sequences
+from pallas_kernels.paged_attention.cudnn_paged import cudnn_paged_attention
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention
 from pallas_kernels.paged_attention.kv_quant import QuantizedPages
 from pallas_kernels.paged_attention.reference import ragged_paged_attention_reference, write_kv_pages
@@ -68,9 +67,6 @@ class AttentionOptions(NamedTuple):
     mesh: Any = None          # tensor parallelism: a Mesh with a "model" axis; attention runs per KV-head shard
     num_sms: int = 132        # pallas: streaming multiprocessors of the GPU (decode_kv_splits); H100 / H200: 132
     cudnn_min_tokens: int = 1  # cudnn: the fewest tokens a bucket needs to run (its decodes) through cuDNN
-    cudnn_split: bool = False  # cudnn: in prefill-shaped buckets (more tokens than sequences) of >= cudnn_min_tokens,
-                               # the sequences with one token in the step (decodes) through cuDNN rows, the rest
-                               # through the Pallas kernel (decode_split)
 
 
 class AttentionMetadata(NamedTuple):
@@ -101,41 +97,6 @@ def paged_attention(q, k, v, k_pages, v_pages, md: AttentionMetadata, opts: Atte
                          out_specs=(heads, pages, pages), check_vma=False)(q, k, v, k_pages, v_pages, md)
 
 
-def single_token_sequences(seq_of, tile_seq, tile_kv_len, S: int):
-    """Which tokens (bool[T]) and tiles (bool[NT]) belong to a sequence with exactly one token in this step (a
-    decode): seq_of i32[T] each token's sequence (S: none; cudnn_paged.token_sequences), tile_seq i32[NT],
-    tile_kv_len i32[NT] (0 = empty tile)."""
-    per_seq = jnp.zeros((S + 1,), jnp.int32).at[seq_of].add(1)                             # [S + 1] tokens
-    one_tok = (seq_of < S) & (per_seq[seq_of] == 1)
-    one_tile = (tile_kv_len > 0) & (tile_seq < S) & (per_seq[jnp.minimum(tile_seq, S)] == 1)
-    return one_tok, one_tile
-
-
-def decode_split(q, kd, vd, md, sm_scale: float, kernel):
-    """A prefill-shaped bucket's attention in two calls (AttentionOptions.cudnn_split): the tokens of one-token
-    sequences (decodes; at most one a sequence, so <= S of them) gathered into R = min(T, S) cuDNN rows, the other
-    tokens through `kernel(md)` (the Pallas kernel) with the decodes' tiles emptied (kv_len 0: no KV read), the cuDNN
-    rows selected into its output (a select, not a scatter: the scatter of 512 rows took 704 us of an H100's mixed
-    step, step-profile-mixed-split1-8a9ee0c; a select can fuse with the kernel's output gather: not yet measured).
-    K / V are already in the pages.
-
-    Why: in the offline run's usual step (509 decodes at context 640 beside 3 prompts, 2,048 tokens) the Pallas
-    kernel took 22.3 of the step's 67.8 ms on an H100 (1.9 TB/s of KV), cuDNN 14.5 ms for the same decodes alone
-    (benchmarks/probes/step_profile.py --shapes mixed-2048 decode-b512, 2026-12-07). Not in decode-shaped buckets,
-    which run whole through cuDNN: there the split's gathers cost batch-64 / 256 decode 5-8% (12-06 c)."""
-    T, S = q.shape[0], md.page_tables.shape[0] - 1
-    seq_of = token_sequences(md.tile_tokens, md.tile_seq, T, S)
-    one_tok, one_tile = single_token_sequences(seq_of, md.tile_seq, md.tile_kv_len, S)
-    idx = jnp.nonzero(one_tok, size=min(T, S), fill_value=T)[0]      # [R] token of each row; T: no token
-    live, tok = idx < T, jnp.minimum(idx, T - 1)
-    seq = jnp.where(live, seq_of[tok], S)
-    dec = cudnn_rows(q[tok], kd, vd, jnp.where(live, md.positions[tok] + 1, 1), seq, md.page_tables,
-                     sm_scale=sm_scale)                                 # [R, H, D]
-    rest = kernel(md._replace(tile_kv_len=jnp.where(one_tile, 0, md.tile_kv_len)))
-    row = jnp.clip(jnp.cumsum(one_tok, dtype=jnp.int32) - 1, 0, idx.shape[0] - 1)  # [T] a decode's row: nonzero
-    return jnp.where(one_tok[:, None, None], dec[row], rest)                     # lists the tokens in order
-
-
 def _paged_attention_local(q, k, v, k_pages, v_pages, md, opts, sm_scale, sliding_window):
     k_pages, v_pages = write_kv_pages(k_pages, v_pages, k, v, md.slot_mapping)
     kd, vd, scales = k_pages, v_pages, {}
@@ -152,19 +113,15 @@ def _paged_attention_local(q, k, v, k_pages, v_pages, md, opts, sm_scale, slidin
                                         md.page_tables, sm_scale=sm_scale)
             return out, k_pages, v_pages
         # prefill-shaped buckets: the Pallas kernel (cuDNN's one row a token would re-read a chunk's KV per token;
-        # the two cuDNN prefill forms of cudnn_prefill_forms.py measured slower than the kernel or short of 1.5x),
-        # their decodes through cuDNN rows under cudnn_split
+        # the two cuDNN prefill forms of cudnn_prefill_forms.py measured slower than the kernel or short of 1.5x;
+        # the decodes of mixed steps through cuDNN rows, "the split", measured and removed twice: docs/architecture.md)
     if opts.backend in ("pallas", "cudnn"):
         splits = kernel_split_options(md.page_tables.shape[0] - 1, kd.shape[2], opts.num_sms)  # rows: S + 1
-
-        def kernel(md_):
-            return ragged_paged_attention(
-                q, kd, vd, md_.positions, md_.tile_tokens, md_.tile_seq, md_.tile_kv_len, md_.page_tables,
-                sm_scale=sm_scale, sliding_window=sliding_window, pages_per_block=_pages_per_block(kd.shape[1]),
-                interpret=opts.interpret, **splits, **scales)
-        if opts.backend == "cudnn" and opts.cudnn_split and q.shape[0] >= opts.cudnn_min_tokens:
-            return decode_split(q, kd, vd, md, sm_scale, kernel), k_pages, v_pages
-        return kernel(md), k_pages, v_pages
+        out = ragged_paged_attention(
+            q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,
+            sm_scale=sm_scale, sliding_window=sliding_window, pages_per_block=_pages_per_block(kd.shape[1]),
+            interpret=opts.interpret, **splits, **scales)
+        return out, k_pages, v_pages
     out = ragged_paged_attention_reference(
         q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,
         sm_scale=sm_scale, kv_chunk_pages=opts.kv_chunk_pages, sliding_window=sliding_window,

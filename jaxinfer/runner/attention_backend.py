@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 
 from jaxinfer.config import EngineConfig
-from jaxinfer.env_switch import switch
 from jaxinfer.weights.loader import LoadedModel
 from pallas_kernels.paged_attention import cudnn_paged, kv_quant
 
@@ -36,18 +35,6 @@ def auto_attention_backend(loaded: LoadedModel, config: EngineConfig, single_dev
             and cudnn_attention_problem(loaded, config) is None):
         return "cudnn"
     return "pallas"
-
-
-# Decodes beside prompt chunks (prefill-shaped buckets) through cuDNN rows, the chunks through the Pallas kernel
-# (models/attention.decode_split): an A/B switch, JAXINFER_CUDNN_SPLIT (off unless set). Measured on an H100 (12-07 g):
-# the offline run's mixed step 66.2 -> 63.2-64.2 ms, offline +0.9%; off until steps with few / no decodes are measured.
-CUDNN_SPLIT_DEFAULT = False
-
-
-def cudnn_split() -> bool:
-    """Whether 'cudnn' / 'auto' split prefill-shaped buckets (AttentionOptions.cudnn_split): JAXINFER_CUDNN_SPLIT,
-    else CUDNN_SPLIT_DEFAULT."""
-    return switch("JAXINFER_CUDNN_SPLIT", CUDNN_SPLIT_DEFAULT)
 
 
 def cudnn_min_tokens(config: EngineConfig) -> int:

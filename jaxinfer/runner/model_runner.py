@@ -167,8 +167,7 @@ class ModelRunner:
         backend = attention_backend.resolve(loaded, config, single_device=plan is None)
         opts = AttentionOptions(kv_chunk, static, backend, interpret=jax.default_backend() == "cpu",
                                 mesh=plan.mesh if plan is not None and plan.tp > 1 else None,
-                                num_sms=device_num_sms(), cudnn_min_tokens=attention_backend.cudnn_min_tokens(config),
-                                cudnn_split=attention_backend.cudnn_split())
+                                num_sms=device_num_sms(), cudnn_min_tokens=attention_backend.cudnn_min_tokens(config))
         kv_shardings = None if plan is None else [(kv_sharding, kv_sharding)] * cfg.num_layers
         self.attention_options = opts
         # Speculation on: steps pass each other the carry of runner/spec_carry.py (pipelined verification).

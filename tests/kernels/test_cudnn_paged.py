@@ -297,49 +297,24 @@ def _mixed_step(rng, H=8, KVH=2, D=32, ps=16):
     return d
 
 
-def test_single_token_sequences_marks_the_decodes():
-    """models/attention.single_token_sequences: the tokens (packed in sequence order) and tiles of the sequences
-    with one token in the step, against the step's own list."""
-    from jaxinfer.models.attention import single_token_sequences
-    from pallas_kernels.paged_attention.cudnn_paged import token_sequences
-
-    d = build(np.random.default_rng(5), cases(16), 8, 2, 32, 16, max_seqs=16, max_tokens=256, query_tile=4)
-    a, T, S = d["a"], d["batch"].bucket.num_tokens, d["batch"].bucket.num_seqs
-    tiles, tile_seq, tile_kv_len = (jnp.asarray(a[n]) for n in ("tile_tokens", "tile_seq", "tile_kv_len"))
-    one_tok, one_tile = single_token_sequences(token_sequences(tiles, tile_seq, T, S), tile_seq, tile_kv_len, S)
-    expected = np.zeros(T, bool)
-    expected[:sum(n for _, n in cases(16))] = np.concatenate([[n == 1] * n for _, n in cases(16)])
-    np.testing.assert_array_equal(np.asarray(one_tok), expected)
-    tiles_of_decodes = {int(a["tile_seq"][i]) for i in np.flatnonzero(np.asarray(one_tile))}
-    assert tiles_of_decodes == {i for i, (_, n) in enumerate(cases(16)) if n == 1}
-
-
-@pytest.mark.parametrize("step,split", [("mixed", False), ("mixed", True), ("prefill", False), ("prefill", True)])
-def test_cudnn_backend_matches_the_reference_on_mixed_steps(monkeypatch, step, split):
+@pytest.mark.parametrize("step", ["mixed", "prefill"])
+def test_cudnn_backend_matches_the_reference_on_mixed_steps(monkeypatch, step):
     """Decodes beside a prompt chunk and a verification: in a decode-shaped bucket whole through cuDNN (its
-    stand-in, one row a token), split or not; in a prefill-shaped bucket (more tokens than sequences) through the
-    Pallas kernel (interpret mode), or split (AttentionOptions.cudnn_split: the decodes gathered into min(T, S)
-    cuDNN rows, the kernel for the rest with the decodes' tiles emptied). Every form matches the reference, and
-    the split hands cuDNN exactly the decodes."""
+    stand-in, one row a token); in a prefill-shaped bucket (more tokens than sequences) through the Pallas kernel
+    (interpret mode) alone, every tile as given. Both match the reference."""
     from jaxinfer.models import attention as attn
-    from pallas_kernels.paged_attention import cudnn_paged
 
     calls = []
 
     def whole(*a, **kw):
         calls.append(("whole", a[0].shape[0]))
         return cudnn_paged_attention(*a, **kw, sdpa=dense_sdpa)
-
-    def rows(q, kp, vp, kv_len, seq, tables, **kw):
-        calls.append(("rows", q.shape[0], int((np.asarray(seq) < tables.shape[0] - 1).sum())))
-        return cudnn_paged.cudnn_rows(q, kp, vp, kv_len, seq, tables, **kw, sdpa=dense_sdpa)
     kernel_kv_lens = []
 
     def kernel(*a, **kw):  # the Pallas kernel, recording which tiles it reads
         kernel_kv_lens.append(np.asarray(a[6]))
         return ragged_paged_attention(*a, **kw)
     monkeypatch.setattr(attn, "cudnn_paged_attention", whole)
-    monkeypatch.setattr(attn, "cudnn_rows", rows)
     monkeypatch.setattr(attn, "ragged_paged_attention", kernel)
     D, KVH, ps = 32, 2, 16
     steps = MIXED if step == "mixed" else cases(ps)
@@ -347,50 +322,14 @@ def test_cudnn_backend_matches_the_reference_on_mixed_steps(monkeypatch, step, s
          build(np.random.default_rng(7), steps, 8, KVH, D, ps, max_seqs=16, max_tokens=256, query_tile=4))
     a, T, S = d["a"], d["batch"].bucket.num_tokens, d["batch"].bucket.num_seqs
     assert (T > S) == (step == "prefill"), d["batch"].bucket
-    out, ref = _attention_and_reference(d, attn.AttentionOptions(2, False, "cudnn", interpret=True, cudnn_split=split))
+    out, ref = _attention_and_reference(d, attn.AttentionOptions(2, False, "cudnn", interpret=True))
     n = sum(n for _, n in steps)
     np.testing.assert_allclose(np.asarray(out)[:n], np.asarray(ref)[:n], rtol=2e-5, atol=2e-5)
-    decodes = sum(n == 1 for _, n in steps)
-    assert decodes >= 3 and n > decodes  # (the split has decodes and prompt tokens to separate)
-    expected = {"mixed": [("whole", T)], "prefill": [("rows", min(T, S), decodes)] if split else []}[step]
-    assert calls == expected
-    if step == "prefill":  # under the split the kernel reads no decode's KV (their tiles emptied), the rest as given
+    assert sum(n == 1 for _, n in steps) >= 3 and n > 3  # decodes beside prompt tokens
+    assert calls == ([("whole", T)] if step == "mixed" else [])
+    if step == "prefill":
         (kv_len,) = kernel_kv_lens
-        decode_tiles = np.isin(a["tile_seq"], [i for i, (_, m) in enumerate(steps) if m == 1]) & (a["tile_kv_len"] > 0)
-        assert decode_tiles.sum() == decodes
-        np.testing.assert_array_equal(kv_len[decode_tiles], 0 if split else a["tile_kv_len"][decode_tiles])
-        np.testing.assert_array_equal(kv_len[~decode_tiles], a["tile_kv_len"][~decode_tiles])
-
-
-@pytest.mark.parametrize("value,expected", [(None, False), ("0", False), ("off", False), ("1", True)])
-def test_cudnn_split_switch_reaches_the_runner(monkeypatch, value, expected):
-    """JAXINFER_CUDNN_SPLIT (off when unset: not yet measured in the engine) sets the runner's
-    AttentionOptions.cudnn_split, part of its programs' cache key (repr(opts))."""
-    import jaxinfer
-    from jaxinfer.runner import attention_backend
-    if value is None:
-        monkeypatch.delenv("JAXINFER_CUDNN_SPLIT", raising=False)
-    else:
-        monkeypatch.setenv("JAXINFER_CUDNN_SPLIT", value)
-    assert attention_backend.cudnn_split() is expected
-    llm = jaxinfer.LLM(model="tiny-llama", load_format="dummy", warmup=False, progress=False)
-    assert llm.runner.attention_options.cudnn_split is expected
-    assert f"cudnn_split={expected}" in repr(llm.runner.attention_options)
-
-
-def test_cudnn_split_keeps_buckets_below_the_minimum_whole(monkeypatch):
-    """A prefill-shaped bucket of fewer tokens than cudnn_min_tokens is not split: the Pallas kernel alone."""
-    from jaxinfer.models import attention as attn
-    calls = []
-    monkeypatch.setattr(attn, "cudnn_rows", lambda *a, **kw: calls.append("rows"))
-    D, KVH, ps = 32, 2, 16
-    d = build(np.random.default_rng(8), cases(ps), 8, KVH, D, ps, max_seqs=16, max_tokens=256, query_tile=4)
-    T = d["batch"].bucket.num_tokens
-    opts = attn.AttentionOptions(2, False, "cudnn", interpret=True, cudnn_split=True, cudnn_min_tokens=T + 1)
-    out, ref = _attention_and_reference(d, opts)
-    n = sum(m for _, m in cases(ps))
-    np.testing.assert_allclose(np.asarray(out)[:n], np.asarray(ref)[:n], rtol=2e-5, atol=2e-5)
-    assert calls == []
+        np.testing.assert_array_equal(kv_len, a["tile_kv_len"])
 
 
 @pytest.mark.parametrize("backend,speculative,expected", [
