@@ -146,8 +146,10 @@ for part in $PARTS; do case $part in
       --max-num-seqs 512 --max-model-len 2048 --top 30 --iters 10 --tag mixed ;;
   mixprofq)  # the same mixed step quantized: fp8 W8A8 (offline 1.20x bf16 against issue 20's >= 1.4x) and int4-g128
              # (0.87x against >= 1.0x): which kernels hold their time (~300 s on a warm machine)
-    for q in fp8 int4; do
-      run mixprof-$q 170 timeout 170 $PY benchmarks/probes/step_profile.py --shapes mixed-2048 --quantization $q \
+    # (bf16 first: the same call's peer; fp8 / int4 on a warm machine ~100 s each)
+    for q in bf16 fp8 int4; do
+      run mixprof-$q 170 timeout 170 $PY benchmarks/probes/step_profile.py --shapes mixed-2048 \
+        $([ $q != bf16 ] && echo --quantization $q) \
         --max-num-seqs 512 --max-model-len 2048 --top 30 --iters 10 --tag mixed-$q
     done ;;
   # (pages / tp512b, page 64 vs 16 and sequences:budget offline: removed 12-07 d, tpgrid runs their offline rows;
