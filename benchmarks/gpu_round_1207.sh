@@ -152,10 +152,10 @@ for part in $PARTS; do case $part in
         $([ $q != bf16 ] && echo --quantization $q) \
         --max-num-seqs 512 --max-model-len 2048 --top 30 --iters 10 --tag mixed-$q
     done ;;
-  fp8out)  # fp8 W8A8's dot output f32 (as shipped) vs bf16, per op at M = 256 / 2048 beside XLA's bf16 dot (issue 20's
-           # fp8 offline 1.20x against >= 1.4x; the f32 output is written and read back by the scaling; ~120 s)
+  fp8out)  # fp8 W8A8's dot output bf16 (the default since 12-07 h) vs f32 (before), per op at M = 2048 / 256 / 16 beside
+           # XLA's bf16 dot (issue 20's fp8 offline 1.20x against >= 1.4x; the scaling reads the output back; ~120 s)
     run kern-fp8out 170 timeout 170 $PY benchmarks/kernels/quantized_matmul.py --m 2048 256 16 \
-      --variants fp8_w8a8 fp8_w8a8_bf16out ;;
+      --variants fp8_w8a8 fp8_w8a8_f32out ;;
   # (pages / tp512b, page 64 vs 16 and sequences:budget offline: removed 12-07 d, tpgrid runs their offline rows;
   #  pages' latency at page 64 and tp512b's 256:2048 row were dropped with them)
   serve)

@@ -142,9 +142,9 @@ def variants(interpret: bool):
         "bf16": ("bf16", lambda x, w: jnp.dot(x, w["w"], preferred_element_type=jnp.float32).astype(x.dtype),
                  None, None),
         "fp8_w8a8": ("fp8", lambda x, w: qx.fp8_matmul_xla(x, w["q"], w["scale"]), "fp8", None),
-        # the fp8 dot's output in bf16, not f32 (half the bytes written and read back by the scaling epilogue)
-        "fp8_w8a8_bf16out": ("fp8", lambda x, w: qx.fp8_matmul_xla(x, w["q"], w["scale"], dot_dtype=jnp.bfloat16),
-                             "fp8", None),
+        # the fp8 dot's output in f32 (the default before 12-07 h; bf16 since: half the bytes the scaling reads back)
+        "fp8_w8a8_f32out": ("fp8", lambda x, w: qx.fp8_matmul_xla(x, w["q"], w["scale"], dot_dtype=jnp.float32),
+                            "fp8", None),
         "int8_pallas": ("int8_kn", lambda x, w: qk.int8_matmul(x, w["q"], w["scale"], interpret=interpret),
                         "int8", ("int8", "pallas")),
         "int8_convert_kn": ("int8_kn", lambda x, w: qf.int8_convert_xla(x, w["q"], w["scale"]), "int8",

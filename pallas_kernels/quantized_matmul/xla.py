@@ -53,13 +53,20 @@ def int4_matmul_xla_nk(x, packed_t, scale, offset, *, group_size: int, out_dtype
     return y.astype(out_dtype or x.dtype).reshape(*lead, N)
 
 
-def fp8_matmul_xla(x, q_t, scale, *, out_dtype=None, dot_dtype=jnp.float32):
-    """W8A8 through XLA's native fp8 dot (cuBLASLt on Hopper): e4m3 [M, K] x e4m3 [N, K] contracted over K with
-    f32 output (dot_dtype=bf16: the variant measured in ANCHORS.md; one more rounding); the per-token and
-    per-channel scales multiply the output (cuBLASLt's fused scaling takes only scalars, so per-channel scales
-    cannot go inside the GEMM)."""
+def fp8_matmul_xla(x, q_t, scale, *, out_dtype=None, dot_dtype=None):
+    """W8A8 through XLA's native fp8 dot (cuBLASLt on Hopper): e4m3 [M, K] x e4m3 [N, K] contracted over K (f32
+    accumulation), then the per-token and per-channel scales multiply the output (cuBLASLt's fused scaling takes
+    only scalars, so per-channel scales cannot go inside the GEMM).
+
+    dot_dtype: the dot's output dtype, which the scaling reads back. None: bf16 when the result is bf16 (the
+    caller keeps 8 bits of mantissa anyway: one more rounding, relative 2^-9), else f32 (fp16's range cannot hold
+    the unscaled e4m3 products' sums). A 2,048-token step's f32
+    dot outputs are ~11 GB of extra HBM traffic on the 8B shape (written, then read by the scaling)."""
+    out_dtype = jnp.dtype(out_dtype or x.dtype)
+    if dot_dtype is None:
+        dot_dtype = jnp.bfloat16 if out_dtype == jnp.bfloat16 else jnp.float32
     x2, lead = _as_2d(x)
     xq, xs = quantize_activations_fp8(x2)
     y = jax.lax.dot_general(xq, q_t, (((1,), (1,)), ((), ())), preferred_element_type=dot_dtype)
     y = y.astype(jnp.float32) * xs[:, None] * scale.astype(jnp.float32)[None, :]
-    return y.astype(out_dtype or x.dtype).reshape(*lead, q_t.shape[0])
+    return y.astype(out_dtype).reshape(*lead, q_t.shape[0])

@@ -153,6 +153,12 @@ def test_xla_paths_match_reference():
     ref_f = qr.fp8_matmul_reference(x, L8f["q"], L8f["scale"], out_dtype=jnp.float32)
     assert _rel(qx.fp8_matmul_xla(x, L8f["q"], L8f["scale"], out_dtype=jnp.float32), ref_f) < 1e-5
     assert _rel(ref_f, xf @ w) < 0.06  # W8A8 vs float: weights and activations both rounded to e4m3
+    # a bf16 result: the dot's output is bf16 too (half the bytes the scaling reads back), one rounding more
+    got16 = qx.fp8_matmul_xla(x, L8f["q"], L8f["scale"])
+    assert got16.dtype == jnp.bfloat16 and _rel(got16.astype(jnp.float32), ref_f) < 2 ** -7
+    dots = [e for e in jax.make_jaxpr(qx.fp8_matmul_xla)(x, L8f["q"], L8f["scale"]).eqns
+            if e.primitive.name == "dot_general"]
+    assert [e.outvars[0].aval.dtype for e in dots] == [jnp.bfloat16]
 
 
 @pytest.mark.parametrize("kind,M", [("int8", 1), ("int8", 48), ("int8", 256), ("int4", 4), ("int4", 2048)])
