@@ -154,11 +154,11 @@ for part in $PARTS; do case $part in
     done ;;
   fp8out)  # fp8 W8A8's dot output bf16 (the default since 12-07 h) vs f32 (before), per op at M = 2048 / 256 / 16 beside
            # XLA's bf16 dot (issue 20's fp8 offline 1.20x against >= 1.4x; the scaling reads the output back; ~120 s)
-    run kern-fp8out 170 timeout 170 $PY benchmarks/kernels/quantized_matmul.py --m 2048 256 16 \
+    run kern-fp8out 300 timeout 300 $PY benchmarks/kernels/quantized_matmul.py --m 2048 1 --reps 3 \
       --variants fp8_w8a8 fp8_w8a8_f32out ;;
   fp8off)  # issue 20's fp8 offline >= 1.4x bf16 (1.20x before the bf16 dot output) and batch-1 decode, one process (~300 s)
-    run fp8off 330 timeout 330 $PY benchmarks/quantized_decode.py --methods bf16 fp8 --decode-batches 1 \
-      --throughput-methods bf16 fp8 --no-kv-capacity --budget-s 300 --tag fp8off ;;
+    run fp8off 540 timeout 540 $PY benchmarks/quantized_decode.py --methods bf16 fp8 --decode-batches 1 \
+      --throughput-methods bf16 fp8 --no-kv-capacity --budget-s 520 --tag fp8off ;;
   # (pages / tp512b, page 64 vs 16 and sequences:budget offline: removed 12-07 d, tpgrid runs their offline rows;
   #  pages' latency at page 64 and tp512b's 256:2048 row were dropped with them)
   serve)

@@ -115,6 +115,12 @@ PATHS = {
     # bf16 against the kernel's 1.45x (results/quantized-decode-w8a8-all-m-20f692a-2026-12-06.json), hence the split.
     # The default for SmoothQuant-smoothed checkpoints (config.smoothed_checkpoint_spec).
     ("int8", "xla-nk-w8a8"): ((16, "pallas-nk"), (ANY_M, "w8a8-nk")),
+    # fp8 e4m3 [N, K] ('xla', the GPU default): weight-only through the int8 small-M kernel at M <= 16 (e4m3 -> bf16
+    # in registers; activations not rounded), W8A8 through XLA's fp8 dot above. The fp8 dot at M = 1 (H100, 12-07 h,
+    # step-profile-fp8-b1 in gpu-round-1207h-2026-12-07.log): the batch-1 step 4.84 ms of device time but 8.48 ms a
+    # call, and the engine decoded at 127.4 tok/s against bf16's 170.7 (quantized-decode-fp8off-e7c792b-2026-12-07
+    # .json); the activation quantization alone was 74 reductions and 66 converts a step.
+    ("fp8", "xla"): ((16, "pallas-nk"), (ANY_M, "xla")),
 }
 # Weights of at least this many elements take the 'large' table: 32M int8 weights are 32 MB, so past it a weight
 # no longer sits in the 50 MB L2 beside the activations (the 8B shapes: qkv 25M and o 17M below, down 59M,
@@ -143,6 +149,7 @@ LAYOUT_PATHS = {
     ("int4", "native"): ("reference-native", "int4-dequant", "int4-grouped", "int4-grouped-mixed"),
     ("int4", "packed-nk"): ("reference-packed-nk", "xla-packed-nk", "triton-int4-nk", "pallas-int4-nk"),
     ("int4", "native-nk"): ("reference-native-nk", "int4-dequant-nk", "mosaic-int4-nk", "mosaic-int4-wide-nk"),
+    ("fp8", "nk"): ("reference", "xla", "pallas-nk"),
 }
 # A small-M kernel path where its kernel cannot run (`kernel_runs`) becomes this one.
 KERNEL_FALLBACK = {"triton-nk": "convert-nk", "triton-int4-nk": "xla-packed-nk", "pallas-nk": "convert-nk",
@@ -186,7 +193,10 @@ def path_for(method: str, backend: str, M: int, K: int | None = None, N: int | N
     under tensor parallelism, where XLA's partitioner would gather a pallas_call's weights whole onto every
     device) turns every KERNEL_FALLBACK path into its XLA fallback."""
     if method == "fp8":
-        return "reference" if backend == "reference" else "xla"
+        if backend == "reference":
+            return "reference"
+        path = _lookup(PATHS[("fp8", "xla")], M)
+        return path if path != "pallas-nk" or (kernels and kernel_runs(path, M, K, N)) else "xla"
     if backend in ("xla-int4", "triton-int4", "mosaic-int4"):
         path = _lookup(PATHS[("int4", backend)], M)
     elif backend in ("mosaic-int8", "xla-nk-w8a8"):
@@ -236,6 +246,8 @@ def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, 
     N = q.shape[0] if nk else q.shape[-1]
     path = path_for(method, backend, M, K, N, group_size, kernels)
     if method == "fp8":
+        if path == "pallas-nk":  # weight-only: the e4m3 weights through the int8 small-M kernel
+            return qmm_kernel_nk.int8_matmul_nk(x, q, scale, out_dtype=out_dtype)
         fn = qmm_ref.fp8_matmul_reference if path == "reference" else qmm_xla.fp8_matmul_xla
         return fn(x, q, scale, out_dtype=out_dtype)
     if method == "int8" and nk:

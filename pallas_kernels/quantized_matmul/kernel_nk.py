@@ -145,10 +145,16 @@ def config_for(M: int, K: int, N: int) -> Config:
     return default_config("int8", M, K, N)
 
 
+# Weight dtypes the int8 kernel streams: int8, and fp8 e4m3 (the fp8 model's [N, K] weights, weight-only at small M:
+# e4m3 -> bf16 in registers is exact, and Triton converts it natively from SM 8.9).
+NK_WEIGHT_DTYPES = (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn))
+
+
 def int8_matmul_nk(x, q_t, scale, *, out_dtype=None, interpret: bool = False, cfg: Config | None = None):
-    """x [..., K] @ (q_t int8 [N, K] * scale [N]).T -> [..., N] in out_dtype (default x.dtype)."""
-    if q_t.ndim != 2 or jnp.dtype(q_t.dtype) != jnp.int8:
-        raise TypeError(f"q_t must be int8 [N, K], got {q_t.dtype} {tuple(q_t.shape)}")
+    """x [..., K] @ (q_t [N, K] * scale [N]).T -> [..., N] in out_dtype (default x.dtype); q_t int8 or fp8 e4m3
+    (NK_WEIGHT_DTYPES)."""
+    if q_t.ndim != 2 or jnp.dtype(q_t.dtype) not in NK_WEIGHT_DTYPES:
+        raise TypeError(f"q_t must be int8 or float8_e4m3fn [N, K], got {q_t.dtype} {tuple(q_t.shape)}")
     N, K = q_t.shape
     if x.shape[-1] != K:
         raise ValueError(f"x must be [..., {K}] (q_t's input dimension), got shape {tuple(x.shape)}")

@@ -187,6 +187,32 @@ def test_no_kernel_paths_without_kernels(monkeypatch):
             quant_paths.path_for(method, backend, 64, 4096, 4096, g, kernels=False)
 
 
+def test_fp8_runs_weight_only_through_the_small_m_kernel(monkeypatch):
+    """fp8 ('xla', its GPU backend): at M <= 16 the e4m3 weights through the int8 small-M kernel, weight-only (x not
+    rounded to e4m3); above, W8A8 through XLA's fp8 dot; XLA's dot at every M where the kernel cannot run or under
+    tensor parallelism (kernels=False). The kernel runs in interpret mode here (kernels_enabled simulated)."""
+    import functools
+
+    from pallas_kernels.quantized_matmul import kernel_nk, triton_small_m
+
+    K, N = 512, 64
+    assert quant_paths.path_for("fp8", "xla", 1, K, N) == "xla"               # CPU: no kernel
+    monkeypatch.setattr(triton_small_m, "kernels_enabled", lambda: True)
+    assert [quant_paths.path_for("fp8", "xla", m, K, N) for m in (1, 16, 17)] == ["pallas-nk", "pallas-nk", "xla"]
+    assert quant_paths.path_for("fp8", "xla", 1, K, N, kernels=False) == "xla"
+    assert quant_paths.path_for("fp8", "reference", 1, K, N) == "reference"
+    monkeypatch.setattr(kernel_nk, "int8_matmul_nk", functools.partial(kernel_nk.int8_matmul_nk, interpret=True))
+    rng = np.random.default_rng(3)
+    q = jnp.asarray(rng.standard_normal((N, K)) * 100, jnp.float8_e4m3fn)
+    scale = jnp.asarray(rng.uniform(1e-3, 1e-2, N), jnp.float32)
+    w = np.asarray(q.astype(jnp.float32), np.float64) * np.asarray(scale)[:, None]      # [N, K]
+    for M in (3, 17):
+        x = jnp.asarray(rng.standard_normal((M, K)), jnp.float32)
+        got = quant_paths.quantized_matmul(x, "fp8", q, scale, backend="xla")
+        weight_only = _rel(got, np.asarray(x, np.float64) @ w.T)
+        assert (weight_only < 1e-5) == (M <= 16), (M, weight_only)      # above 16 the activations are rounded
+
+
 @pytest.mark.parametrize("quantization,backend", [("int8", "w8a8"), ("int4-g32", "xla-int4"),
                                                   ("int4-g64-asym", "xla-int4"), ("int4-g32", "triton-int4"),
                                                   ("int4-g64-asym", "triton-int4"), ("int4", "mosaic-int4"),

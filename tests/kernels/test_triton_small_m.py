@@ -160,6 +160,30 @@ def test_pallas_int8_nk_matches_reference(M, K, N, bn, bk, split, exact):
     assert got.shape == (M, N) and rel_err(got, want) < 1e-5
 
 
+@pytest.mark.parametrize("M", [1, 5, 16])
+def test_pallas_nk_streams_fp8_weights(M):
+    """The fp8 model's e4m3 [N, K] weights through the same kernel (weight-only, kernel_nk.NK_WEIGHT_DTYPES) against
+    x @ (q * scale).T in float32; and it lowers to Triton for the GPU (the e4m3 -> bf16 cast needs SM 8.9+)."""
+    from pallas_kernels.quantized_matmul import kernel_nk
+
+    K, N = 512, 64
+    rng = np.random.default_rng(M)
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.float32)
+    q = jnp.asarray(rng.standard_normal((N, K)) * 100, jnp.float8_e4m3fn)
+    scale = jnp.asarray(rng.uniform(1e-3, 1e-2, N), jnp.float32)
+    cfg = T.Config(16, 32, 128, 2, True, 4, 3)
+    got = kernel_nk.int8_matmul_nk(x, q, scale, interpret=True, cfg=cfg)
+    want = np.asarray(x, np.float64) @ (np.asarray(q.astype(jnp.float32), np.float64) * np.asarray(scale)[:, None]).T
+    assert got.shape == (M, N) and rel_err(got, want) < 1e-5
+    xb = jax.ShapeDtypeStruct((M, 4096), jnp.bfloat16)
+    lowered = jax.jit(lambda x, q, s: kernel_nk.int8_matmul_nk(x, q, s)).trace(
+        xb, jax.ShapeDtypeStruct((6144, 4096), jnp.float8_e4m3fn), jax.ShapeDtypeStruct((6144,), jnp.float32)
+    ).lower(lowering_platforms=("cuda",))
+    assert "triton" in lowered.as_text().lower()
+    with pytest.raises(TypeError, match="int8 or float8_e4m3fn"):
+        kernel_nk.int8_matmul_nk(x, q.astype(jnp.bfloat16), scale, interpret=True, cfg=cfg)
+
+
 @pytest.mark.parametrize("M,exact,rows", [(1, True, 4), (5, True, 20), (5, False, 64), (16, True, 64)])
 def test_pallas_nk_partials_have_only_xs_rows(M, exact, rows):
     """Below 16 rows the split partials the kernel writes (and XLA sums) are [split * M, N]: not 16 rows a split of
