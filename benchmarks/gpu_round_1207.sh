@@ -159,6 +159,11 @@ for part in $PARTS; do case $part in
   fp8off)  # issue 20's fp8 offline >= 1.4x bf16 (1.20x before the bf16 dot output) and batch-1 decode, one process (~300 s)
     run fp8off 540 timeout 540 $PY benchmarks/quantized_decode.py --methods bf16 fp8 --decode-batches 1 \
       --throughput-methods bf16 fp8 --no-kv-capacity --budget-s 520 --tag fp8off ;;
+  fp8b1)  # fp8 batch 1 as the process's first model, then bf16 (12-07 h: fp8 after bf16 in one process 7.85 ms median
+          # step, device-only 6.16 ms, where step_profile in a fresh process took 4.84 / 4.68 ms; ~400 s cold: fp8's
+          # quantize-on-load and compiles took > 170 s on a fresh machine)
+    run fp8b1 420 timeout 420 $PY benchmarks/quantized_decode.py --methods fp8 bf16 --decode-batches 1 \
+      --throughput-methods --no-kv-capacity --budget-s 400 --tag fp8b1 ;;
   # (pages / tp512b, page 64 vs 16 and sequences:budget offline: removed 12-07 d, tpgrid runs their offline rows;
   #  pages' latency at page 64 and tp512b's 256:2048 row were dropped with them)
   serve)

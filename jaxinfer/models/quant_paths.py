@@ -116,10 +116,10 @@ PATHS = {
     # The default for SmoothQuant-smoothed checkpoints (config.smoothed_checkpoint_spec).
     ("int8", "xla-nk-w8a8"): ((16, "pallas-nk"), (ANY_M, "w8a8-nk")),
     # fp8 e4m3 [N, K] ('xla', the GPU default): weight-only through the int8 small-M kernel at M <= 16 (e4m3 -> bf16
-    # in registers; activations not rounded), W8A8 through XLA's fp8 dot above. The fp8 dot at M = 1 (H100, 12-07 h,
-    # step-profile-fp8-b1 in gpu-round-1207h-2026-12-07.log): the batch-1 step 4.84 ms of device time but 8.48 ms a
-    # call, and the engine decoded at 127.4 tok/s against bf16's 170.7 (quantized-decode-fp8off-e7c792b-2026-12-07
-    # .json); the activation quantization alone was 74 reductions and 66 converts a step.
+    # in registers; the activations are not rounded to e4m3), W8A8 through XLA's fp8 dot above. Batch-1 step on an
+    # H100 (12-07 h, probes/step_profile.py --shapes decode-b1 --quantization fp8, device time a step): 4.84 ms with
+    # the fp8 dot at every M (its activation quantization: 74 reductions and 66 converts a step), 4.68 ms with this
+    # table (results/step-profile-fp8-b1{,-nk}-*-2026-12-07.json); bf16 5.91 ms.
     ("fp8", "xla"): ((16, "pallas-nk"), (ANY_M, "xla")),
 }
 # Weights of at least this many elements take the 'large' table: 32M int8 weights are 32 MB, so past it a weight
