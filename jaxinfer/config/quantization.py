@@ -38,15 +38,19 @@ from jaxinfer.config.model import ConfigError
 #                at M <= 16 on a Hopper GPU instead of the Pallas-Triton one, XLA's convert + dot above) or
 #                "xla-nk-w8a8" (int8 only, opt-in: 'xla-nk''s weights, weight-only up to 16 tokens a step and W8A8
 #                through XLA's int8 dot above, activations quantized per token: prefill and large batches change
-#                numerics, as 'w8a8' does everywhere; for the offline speed of int8, see models/quant_paths.py).
+#                numerics, as 'w8a8' does everywhere; for the offline speed of int8, see models/quant_paths.py)
+#                or "mosaic-int4-w4a8" (int4 only, opt-in: 'mosaic-int4''s weights and kernels up to
+#                W4A8_MIN_TOKENS - 1 tokens a step (XLA's dequantize + dot where a kernel cannot run: other group
+#                sizes, other GPUs), W4A8 above: the weights rounded to e4m3 per output channel, the activations
+#                per token, XLA's fp8 dot; changes the numerics of large steps, for the offline speed of int4).
 
 QUANT_METHODS = ("int8", "int4", "fp8")
 INT4_GROUP_SIZES = (32, 64, 128)
 MATMUL_BACKENDS = ("auto", "reference", "xla", "pallas", "w8a8", "xla-nk", "xla-nk-w8a8", "xla-int4", "triton-int4",
-                   "mosaic-int4", "mosaic-int8")
+                   "mosaic-int4", "mosaic-int8", "mosaic-int4-w4a8")
 _BACKEND_METHODS = {"w8a8": "int8", "xla-nk": "int8", "xla-nk-w8a8": "int8", "xla-int4": "int4",
-                    "triton-int4": "int4",
-                    "mosaic-int4": "int4", "mosaic-int8": "int8"}  # one method only
+                    "triton-int4": "int4", "mosaic-int4": "int4", "mosaic-int8": "int8",
+                    "mosaic-int4-w4a8": "int4"}  # one method only
 _INT4_RE = re.compile(r"int4(?:-g(\d+))?(-asym|-sym)?")
 
 

@@ -27,6 +27,9 @@ Model backends (the `quantized_matmul` option after quant.resolve_backend) and t
   'mosaic-int4'              int4 group 128 only (the default on one Hopper GPU): signed int4 [N, K] weights (K
                              contiguous); Mosaic GPU tensor-core kernels on a Hopper GPU: mosaic_int4.py at M <=
                              128, mosaic_int4_wide.py above (PATHS[('int4', 'mosaic-int4')])  int4 native-nk
+  'mosaic-int4-w4a8'         int4 only, opt-in: 'mosaic-int4''s weights and kernels below W4A8_MIN_TOKENS, W4A8 through
+                             XLA's fp8 dot from it (xla_fused.int4_native_nk_w4a8_xla: the weights rounded to e4m3
+                             per output channel once a step, the activations per token)    int4 native-nk
   'auto'                     resolves to GPU_DEFAULT[method] on GPU (int8: 'xla-nk', int4-g128: 'triton-int4'; on
                              one Hopper GPU int4-g128: HOPPER_INT4_DEFAULT, 'mosaic-int4');
                              PATHS[(method, 'auto')] picks
@@ -50,6 +53,7 @@ from pallas_kernels.quantized_matmul import xla as qmm_xla
 from pallas_kernels.quantized_matmul import xla_fused as qmm_fused
 
 ANY_M = 1 << 30
+W4A8_MIN_TOKENS = 512  # 'mosaic-int4-w4a8': steps of at least this many tokens run W4A8 (PATHS below)
 PATHS = {
     # H200 sweep 2026-12-02 (results/kernel-quantized-matmul-2026-12-02.json, 8B shapes, geomean vs bf16): XLA's
     # dequantize + dot 1.02x at M=1, 1.15x at M=16, 0.75x at M=256 (the Pallas kernel 0.59x there): XLA at every M.
@@ -121,6 +125,14 @@ PATHS = {
     # the fp8 dot at every M (its activation quantization: 74 reductions and 66 converts a step), 4.68 ms with this
     # table (results/step-profile-fp8-b1{,-nk}-*-2026-12-07.json); bf16 5.91 ms.
     ("fp8", "xla"): ((16, "pallas-nk"), (ANY_M, "xla")),
+    # int4 native-nk ('mosaic-int4-w4a8', opt-in): W4A8 from W4A8_MIN_TOKENS. Why (issue 20's offline int4 >= 1.0x
+    # bf16): the many-token Mosaic kernel stays at 0.83-0.94x the bf16 dot from 512 tokens (above), offline 0.87x
+    # bf16 (H200, 12-05 d), two designs of it short; the fp8 dot at M = 2,048 is 1.72x the bf16 dot per layer (H100,
+    # 12-07 h, results/kernel-quantized-matmul-fp8out-e7c792b-2026-12-07.json: 827 vs 1,423 us) and the int4 -> e4m3
+    # pass reads ~3.5 GB and writes ~7 GB a step on the 8B shape (~3 ms at the H100's bandwidth, an estimate), so
+    # it can pay only in steps of many tokens: the boundary is an estimate, not yet measured.
+    ("int4", "mosaic-int4-w4a8"): ((16, "mosaic-int4-nk"), (W4A8_MIN_TOKENS - 1, "mosaic-int4-wide-nk"),
+                                   (ANY_M, "w4a8-nk")),
 }
 # Weights of at least this many elements take the 'large' table: 32M int8 weights are 32 MB, so past it a weight
 # no longer sits in the 50 MB L2 beside the activations (the 8B shapes: qkv 25M and o 17M below, down 59M,
@@ -148,7 +160,8 @@ LAYOUT_PATHS = {
     ("int4", "packed"): ("reference", "pallas", "pallas-interpret", "xla"),
     ("int4", "native"): ("reference-native", "int4-dequant", "int4-grouped", "int4-grouped-mixed"),
     ("int4", "packed-nk"): ("reference-packed-nk", "xla-packed-nk", "triton-int4-nk", "pallas-int4-nk"),
-    ("int4", "native-nk"): ("reference-native-nk", "int4-dequant-nk", "mosaic-int4-nk", "mosaic-int4-wide-nk"),
+    ("int4", "native-nk"): ("reference-native-nk", "int4-dequant-nk", "mosaic-int4-nk", "mosaic-int4-wide-nk",
+                            "w4a8-nk"),
     ("fp8", "nk"): ("reference", "xla", "pallas-nk"),
 }
 # A small-M kernel path where its kernel cannot run (`kernel_runs`) becomes this one.
@@ -180,7 +193,8 @@ def weight_layout_of(method: str, backend: str) -> str:
     """The device layout a resolved model backend runs on: int4 'native' for 'xla-int4', else int4 'packed';
     int8 'nk' for 'xla-nk', else 'kn'; fp8 'nk' (e4m3 [N, K])."""
     if method == "int4":
-        return {"xla-int4": "native", "triton-int4": "packed-nk", "mosaic-int4": "native-nk"}.get(backend, "packed")
+        return {"xla-int4": "native", "triton-int4": "packed-nk", "mosaic-int4": "native-nk",
+                "mosaic-int4-w4a8": "native-nk"}.get(backend, "packed")
     if method == "int8":
         return "nk" if backend in ("xla-nk", "mosaic-int8", "xla-nk-w8a8") else "kn"
     return "nk"
@@ -197,7 +211,7 @@ def path_for(method: str, backend: str, M: int, K: int | None = None, N: int | N
             return "reference"
         path = _lookup(PATHS[("fp8", "xla")], M)
         return path if path != "pallas-nk" or (kernels and kernel_runs(path, M, K, N)) else "xla"
-    if backend in ("xla-int4", "triton-int4", "mosaic-int4"):
+    if backend in ("xla-int4", "triton-int4", "mosaic-int4", "mosaic-int4-w4a8"):
         path = _lookup(PATHS[("int4", backend)], M)
     elif backend in ("mosaic-int8", "xla-nk-w8a8"):
         path = _lookup(PATHS[("int8", backend)], M)
@@ -296,6 +310,8 @@ def quantized_matmul(x, method: str, q, scale, offset=None, *, group_size=None, 
         if path == "mosaic-int4-wide-nk":
             return qmm_mosaic_wide.int4_matmul_mosaic_wide(x, q, scale, offset, group_size=group_size,
                                                            out_dtype=out_dtype)
+        if path == "w4a8-nk":
+            return qmm_fused.int4_native_nk_w4a8_xla(x, q, scale, offset, group_size=group_size, out_dtype=out_dtype)
     elif method == "int4" and weight_layout_of("int4", backend) == "packed-nk":
         if path == "reference-packed-nk":
             return qmm_ref.int4_matmul_reference(x, q.T, scale, offset, group_size=group_size, out_dtype=out_dtype)

@@ -216,7 +216,7 @@ def test_fp8_runs_weight_only_through_the_small_m_kernel(monkeypatch):
 @pytest.mark.parametrize("quantization,backend", [("int8", "w8a8"), ("int4-g32", "xla-int4"),
                                                   ("int4-g64-asym", "xla-int4"), ("int4-g32", "triton-int4"),
                                                   ("int4-g64-asym", "triton-int4"), ("int4", "mosaic-int4"),
-                                                  ("int4-asym", "mosaic-int4")])
+                                                  ("int4-asym", "mosaic-int4"), ("int4-g64", "mosaic-int4-w4a8")])
 def test_quant_linear_backends(quantization, backend):
     """QuantLinear with the new backends: leaves in the backend's layout, output = the path's own reference,
     for M on both sides of the xla-int4 / triton-int4 tables' switch (triton-int4 on CPU: its XLA fallback on
@@ -226,7 +226,8 @@ def test_quant_linear_backends(quantization, backend):
     lin = QuantLinear(K, N, bias=False, dtype=jnp.float32, spec=spec, backend=backend)
     w = _weights(K, N, seed=7)
     qt = quantize_rtn(w, spec.method, group_size=spec.group_size, symmetric=spec.symmetric)
-    layout = {"xla-int4": "native", "triton-int4": "packed-nk", "mosaic-int4": "native-nk"}.get(backend, "packed")
+    layout = {"xla-int4": "native", "triton-int4": "packed-nk", "mosaic-int4": "native-nk",
+              "mosaic-int4-w4a8": "native-nk"}.get(backend, "packed")
     leaves = tensor_leaves(qt, jnp.float32, layout=layout)
     assert leaves["q"].shape == lin.q.shape and leaves["q"].dtype == lin.q.dtype
     assert (lin.offset is None) == ("offset" not in leaves)
@@ -241,7 +242,7 @@ def test_quant_linear_backends(quantization, backend):
             assert leaves["q"].shape == (N, K // 2)
             ref = qr.int4_matmul_reference(x, leaves["q"].T, leaves["scale"], leaves["offset"],
                                            group_size=spec.group_size)
-        elif backend == "mosaic-int4":
+        elif backend in ("mosaic-int4", "mosaic-int4-w4a8"):   # (both M below W4A8_MIN_TOKENS)
             assert leaves["q"].shape == (N, K) and leaves["q"].dtype == jnp.int4
             ref = qr.int4_native_matmul_reference(x, leaves["q"].T, leaves["scale"], leaves.get("offset"),
                                                   group_size=spec.group_size)
@@ -250,6 +251,78 @@ def test_quant_linear_backends(quantization, backend):
                                                   group_size=spec.group_size)
         assert _rel(got, ref) < 1e-5
         assert _rel(got, np.asarray(x, np.float64) @ w) < 0.13
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_int4_channel_bound_is_the_channels_largest_weight(symmetric):
+    """xla_fused.int4_channel_bound: from the scales / offsets alone, >= every |w| of the channel; equal to the
+    largest for asymmetric RTN (codes 0..15 all reachable), 8/7 of it for symmetric RTN (max|w| / 7 scales: the
+    code -8 is never used, but a GGUF Q4_0 weight may use it). The fp8 rounding's relative precision does not
+    depend on that factor."""
+    K, N, g = 256, 48, 64
+    w = _weights(K, N, seed=5)
+    qt = quantize_rtn(w, "int4", group_size=g, symmetric=symmetric)
+    L = tensor_leaves(qt, jnp.float32, layout="native-nk")
+    wq = np.asarray(qr.dequantize_int4_native(L["q"].T, L["scale"], L.get("offset"), g))      # [K, N]
+    bound = np.asarray(qf.int4_channel_bound(L["scale"], L.get("offset")))
+    np.testing.assert_allclose(bound, np.abs(wq).max(axis=0) * (8 / 7 if symmetric else 1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("symmetric,M", [(True, 3), (False, 33)])
+def test_w4a8_matches_an_independent_emulation(symmetric, M):
+    """int4_native_nk_w4a8_xla against the same rounding done in numpy float64 with ml_dtypes' e4m3 (the weights
+    per output channel, the activations per token), and against the exact int4 product: the second rounding of
+    the weights and the activations' cost at most a few percent."""
+    import ml_dtypes
+
+    K, N, g = 256, 48, 64
+    w = _weights(K, N, seed=9)
+    qt = quantize_rtn(w, "int4", group_size=g, symmetric=symmetric)
+    L = tensor_leaves(qt, jnp.float32, layout="native-nk")
+    x = _x(M, K, jnp.float32)
+    got = qf.int4_native_nk_w4a8_xla(x, L["q"], L["scale"], L.get("offset"), group_size=g, out_dtype=jnp.float32)
+
+    def e4m3(a):
+        return np.asarray(a, np.float32).astype(ml_dtypes.float8_e4m3fn).astype(np.float64)
+
+    def emulate(x):
+        wq = np.asarray(qr.dequantize_int4_native(L["q"].T, L["scale"], L.get("offset"), g), np.float64).T  # [N, K]
+        sc = np.asarray(L["scale"], np.float64)                                                           # [K/g, N]
+        if symmetric:   # the largest |q s + o| a channel's codes can reach, q in [-8, 7]
+            c = 8 * np.abs(sc).max(axis=0) / 448.0
+        else:
+            o = np.asarray(L["offset"], np.float64)
+            c = np.maximum(np.abs(o - 8 * sc), np.abs(o + 7 * sc)).max(axis=0) / 448.0
+        xf = np.asarray(x, np.float64)
+        xs = np.abs(xf).max(axis=1) / 448.0
+        return (e4m3(xf / xs[:, None]) @ e4m3(wq / c[:, None]).T) * xs[:, None] * c[None, :]
+    # (symmetric RTN puts many scaled weights exactly halfway between two e4m3 values, 56 q for the extreme group:
+    # whether (q s) / c or q (s / c) is rounded decides a few ties by one e4m3 step, ~2e-3 here)
+    assert _rel(got, emulate(x)) < (3e-3 if symmetric else 1e-5)
+    exact = qr.int4_native_matmul_reference(x, L["q"].T, L["scale"], L.get("offset"), group_size=g)
+    assert 1e-3 < _rel(got, exact) < 0.06
+    x16 = x.astype(jnp.bfloat16)       # a bf16 result: the dot's output in bf16 too
+    got16 = qf.int4_native_nk_w4a8_xla(x16, L["q"], L["scale"], L.get("offset"), group_size=g)
+    assert got16.dtype == jnp.bfloat16 and _rel(got16.astype(jnp.float32), emulate(x16.astype(jnp.float32))) < 2 ** -7
+
+
+def test_mosaic_int4_w4a8_paths(monkeypatch):
+    """'mosaic-int4-w4a8': 'mosaic-int4''s paths below W4A8_MIN_TOKENS (kernels simulated as running), W4A8 from
+    it; on CPU the kernels' XLA fallback below; any int4 group size (the kernels take 128 only); int4 only."""
+    from pallas_kernels.quantized_matmul import mosaic_int4, mosaic_int4_wide, triton_small_m
+
+    t = quant_paths.W4A8_MIN_TOKENS
+    cpu = [quant_paths.path_for("int4", "mosaic-int4-w4a8", m, 4096, 4096, 128) for m in (1, t - 1, t, 4 * t)]
+    assert cpu == ["int4-dequant-nk", "int4-dequant-nk", "w4a8-nk", "w4a8-nk"]
+    monkeypatch.setattr(triton_small_m, "kernels_enabled", lambda: True)
+    monkeypatch.setattr(mosaic_int4, "usable", lambda: True)
+    monkeypatch.setattr(mosaic_int4_wide, "usable", lambda: True)
+    gpu = [quant_paths.path_for("int4", "mosaic-int4-w4a8", m, 4096, 4096, 128) for m in (1, 16, 17, t - 1, t)]
+    assert gpu == ["mosaic-int4-nk", "mosaic-int4-nk", "mosaic-int4-wide-nk", "mosaic-int4-wide-nk", "w4a8-nk"]
+    assert quant_paths.path_for("int4", "mosaic-int4-w4a8", 1, 4096, 4096, 64) == "int4-dequant-nk"
+    assert parse_quantization("int4-g64-asym", backend="mosaic-int4-w4a8").backend == "mosaic-int4-w4a8"
+    with pytest.raises(QuantizationError, match="'mosaic-int4-w4a8' is for int4 models only"):
+        parse_quantization("int8", backend="mosaic-int4-w4a8")
 
 
 def test_mosaic_int4_paths(monkeypatch):
