@@ -164,6 +164,14 @@ for part in $PARTS; do case $part in
           # quantize-on-load and compiles took > 170 s on a fresh machine)
     run fp8b1 420 timeout 420 $PY benchmarks/quantized_decode.py --methods fp8 bf16 --decode-batches 1 \
       --throughput-methods --no-kv-capacity --budget-s 400 --tag fp8b1 ;;
+  w4a8i4)  # issue 20's offline int4 >= 1.0x (0.87x): 'mosaic-int4-w4a8' (W4A8 through XLA's fp8 dot from 512 tokens a
+           # step) per op at M = 512 / 2048 beside the many-token Mosaic kernel and the bf16 dot, then in the engine:
+           # offline 384 x 512/128 and batch 1 against 'mosaic-int4' and bf16, one process (~500 s cold)
+    run kern-w4a8 200 timeout 200 $PY benchmarks/kernels/quantized_matmul.py --m 2048 512 --reps 3 \
+      --variants int4_w4a8_nk int4_wide fp8_w8a8
+    run qd-w4a8 420 timeout 420 $PY benchmarks/quantized_decode.py --methods bf16 int4 int4:mosaic-int4-w4a8 \
+      --decode-batches 1 --throughput-methods bf16 int4 int4:mosaic-int4-w4a8 --no-kv-capacity --budget-s 400 \
+      --tag w4a8i4 ;;
   # (pages / tp512b, page 64 vs 16 and sequences:budget offline: removed 12-07 d, tpgrid runs their offline rows;
   #  pages' latency at page 64 and tp512b's 256:2048 row were dropped with them)
   serve)

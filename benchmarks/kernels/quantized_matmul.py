@@ -197,6 +197,9 @@ def variants(interpret: bool):
         "int4_mosaic_xla": ("int4_mosaic_nk", lambda x, w: qf.int4_native_nk_dequant_xla(
             x, w["q"], w["scale"], w.get("offset"), group_size=g), "int4mn", ("int4mn", "int4-dequant-nk")),
         # the many-token Mosaic int4 kernel (2026-12-05 c) and its tile / row-block / split / stage variants
+        # W4A8 ('mosaic-int4-w4a8' from W4A8_MIN_TOKENS): the int4 -> e4m3 pass and XLA's fp8 dot, both timed
+        "int4_w4a8_nk": ("int4_mosaic_nk", lambda x, w: qf.int4_native_nk_w4a8_xla(
+            x, w["q"], w["scale"], w.get("offset"), group_size=g), "int4mn", ("int4mn", "w4a8-nk")),
         "int4_wide": wide(),                       # 128-token tiles, 2 row blocks, stages for 2 CTAs an SM, y [M, N]
         "int4_wide_t": wide(transpose_out=True),   # the same, explicitly (the default since 2026-12-05 d)
         "int4_wide_yt": wide(transpose_out=False),  # y^T [N, M] for XLA to transpose (the default before 12-05 d)
