@@ -130,7 +130,10 @@ PATHS = {
     # bf16 (H200, 12-05 d), two designs of it short; the fp8 dot at M = 2,048 is 1.72x the bf16 dot per layer (H100,
     # 12-07 h, results/kernel-quantized-matmul-fp8out-e7c792b-2026-12-07.json: 827 vs 1,423 us) and the int4 -> e4m3
     # pass reads ~3.5 GB and writes ~7 GB a step on the 8B shape (~3 ms at the H100's bandwidth, an estimate), so
-    # it can pay only in steps of many tokens: the boundary is an estimate, not yet measured.
+    # it can pay only in steps of many tokens: the boundary is an estimate, not yet measured. Quality (SmolLM2-135M,
+    # CPU, benchmarks/quality.py, steps of 512 tokens: W4A8 on every prompt chunk): perplexity 42.12 against 38.26
+    # for weight-only int4-g64 RTN (+10.1%; bf16 23.77; fp8 W8A8 costs +2.7% over bf16), results/quality-w4a8{,-base}-
+    # 1949b45-cpu-2026-12-07.json: hence opt-in.
     ("int4", "mosaic-int4-w4a8"): ((16, "mosaic-int4-nk"), (W4A8_MIN_TOKENS - 1, "mosaic-int4-wide-nk"),
                                    (ANY_M, "w4a8-nk")),
 }
