@@ -267,7 +267,7 @@ for part in $PARTS; do case $part in
            # the Pallas port and the engine path only: the jax-triton tests need jax-triton, which the device lacks
            # (12-06 g: 37 of them failed there on the import, the 19 others passed)
     run nktest 120 timeout 120 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \
-      -k "pallas or engine_path" tests/kernels/test_triton_small_m_gpu.py ;;
+      -k "pallas or engine_path or w4a8" tests/kernels/test_triton_small_m_gpu.py ;;
   ctiles)  # the cuDNN tile form of prefill attention (cudnn_prefill_forms.py): its GPU tests (real cuDNN
            # log-sum-exp), then per op beside the Pallas kernel and cuDNN's dense attention (issue 17: <= 1.5x)
     run ctiles-tests 150 timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --tb=short \

@@ -106,3 +106,40 @@ def test_pallas_int4_nk_matches_reference(M, K, N, g):
     got = kernel_nk.int4_matmul_nk(x, jnp.asarray(packed.T), scale, offset, group_size=g)
     want = qr.int4_matmul_reference(x.astype(jnp.float32), jnp.asarray(packed), scale, offset, group_size=g)
     assert rel_err(got.astype(jnp.float32), want) < BF16_BOUND
+
+
+@pytest.mark.parametrize("M", [1, 3, 16])
+@pytest.mark.parametrize("K,N", [(4096, 6144), (14336, 4096)])
+def test_pallas_nk_on_fp8_weights_matches_reference(M, K, N):
+    """The fp8 model's small-M path (quant_paths: 'pallas-nk' on e4m3 [N, K] weights, weight-only): the kernel's
+    e4m3 -> bf16 cast on the GPU against x @ (q * scale).T in float32."""
+    from jaxinfer.models import quant_paths
+
+    rng = np.random.default_rng(M + K + N + 8)
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.bfloat16)
+    q = jnp.asarray(rng.standard_normal((N, K)) * 100, jnp.float8_e4m3fn)
+    scale = jnp.asarray(rng.uniform(1e-3, 1e-2, N), jnp.float32)
+    assert quant_paths.path_for("fp8", "xla", M, K, N) == "pallas-nk"
+    got = jax.jit(lambda x, q, s: quant_paths.quantized_matmul(x, "fp8", q, s, backend="xla"))(x, q, scale)
+    want = x.astype(jnp.float32) @ (q.astype(jnp.float32) * scale[:, None]).T
+    assert got.dtype == jnp.bfloat16 and rel_err(got.astype(jnp.float32), want) < BF16_BOUND
+
+
+@pytest.mark.parametrize("M", [512, 2048])
+def test_w4a8_on_the_gpu_matches_its_cpu_form(M):
+    """'mosaic-int4-w4a8''s many-token path (xla_fused.int4_native_nk_w4a8_xla) through the GPU's fp8 dot against
+    the same function on the CPU (XLA's CPU fp8 dot): the same roundings, so agreement to bf16 output rounding."""
+    from pallas_kernels.quantized_matmul import xla_fused as qf
+
+    K, N, g = 4096, 6144, 128
+    rng = np.random.default_rng(M)
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.bfloat16)
+    q = jnp.asarray(rng.integers(-8, 8, (N, K)), jnp.int4)
+    scale = jnp.asarray(rng.uniform(0.01, 0.1, (K // g, N)), jnp.bfloat16)
+    f = jax.jit(lambda x, q, s: qf.int4_native_nk_w4a8_xla(x, q, s, None, group_size=g))
+    got = f(x, q, scale)
+    cpu = jax.devices("cpu")[0]
+    with jax.default_device(cpu):
+        want = qf.int4_native_nk_w4a8_xla(*(jax.device_put(a, cpu) for a in (x, q, scale)), None, group_size=g,
+                                          out_dtype=jnp.float32)
+    assert got.dtype == jnp.bfloat16 and rel_err(got.astype(jnp.float32), np.asarray(want)) < BF16_BOUND
