@@ -66,8 +66,11 @@
 #   half its steps are decode-only.
 #   12-07 h ran splitshapes (H100; gpu-round-1207h-2026-12-07.log): the split slower where steps have few or no
 #   decodes (prefill 50.9 -> 55.0 ms); the split and its parts (split2 splitstep splitserve splitshapes) removed.
-#   Next: "tpgrid" on an H200 (issue 17's 10k); then "specct", "w8a8" on an
-#   H200 (issue 20's offline int8 >= 1.0x, met on an H100 only), "specgrid", "kern" (with the Hopper int4 default),
+#   Then fp8out fp8off (fp8's bf16 dot output: 1.72x the bf16 dot per layer at M = 2,048, offline 1.27x bf16; fp8
+#   batch 1 0.75x bf16, not explained) and step profiles by hand.
+#   Next: "nktest fp8b1" (the fp8 small-M path's and W4A8's GPU tests; fp8 batch 1 as the first model), "w4a8i4"
+#   (issue 20's offline int4 through the opt-in W4A8 backend), "tpgrid fp8off qd" on an H200; then "specct", "w8a8"
+#   on an H200 (issue 20's offline int8 >= 1.0x, met on an H100 only), "specgrid", "kern" (with the Hopper int4 default),
 #   "gputestsb" (b passed on 12-07 c; a and k at 96b048e on 12-07 e). Pass JAXINFER_COMMIT always (the device's tree
 #   may hold a stale .git: 12-07 e's hand-run JSONs named 96b048e for 19256dc).
 #   Before 12-07 c: "gputests" on any Hopper (the fixed GPU tests, e6c1ab6, not yet re-run); on an H200 "spec1b kern qd"
