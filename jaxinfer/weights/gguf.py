@@ -27,7 +27,6 @@ tests/numerics/test_gguf_loader.py):
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from collections.abc import Iterator

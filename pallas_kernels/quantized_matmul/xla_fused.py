@@ -43,7 +43,6 @@ better bet; a Mosaic GPU kernel with explicit TMA pipelines is the follow-up if 
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 
