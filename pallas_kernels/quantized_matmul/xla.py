@@ -60,8 +60,9 @@ def fp8_matmul_xla(x, q_t, scale, *, out_dtype=None, dot_dtype=None):
 
     dot_dtype: the dot's output dtype, which the scaling reads back. None: bf16 when the result is bf16 (the
     caller keeps 8 bits of mantissa anyway: one more rounding, relative 2^-9), else f32 (fp16's range cannot hold
-    the unscaled e4m3 products' sums). A 2,048-token step's f32
-    dot outputs are ~11 GB of extra HBM traffic on the 8B shape (written, then read by the scaling)."""
+    the unscaled e4m3 products' sums). A 2,048-token step's f32 dot outputs are ~11 GB of extra HBM traffic on the
+    8B shape (written, then read by the scaling); bf16 made a layer's four projections 930 -> 827 us at M = 2,048
+    (H100, 12-07 h, results/kernel-quantized-matmul-fp8out-e7c792b-2026-12-07.json)."""
     out_dtype = jnp.dtype(out_dtype or x.dtype)
     if dot_dtype is None:
         dot_dtype = jnp.bfloat16 if out_dtype == jnp.bfloat16 else jnp.float32

@@ -151,8 +151,9 @@ def int4_native_nk_dequant_xla(x, q, scale, offset, *, group_size: int, out_dtyp
 
 def int4_channel_bound(scale, offset):
     """f32 [N]: max |q s + o| over q in [-8, 7] and the K/g groups of each output channel ('native-nk' scale /
-    offset [K/g, N]; offset None: symmetric, w = q s). A bound on |w| from the scales alone, tight when a group
-    at the channel's extreme uses its extreme code (round-to-nearest sets the scale from it)."""
+    offset [K/g, N]; offset None: symmetric, w = q s). A bound on |w| from the scales alone: equal to the largest
+    |w| for asymmetric round-to-nearest (codes 0..15 reached), 8/7 of it for symmetric (codes -7..7; a GGUF Q4_0
+    weight may use -8). e4m3's relative precision does not depend on that factor."""
     s = scale.astype(jnp.float32)
     if offset is None:
         return 8.0 * jnp.max(jnp.abs(s), axis=0)
