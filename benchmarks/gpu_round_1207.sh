@@ -68,7 +68,7 @@
 #   decodes (prefill 50.9 -> 55.0 ms); the split and its parts (split2 splitstep splitserve splitshapes) removed.
 #   Then fp8out fp8off (fp8's bf16 dot output: 1.72x the bf16 dot per layer at M = 2,048, offline 1.27x bf16; fp8
 #   batch 1 0.75x bf16, not explained) and step profiles by hand.
-#   Next: "nktest fp8b1" (the fp8 small-M path's and W4A8's GPU tests; fp8 batch 1 as the first model), "w4a8i4"
+#   Next: "nktest fp8b1 fp8hlo" (the fp8 small-M path's and W4A8's GPU tests; fp8 batch 1 as the first model), "w4a8i4"
 #   (issue 20's offline int4 through the opt-in W4A8 backend), "tpgrid fp8off qd" on an H200; then "specct", "w8a8"
 #   on an H200 (issue 20's offline int8 >= 1.0x, met on an H100 only), "specgrid", "kern" (with the Hopper int4 default),
 #   "gputestsb" (b passed on 12-07 c; a and k at 96b048e on 12-07 e). Pass JAXINFER_COMMIT always (the device's tree
@@ -155,11 +155,12 @@ for part in $PARTS; do case $part in
         $([ $q != bf16 ] && echo --quantization $q) \
         --max-num-seqs 512 --max-model-len 2048 --top 30 --iters 10 --tag mixed-$q
     done ;;
-  fp8out)  # fp8 W8A8's dot output bf16 (the default since 12-07 h) vs f32 (before), per op at M = 2048 / 256 / 16 beside
+  fp8out)  # fp8 W8A8's dot output bf16 (the default since 12-07 h) vs f32 (before), per op at M = 2048 / 1 beside
            # XLA's bf16 dot (issue 20's fp8 offline 1.20x against >= 1.4x; the scaling reads the output back; ~120 s)
     run kern-fp8out 300 timeout 300 $PY benchmarks/kernels/quantized_matmul.py --m 2048 1 --reps 3 \
       --variants fp8_w8a8 fp8_w8a8_f32out ;;
-  fp8off)  # issue 20's fp8 offline >= 1.4x bf16 (1.20x before the bf16 dot output) and batch-1 decode, one process (~300 s)
+  fp8off)  # issue 20's fp8 offline >= 1.4x bf16 (1.20x before the bf16 dot output) and batch-1 decode, one process
+           # (~180 s on a warm machine; > 330 s on a fresh one)
     run fp8off 540 timeout 540 $PY benchmarks/quantized_decode.py --methods bf16 fp8 --decode-batches 1 \
       --throughput-methods bf16 fp8 --no-kv-capacity --budget-s 520 --tag fp8off ;;
   fp8b1)  # fp8 batch 1 as the process's first model, then bf16 (12-07 h: fp8 after bf16 in one process 7.85 ms median
@@ -175,6 +176,15 @@ for part in $PARTS; do case $part in
     run qd-w4a8 420 timeout 420 $PY benchmarks/quantized_decode.py --methods bf16 int4 int4:mosaic-int4-w4a8 \
       --decode-batches 1 --throughput-methods bf16 int4 int4:mosaic-int4-w4a8 --no-kv-capacity --budget-s 400 \
       --tag w4a8i4 ;;
+  fp8hlo)  # what fp8's 2,048-token step spends ~10 ms of elementwise work on (12-07 h: fusion_1373 3.1 ms, fusion_2305
+           # 2.7 ms, 68 fusions 7.1 ms of its 34.8): the step profiled with an XLA dump, then the top fusions' HLO
+           # (probes/fusion_text.py); the dump itself stays on the device (~150 s on a warm machine)
+    run fp8hlo 200 XLA_FLAGS="--xla_dump_to=/tmp/fp8hlo --xla_dump_hlo_as_text" \
+      timeout 200 $PY benchmarks/probes/step_profile.py --shapes prefill-2048 --quantization fp8 --top 20 --iters 5 \
+      --tag fp8hlo
+    $PY benchmarks/probes/fusion_text.py --dump /tmp/fp8hlo --top 8 --shape prefill-2048 --module-contains 2048,28672 \
+      --profile "$(ls -t benchmarks/results/step-profile-fp8hlo-*.json | head -1)" > "$OUT_DIR/fp8-fusions.txt" 2>&1
+    cp benchmarks/results/step-profile-fp8hlo-*.json "$OUT_DIR/" 2>/dev/null ;;
   # (pages / tp512b, page 64 vs 16 and sequences:budget offline: removed 12-07 d, tpgrid runs their offline rows;
   #  pages' latency at page 64 and tp512b's 256:2048 row were dropped with them)
   serve)
