@@ -118,9 +118,8 @@ def schedule_steady(sched, budget: int) -> DecodeRun | None:
     grow = np.flatnonzero(need).tolist()
     if len(grow) > sched.kv.num_free_pages:
         return None  # the general loop preempts
-    for i in grow:  # one page each, in running order (the order the general loop allocates in)
-        if sched.kv.allocate(ids[i], int(starts[i]) + 1) is None:  # cannot happen: len(grow) pages are free
-            raise AssertionError(f"page allocation for {ids[i]!r} failed with {sched.kv.num_free_pages} free")
+    if grow:  # one page each, in running order (the order the general loop allocates in)
+        sched.kv.append_page_each([ids[i] for i in grow])
     npg[need] += 1
     reqs = running
     if not take.all():
@@ -157,10 +156,15 @@ def cache_run_pages(sched, run: DecodeRun, live: np.ndarray) -> None:
     """update()'s prefix-cache registration for the run's rows: only a row whose token filled its page."""
     ps = sched.kv.page_size
     filled = ((run.starts + 1) % ps == 0) & live
-    for i in np.flatnonzero(filled).tolist():
+    rows = np.flatnonzero(filled).tolist()
+    if not rows:
+        return
+    items, ends = [], (run.starts + 1).tolist()
+    for i in rows:
         req = run.requests[i]
-        end = min(int(run.starts[i]) + 1, req.num_tokens, req.num_computed_tokens)
-        sched.kv.cache_pages(req.request_id, req.page_hashes, req.token_slice, end // ps)
+        end = min(ends[i], len(req.prompt_token_ids) + len(req.output_token_ids), req.num_computed_tokens)
+        items.append((req.request_id, req.page_hashes, req.token_slice, end // ps))
+    sched.kv.cache_pages_each(items)
 
 
 def update_run(sched, run: DecodeRun, live: np.ndarray, tokens: list[int],

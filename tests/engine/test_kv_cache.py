@@ -93,3 +93,44 @@ def test_bad_arguments():
         KVCacheManager(num_pages=4, page_size=0)
     with pytest.raises(ValueError, match="num_tokens_total=-1"):
         KVCacheManager(num_pages=4, page_size=4).allocate("a", -1)
+
+
+def test_batched_page_calls_equal_the_per_request_ones():
+    """append_page_each / cache_pages_each (the decode run's page crossings and filled pages in one call each) leave
+    the manager as allocate / cache_pages called request by request do: pages, free queue, hashes, what each request
+    has registered; including the general cases cache_pages_each hands back (no new page, two, an unknown id)."""
+    def state(kv):
+        return (sorted(kv.page_lists.items()), kv.free_pages(), kv.evictable_pages(),
+                [kv.page_hash(p) for p in range(kv.num_pages)], dict(kv._num_hashed))
+
+    toks = {r: list(range(10 * i, 10 * i + 12)) for i, r in enumerate("abc")}
+    one, many = (KVCacheManager(num_pages=16, page_size=4, enable_prefix_caching=True) for _ in range(2))
+    hashes = {kv: {r: [] for r in toks} for kv in (one, many)}
+    for kv in (one, many):
+        for r in toks:
+            kv.allocate(r, 4)
+    one.allocate("a", 8), one.allocate("c", 8)
+    many.append_page_each(["a", "c"])
+    assert state(one) == state(many)
+    for n in (1, 2):   # one page each (inline), then a second one
+        for r in toks:
+            one.cache_pages(r, hashes[one][r], lambda s, e, r=r: toks[r][s:e], n)
+        many.cache_pages_each([(r, hashes[many][r], lambda s, e, r=r: toks[r][s:e], n) for r in toks])
+        assert state(one) == state(many) and hashes[one] == hashes[many]
+    one.allocate("a", 12)
+    many.append_page_each(["a"])
+    for kv in (one, many):   # b: nothing new (general form); a: its third page, inline; an unknown id
+        items = [("b", hashes[kv]["b"], lambda s, e: toks["b"][s:e], 1),
+                 ("a", hashes[kv]["a"], lambda s, e: toks["a"][s:e], 3),
+                 ("nobody", [], lambda s, e: [], 1)]
+        if kv is one:
+            for it in items:
+                kv.cache_pages(*it)
+        else:
+            kv.cache_pages_each(items)
+    assert state(one) == state(many) and hashes[one] == hashes[many]
+    before = state(many)
+    with pytest.raises(RuntimeError, match=f"{many.num_free_pages + 1} pages asked for"):
+        many.append_page_each(["b"] * (many.num_free_pages + 1))
+    assert state(many) == before
+    many.check_invariants()
