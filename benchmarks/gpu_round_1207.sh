@@ -69,7 +69,8 @@
 #   Then fp8out fp8off (fp8's bf16 dot output: 1.72x the bf16 dot per layer at M = 2,048, offline 1.27x bf16; fp8
 #   batch 1 0.75x bf16, not explained) and step profiles by hand.
 #   Next: "nktest fp8b1 fp8hlo" (the fp8 small-M path's and W4A8's GPU tests; fp8 batch 1 as the first model), "w4a8i4"
-#   (issue 20's offline int4 through the opt-in W4A8 backend), "tpgrid fp8off qd" on an H200; then "specct", "w8a8"
+#   (issue 20's offline int4 through the opt-in W4A8 backend), "tpgrid fp8off qd hsc256" on an H200 (hsc256: issue 17's
+#   host <= 1.0 ms after 50f2c6c's scheduler change); then "specct", "w8a8"
 #   on an H200 (issue 20's offline int8 >= 1.0x, met on an H100 only), "specgrid", "kern" (with the Hopper int4 default),
 #   "gputestsb" (b passed on 12-07 c; a and k at 96b048e on 12-07 e). Pass JAXINFER_COMMIT always (the device's tree
 #   may hold a stale .git: 12-07 e's hand-run JSONs named 96b048e for 19256dc).
