@@ -46,7 +46,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels.quantized_matmul.reference import FP8, FP8_MAX, quantize_activations_fp8, quantize_activations_int8
+from pallas_kernels.quantized_matmul.reference import FP8, FP8_MAX, quantize_activations_int8
+from pallas_kernels.quantized_matmul.xla import fp8_matmul_xla
 
 GROUPED_MAX_BYTES = 256 << 20   # f32 [G, M, N] partials of the grouped int4 form above this: use the dequant form
 LAYOUTS = ("kn", "nk")          # int8 weight layout: q [K, N] (the model's) or q_t [N, K] (K contiguous)
@@ -184,11 +185,7 @@ def int4_native_nk_w4a8_xla(x, q, scale, offset, *, group_size: int, out_dtype=N
     if offset is not None:
         w = w + (offset.astype(jnp.float32) / c[None, :]).T[:, :, None]
     w8 = jnp.clip(w, -FP8_MAX, FP8_MAX).astype(FP8).reshape(N, K)
-    xq, xs = quantize_activations_fp8(x2)
-    dot_dtype = jnp.bfloat16 if out_dtype == jnp.bfloat16 else jnp.float32
-    y = lax.dot_general(xq, w8, (((1,), (1,)), ((), ())), preferred_element_type=dot_dtype)
-    y = y.astype(jnp.float32) * xs[:, None] * c[None, :]
-    return y.astype(out_dtype).reshape(*lead, N)
+    return fp8_matmul_xla(x2, w8, c, out_dtype=out_dtype).reshape(*lead, N)   # fp8 W8A8 on the rounded weights
 
 
 def int4_native_grouped_xla(x, q, scale, offset, *, group_size: int, out_dtype=None, mixed: bool = False):
