@@ -5,10 +5,13 @@ run-to-run spread is larger than a 5% change):
   for n in 0 200; do PYTHONHASHSEED=0 valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.$n \\
       python benchmarks/probes/scheduler_steps.py --steps $n 2>&1 | grep Collected; done
   # instructions a step = (Collected at 200 - Collected at 0) / 200; repeats agree within ~2%
+  # (OPENBLAS_NUM_THREADS=1 in the environment: repeats agree exactly, no spinning BLAS threads counted)
 
 Measured (2026-12-07 h, this box): 3.44-3.50 M instructions a step at a37c0fd, 3.04-3.13 M with the decode run's page
 crossings and filled pages in one call each (kv_cache.append_page_each / cache_pages_each); without prefix caching
-(--no-prefix-caching) 2.74-2.75 M at the former.
+(--no-prefix-caching) 2.74-2.75 M at the former. 2026-12-07 i: 2.97-3.08 M (3.08 M with OPENBLAS_NUM_THREADS=1) ->
+1.10-1.23 M (1.18 M) with the decode run's chain (engine/decode_run.py: a steady run made from the run before's
+columns, no request read).
 """
 from __future__ import annotations
 

@@ -170,6 +170,10 @@ class Scheduler:
         # compare the two)
         self.columnar = True
         self.min_decode_run = decode_run.MIN_RUN  # (tests lower it to 1)
+        # The decode run's chain (decode_run.py): the run the latest schedule() made (None: none), and the run whose
+        # tokens the latest update() gave to all its rows (None: that update did anything else)
+        self._last_run: DecodeRun | None = None
+        self._applied: DecodeRun | None = None
 
     # ---- admission ---------------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -216,6 +220,7 @@ class Scheduler:
         preempted: list[str] = []
         # 1. running requests first, in start order: as columns when they are all steady decodes
         run = decode_run.schedule_steady(self, self.max_num_batched_tokens) if self.columnar else None
+        self._last_run = run
         if run is not None:
             budget = self.max_num_batched_tokens - len(run)
         else:
@@ -447,6 +452,7 @@ class Scheduler:
             if len(run_tokens) != len(run):
                 raise ValueError(f"run_tokens has {len(run_tokens)} tokens for the {len(run)} rows of output.decodes")
             run_live = decode_run.live_rows(self, run)
+        self._applied = None  # (from here on the requests change; decode_run.update_run sets it)
 
         for seq, req in live:
             if seq.num_spec_tokens:

@@ -152,3 +152,101 @@ def test_make_step_of_a_run_equals_its_materialized_seqs(seed):
             s.update(in_flight, {q.request_id: [rng.randrange(3, 30)] for q in in_flight.scheduled if q.sample})
         in_flight = out if not out.is_empty else None
     assert seen >= 5
+
+
+class NoChainScheduler(Scheduler):
+    """The decode run without its chain: every run read from the requests (decode_run._fresh_run), the reference
+    for the chain's runs (decode_run._next_run, which reads no request)."""
+
+    def schedule(self):
+        self._applied = None  # (the chain's precondition: the latest update was the run before's, complete)
+        return super().schedule()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_chained_runs_equal_fresh_runs_and_the_general_loop(seed, monkeypatch):
+    """Long steady stretches (few admissions), so that most runs are the chain's: page crossings, prefix-cache
+    registration, eos / stop ids / length ends and aborts in the middle of the chain, then the general loop
+    and the chain-less run must agree with it step by step."""
+    from jaxinfer.engine import decode_run
+
+    chained = []
+    real = decode_run._next_run
+
+    def counting(sched, last):
+        run = real(sched, last)
+        if isinstance(sched, NoChainScheduler):
+            assert run is None
+        chained.append(run is not None)
+        return run
+
+    monkeypatch.setattr(decode_run, "_next_run", counting)
+    rng = random.Random(seed)
+    page_size = rng.choice((1, 4, 16))
+    cfg = dict(max_num_batched_tokens=64, max_num_seqs=24, max_model_len=rng.choice((60, 200)), eos_token_ids={2})
+    prefix = rng.random() < 0.7
+    kv = lambda: KVCacheManager(rng_pages, page_size, enable_prefix_caching=prefix)  # noqa: E731
+    rng_pages = rng.choice((30, 2000)) if page_size > 1 else 2000
+    chain, fresh, ref = Scheduler(kv(), **cfg), NoChainScheduler(kv(), **cfg), Scheduler(kv(), **cfg)
+    ref.columnar = False
+    chain.min_decode_run = fresh.min_decode_run = 1
+    scheds = (chain, fresh, ref)
+    shared = [rng.randrange(3, 30) for _ in range(20)]
+    for i in range(rng.randrange(4, 20)):
+        prompt = shared[:rng.randrange(0, 20)] + [rng.randrange(3, 30) for _ in range(rng.randrange(1, 12))]
+        sp = SP(rng.choice((None, 30, 90)), rng.choice((None, None, [7])), rng.random() < 0.5, rng.choice((0, 3)))
+        add_to_both(scheds, f"r{i}", prompt, sp)
+    in_flight = None
+    for t in range(160):
+        if rng.random() < 0.03:  # a late arrival (the chain restarts after it)
+            add_to_both(scheds, f"late{t}", [rng.randrange(3, 30) for _ in range(5)], SP(40, None, True))
+        if rng.random() < 0.02 and chain.running:  # abort with a step in flight
+            rid = rng.choice(chain.running).request_id
+            for s in scheds:
+                s.abort(rid)
+        outs = [s.schedule() for s in scheds]
+        want = [_seq(q) for q in outs[2].scheduled]
+        assert [_seq(q) for q in outs[0].scheduled] == want and [_seq(q) for q in outs[1].scheduled] == want
+        if in_flight is not None:
+            # eos (2) and the stop id (7) are rare: most requests decode on for many steps
+            tokens = {q.request_id: [rng.choice((2, 7)) if rng.random() < 0.02 else rng.randrange(8, 30)]
+                      for q in in_flight[2].scheduled if q.sample}
+            fin = [sorted(r.request_id for r in _update(s, o, tokens, s is not ref))
+                   for s, o in zip(scheds, in_flight)]
+            assert fin[0] == fin[1] == fin[2]
+        in_flight = outs
+        for s in scheds[:2]:
+            assert [_req(r) for r in s.running] == [_req(r) for r in ref.running]
+            assert [_req(r) for r in s.waiting] == [_req(r) for r in ref.waiting]
+            assert _kv(s.kv) == _kv(ref.kv)
+    assert sum(chained) >= 20, sum(chained)  # the chain ran
+
+
+def test_update_rejects_a_misaligned_run_in_the_chain():
+    """The chain trusts the output counts only after the run before's update: an update skipped in the middle of a
+    chain is still refused, changing nothing."""
+    s = Scheduler(KVCacheManager(64, 4), 64, 8, 64)
+    s.min_decode_run = 1
+    for i in range(3):
+        s.add_request(Request(f"r{i}", [5, 6, 7], SP(None, None, True)))
+    a = s.schedule()
+    b = s.schedule()
+    s.update(a, {q.request_id: [9] for q in a.scheduled})
+    prev = b
+    outs = []
+    for _ in range(4):  # runs: c0 fresh, then the chain
+        out = s.schedule()
+        s.update(prev, {q.request_id: [9] for q in prev.scheduled} if prev is b else {}, None if prev is b else
+                 [9, 9, 9])
+        outs.append(out)
+        prev = out
+    assert all(o.decodes is not None for o in outs) and outs[-1].decodes.prev is outs[-2].decodes
+    d = s.schedule()  # outs[-1] is not updated
+    assert d.decodes is not None
+    before = [_req(r) for r in s.running]
+    with pytest.raises(RuntimeError, match="call update\\(\\) exactly once per schedule"):
+        s.update(d, {}, [1, 2, 3])
+    assert [_req(r) for r in s.running] == before
+    s.update(outs[-1], {}, [4, 4, 4])
+    s.update(d, {}, [1, 2, 3])
+    assert [r.output_token_ids[-2:] for r in s.running] == [[4, 1], [4, 2], [4, 3]]
