@@ -215,14 +215,16 @@ def live_rows(sched, run: DecodeRun) -> np.ndarray:
 def cache_run_pages(sched, run: DecodeRun, live: np.ndarray) -> None:
     """update()'s prefix-cache registration for the run's rows: only a row whose token filled its page."""
     ps = sched.kv.page_size
-    filled = ((run.starts + 1) % ps == 0) & live
+    ends = run.starts + 1
+    # (a power-of-two page size: a bit mask, not numpy's integer remainder)
+    filled = ((ends & (ps - 1) if ps & (ps - 1) == 0 else ends % ps) == 0) & live
     rows = np.flatnonzero(filled).tolist()
     if not rows:
         return
-    items, ends = [], (run.starts + 1).tolist()
-    for i in rows:
-        req = run.requests[i]
-        end = min(ends[i], len(req.prompt_token_ids) + len(req.output_token_ids), req.num_computed_tokens)
+    items, reqs = [], run.requests
+    for i, e in zip(rows, ends[rows].tolist()):  # (the ends of these rows only: ~1 in page_size)
+        req = reqs[i]
+        end = min(e, len(req.prompt_token_ids) + len(req.output_token_ids), req.num_computed_tokens)
         items.append((req.request_id, req.page_hashes, req.token_slice, end // ps))
     sched.kv.cache_pages_each(items)
 

@@ -558,3 +558,28 @@ def test_engine_preemption_and_abort_with_prefix_caching(tiny_llama_dir, llms):
         st = eng.scheduler.stats()
         assert st.num_preemptions_total > 0 and eng.kv.num_used_pages == 0
         assert eng.prefix_cache_stats()["hits"] > 0
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_manager_page_hash_equals_hash_page(page_size):
+    """KVCacheManager._hash_page (struct-packed ids, a copied blake2b state; also inline in cache_pages_each) gives
+    hash_page's bytes: full pages of small, large and negative ids, and a short slice (hash_page itself)."""
+    rng = random.Random(page_size)
+    kv = KVCacheManager(8, page_size, enable_prefix_caching=True)
+    parent = root_hash("bf16")
+    for _ in range(50):
+        ids = [rng.choice((rng.randrange(0, 300), rng.randrange(-2**63, 2**63))) for _ in range(page_size)]
+        assert kv._hash_page(parent, ids) == hash_page(parent, ids)
+        parent = kv._hash_page(parent, ids)
+    assert kv._hash_page(parent, [5] * (page_size + 1)) == hash_page(parent, [5] * (page_size + 1))
+    # through cache_pages_each's inline copy: the registered hashes are the hash_page chain
+    kv.allocate("a", 3 * page_size)
+    toks = [rng.randrange(0, 1000) for _ in range(3 * page_size)]
+    hashes = []
+    for n in (1, 2, 3):
+        kv.cache_pages_each([("a", hashes, lambda a, b: toks[a:b], n)])
+    want, p = [], root_hash(None)
+    for i in range(3):
+        p = hash_page(p, toks[i * page_size:(i + 1) * page_size])
+        want.append(p)
+    assert hashes == want and [kv.page_hash(q) for q in kv.page_lists["a"]] == want
