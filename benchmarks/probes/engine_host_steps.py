@@ -8,8 +8,10 @@ pack, update and the outputs, for counting instructions where wall time is too n
   # instructions a step = (Collected at 200 - Collected at 0) / 200 (OPENBLAS_NUM_THREADS=1: repeats agree exactly)
   python -m cProfile -s tottime benchmarks/probes/engine_host_steps.py --steps 1000  # by function
 
-Measured (2026-12-07 i, this box, OPENBLAS_NUM_THREADS=1): 2.98 M instructions a step at a9de771 (of which
-scheduler_steps.py's schedule + update, 1.18 M).
+Measured (2026-12-07 i, this box, OPENBLAS_NUM_THREADS=1; instructions a step): 5.06 M at 5caa45b (before the
+decode run's chain), 3.05 M at 460d6af (its schedule + update: scheduler_steps.py's 1.07 M), 2.78 M with pack_step
+gathering only the used page-table columns. Callgrind counts a large memcpy (rep movsb) as one instruction a byte:
+the packing's ~300 KB of template copy weigh more here than in time.
 """
 from __future__ import annotations
 
