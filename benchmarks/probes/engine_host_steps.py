@@ -4,7 +4,8 @@ into the bucket's arrays) and whose fetch returns a fixed token: schedule, the I
 pack, update and the outputs, for counting instructions where wall time is too noisy. Never imports jax (checked).
 
   for n in 0 200; do OPENBLAS_NUM_THREADS=1 PYTHONHASHSEED=0 valgrind --tool=callgrind \\
-      --callgrind-out-file=/tmp/cg.$n python benchmarks/probes/engine_host_steps.py --steps $n 2>&1 | grep Collected; done
+      --callgrind-out-file=/tmp/cg.$n python benchmarks/probes/engine_host_steps.py --steps $n 2>&1 \\
+      | grep Collected; done
   # instructions a step = (Collected at 200 - Collected at 0) / 200 (OPENBLAS_NUM_THREADS=1: repeats agree exactly)
   python -m cProfile -s tottime benchmarks/probes/engine_host_steps.py --steps 1000  # by function
 
