@@ -177,6 +177,9 @@ for part in $PARTS; do case $part in
     run qd-w4a8 420 timeout 420 $PY benchmarks/quantized_decode.py --methods bf16 int4 int4:mosaic-int4-w4a8 \
       --decode-batches 1 --throughput-methods bf16 int4 int4:mosaic-int4-w4a8 --no-kv-capacity --budget-s 400 \
       --tag w4a8i4 ;;
+  w4a8k)  # w4a8i4's per-op half alone (~150 s warm): W4A8 at M = 512 / 2048 beside the Mosaic int4 kernel and fp8
+    run kern-w4a8 200 timeout 200 $PY benchmarks/kernels/quantized_matmul.py --m 2048 512 --reps 3 \
+      --variants int4_w4a8_nk int4_wide fp8_w8a8 ;;
   fp8hlo)  # what fp8's 2,048-token step spends ~10 ms of elementwise work on (12-07 h: fusion_1373 3.1 ms, fusion_2305
            # 2.7 ms, 68 fusions 7.1 ms of its 34.8): the step profiled with an XLA dump, then the top fusions' HLO
            # (probes/fusion_text.py); the dump itself stays on the device (~150 s on a warm machine)
