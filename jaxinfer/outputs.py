@@ -116,6 +116,14 @@ class StepBatch:
     # top_k want_logprobs (i32), seed (u32)
     sampling: dict[str, np.ndarray]
     penalty_inits: dict[int, tuple] = dataclasses.field(default_factory=dict)  # seq -> (slot, prompt, outputs)
+    # A steady decode step made from the step before (InputBatch.make_step's continuation): `serial` numbers the
+    # step (0: none), `base` is the serial of the step it continues (0: none) and `changed` the batch indices whose
+    # page row changed since it. A continuation equals its base in everything but starts, step, prev_row,
+    # penalty_slot and the `changed` page rows (same rows, one placeholder token each, no drafts, the same slot
+    # columns), so that pack_step may patch the base's packed arrays instead of packing anew.
+    serial: int = 0
+    base: int = 0
+    changed: np.ndarray | None = None
 
     @property
     def num_seqs(self) -> int:

@@ -72,6 +72,7 @@ class _Step:
     gen: Any = None
     sample: Any = None
     ids: tuple = ()  # the sequence ids of its rows
+    version: int = -1  # InputBatch.version at launch (unchanged at the finish: every row still holds its slot)
 
 
 def _detok_append(st: SeqState, tok: int, stop_terminated: bool) -> str | None:
@@ -85,6 +86,10 @@ def _detok_append(st: SeqState, tok: int, stop_terminated: bool) -> str | None:
 
 
 class LLMEngine:
+    # the plain step's host shortcuts (_launch: no flagged slot held, no per-row lookups; _finish_plain: no slot
+    # added or freed since the launch, no generation compared); off: the full paths (the tests' reference)
+    shortcuts = True
+
     def __init__(self, runner: Runner, tokenizer, scheduler: SchedulerConfig, *, max_model_len: int,
                  eos_token_ids: set[int], vocab_size: int, seed: int = 0, spec=None):
         """scheduler: the step budget, pipelining and prefix caching options (its max_model_len is resolved by
@@ -271,14 +276,16 @@ class LLMEngine:
             batch, slot_rows = ib.make_step(sched.seqs, admit_row, prev_slot_rows, seqs.__getitem__)
         rows = batch.rows
         lp_targets = {}
-        pen = np.flatnonzero(ib.penalised[rows])  # the few rows needing per-row work
-        for i in pen.tolist():
-            s = sched.scheduled[i]
-            self._penalty_feed(batch, i, seqs[s.request_id], s)
-        for i in np.flatnonzero(ib.prompt_logprobs[rows]).tolist():
-            tgt = prompt_logprob_targets(seqs[sched.scheduled[i].request_id], sched.scheduled[i])
-            if tgt is not None:
-                lp_targets[i] = tgt
+        flagged = ib.num_flagged if self.shortcuts else 1  # (0: no held slot asks for per-row work)
+        if flagged:
+            pen = np.flatnonzero(ib.penalised[rows])  # the few rows needing per-row work
+            for i in pen.tolist():
+                s = sched.scheduled[i]
+                self._penalty_feed(batch, i, seqs[s.request_id], s)
+            for i in np.flatnonzero(ib.prompt_logprobs[rows]).tolist():
+                tgt = prompt_logprob_targets(seqs[sched.scheduled[i].request_id], sched.scheduled[i])
+                if tgt is not None:
+                    lp_targets[i] = tgt
         prev = in_flight.flight if in_flight is not None else None
         ids = ib.step_ids
         try:
@@ -292,11 +299,11 @@ class LLMEngine:
         speculative = bool(batch.num_spec.any())
         rows = batch.rows
         plain = (not speculative and self.spec is None and not lp_targets
-                 and not ib.prompt_logprobs[rows].any() and not ib.sampling["want_logprobs"][rows].any())
+                 and not (flagged and (ib.prompt_logprobs[rows].any() or ib.sampling["want_logprobs"][rows].any())))
         if not plain:
             return _Step(sched, flight, slot_rows, speculative)
         return _Step(sched, flight, slot_rows, plain=True, rows=rows, gen=ib.gen[rows], sample=slot_rows[rows] >= 0,
-                     ids=ids)
+                     ids=ids, version=ib.version)
 
     def _drop_failing_rows(self, sched, batch: StepBatch, lp_targets: dict, prev, err: Exception):
         """The step's dispatch raised `err`: find the rows that fail alone (probe dispatches, isolation.py), end
@@ -361,11 +368,18 @@ class LLMEngine:
         results as columns, the logprob sums in the InputBatch; Python per row only in Scheduler.update, the
         detokenizer (when there is a tokenizer) and for the requests that report (_outputs)."""
         ib = self.input_batch
-        valid = done.sample & (ib.gen[done.rows] == done.gen)  # the request still holds the slot it ran in
-        rids = list(itertools.compress(done.ids, valid.tolist()))
-        tokens = out.tokens[valid].tolist()
+        # the sampling rows whose request still holds the slot it ran in (no slot added or freed since the launch:
+        # all of them, no generation to compare)
+        if self.shortcuts and ib.version == done.version:
+            valid = done.sample
+        else:
+            valid = done.sample & (ib.gen[done.rows] == done.gen)
+        every = self.shortcuts and bool(valid.all())
+        rids = tokens = None  # (the valid rows' ids and tokens as lists: only where needed)
         run = done.sched.decodes
         if run is None:
+            rids = list(itertools.compress(done.ids, valid.tolist()))
+            tokens = out.tokens[valid].tolist()
             sampled = dict(zip(rids, map(list, zip(tokens))))
             finished = {r.request_id for r in self.scheduler.update(done.sched, sampled)}
         else:  # the run's rows as a column (the scheduler checks which are still live); the rest as a dict
@@ -373,14 +387,25 @@ class LLMEngine:
             rest = list(itertools.compress(range(m, len(done.ids)), valid[m:].tolist()))
             sampled = {done.ids[i]: [int(out.tokens[i])] for i in rest}
             finished = {r.request_id for r in self.scheduler.update(done.sched, sampled, out.tokens[:m].tolist())}
-        rows = done.rows[valid]
-        ib.cum_logprob[rows] += out.logprobs[valid]  # (rows of a step are distinct slots)
+        if every:
+            rows = done.rows
+            ib.cum_logprob[rows] += out.logprobs  # (rows of a step are distinct slots)
+        else:
+            rows = done.rows[valid]
+            ib.cum_logprob[rows] += out.logprobs[valid]
         if self.tokenizer is not None:
+            if rids is None:
+                rids, tokens = list(itertools.compress(done.ids, valid.tolist())), out.tokens[valid].tolist()
             self._detokenize_plain(rids, tokens, finished)
         # only the requests that report progress (not FINAL_ONLY ones, which report once, finished) and the
         # finished ones go through _outputs
         progress = ib.progress[rows]
-        touched = set(itertools.compress(rids, progress.tolist())) if progress.any() else set()
+        if not progress.any():
+            touched = set()
+        else:
+            if rids is None:
+                rids = list(itertools.compress(done.ids, valid.tolist()))
+            touched = set(itertools.compress(rids, progress.tolist()))
         return self._outputs(touched | finished, finished)
 
     def _detokenize_plain(self, rids: list[str], tokens: list[int], finished: set[str]) -> None:

@@ -236,11 +236,15 @@ def pack_step(sb: StepBatch, bucket: Bucket, page_size: int) -> HostBatch:
         raise ValueError(f"{n_seqs} sequences do not fit bucket {bucket}")
     lens, starts, rows = sb.lens, sb.starts, sb.rows
     n_pages = sb.num_pages[rows].astype(np.int64)
+    if sb.base:
+        last = _LAST.get(sb.base)
+        # (_check_fits of one token a sequence, as many as the base's: a fault goes the full way, which raises)
+        if last is not None and last[0] == bucket and n_pages.max() <= W and not (n_pages * page_size <= starts).any():
+            return _pack_continuation(sb, bucket, page_size, last, n_pages)
     offsets, n_tok = _check_fits(bucket, lens, starts, n_pages, page_size)
     ints_t, floats_t, where = _template(bucket)
     bufs = (ints_t.copy(), floats_t.copy())
-    arrays = {name: bufs[b][lo:hi] if shape is None else bufs[b][lo:hi].reshape(shape)
-              for name, (b, lo, hi, shape) in where.items()}  # views into the two buffers
+    arrays = _views(bufs, where)
     view = arrays.__getitem__
 
     page_tables = view("page_tables")  # [S + 1, W]; row S and the rows past n_seqs stay 0 (reserved page)
@@ -291,4 +295,63 @@ def pack_step(sb: StepBatch, bucket: Bucket, page_size: int) -> HostBatch:
     if ks.any():  # (no drafts: the template's padding is what _verify_arrays gives)
         for name, a in _verify_arrays(ks, bucket, offsets, lens, sb.token_ids).items():
             arrays[name][...] = a
-    return HostBatch(bucket, arrays, n_tok, n_seqs, offsets, bufs)
+    hb = HostBatch(bucket, arrays, n_tok, n_seqs, offsets, bufs)
+    if sb.serial:
+        _remember(sb.serial, bucket, hb, w)
+    return hb
+
+
+def _views(bufs, where) -> dict:
+    """The fields as views into the two buffers (`seed` still int32: its caller views it as uint32)."""
+    return {name: bufs[b][lo:hi] if shape is None else bufs[b][lo:hi].reshape(shape)
+            for name, (b, lo, hi, shape) in where.items()}
+
+
+# StepBatch.serial -> (bucket, HostBatch, w) of the latest few StepBatches with a serial packed (a few: engines
+# sharing the process each find their own): the HostBatch's buffers are never written after packing (they may still
+# be on their way to the device: only copied from here), and columns w: of its page_tables are 0.
+_LAST: dict = {}
+_LAST_SIZE = 4
+
+
+def _remember(serial: int, bucket: Bucket, hb: HostBatch, w: int) -> None:
+    _LAST.pop(serial, None)
+    _LAST[serial] = (bucket, hb, w)
+    while len(_LAST) > _LAST_SIZE:
+        del _LAST[next(iter(_LAST))]  # the oldest (dicts keep insertion order)
+
+
+def _pack_continuation(sb: StepBatch, bucket: Bucket, page_size: int, last: tuple, n_pages: np.ndarray) -> HostBatch:
+    """pack_step of a continuation (StepBatch.base: the same sequences in the same slot rows as the step packed
+    in `last`, one placeholder token each, no drafts, the same slot columns): a copy of that step's buffers with
+    what changed rewritten: the changed page rows, the positions and what follows from them (slot_mapping,
+    tile_kv_len), prev_src, step, penalty_slot. Everything else (input_ids, tiles, sample_idx, the sampling
+    columns, the verify rows' padding) is equal by construction. Same result as the full packing (test:
+    tests/engine/test_step_continuation.py); the fit checks ran before."""
+    _, base, w_base = last
+    n = sb.num_seqs
+    bufs = (base.buffers[0].copy(), base.buffers[1].copy())
+    arrays = _views(bufs, _template(bucket)[2])
+    page_tables = arrays["page_tables"]
+    changed, rows = sb.changed, sb.rows
+    w = w_base
+    if changed is not None and changed.size:
+        w = min(bucket.table_width, sb.page_table.shape[1], max(w_base, int(n_pages[changed].max())))
+        # (a changed row's columns up to w: its new pages, then the zeros past them; w covers its old pages)
+        page_tables[changed, :w] = sb.page_table[rows[changed], :w]
+    starts = sb.starts
+    arrays["positions"][:n] = starts
+    arrays["tile_kv_len"][:n] = starts + 1
+    ps = page_size
+    if ps & (ps - 1) == 0:  # (a power of two: shift and mask, not numpy's integer division)
+        shift = ps.bit_length() - 1
+        arrays["slot_mapping"][:n] = (page_tables[:n][np.arange(n), starts >> shift] << shift) + (starts & (ps - 1))
+    else:
+        arrays["slot_mapping"][:n] = page_tables[:n][np.arange(n), starts // ps] * ps + starts % ps
+    arrays["prev_src"][:n] = sb.prev_row
+    arrays["step"][:n] = sb.step
+    arrays["penalty_slot"][:n] = sb.penalty_slot
+    arrays["seed"] = arrays["seed"].view(np.uint32)
+    hb = HostBatch(bucket, arrays, n, n, base.token_offsets, bufs)
+    _remember(sb.serial, bucket, hb, w)
+    return hb
