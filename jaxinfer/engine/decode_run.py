@@ -145,6 +145,10 @@ def _next_run(sched, last: DecodeRun) -> DecodeRun | None:
     for req in reqs:
         req.num_computed_tokens += 1
         req.num_pending_tokens = 2
+    # The chain reads one link back (schedule_steady and live_rows compare a run's `prev` with sched._applied, by
+    # identity); last.prev is updated already (sched._applied), so its own link is cut: else every run of a long
+    # steady stretch stayed alive, columns and all, through the links (a chain as long as the stretch).
+    last.prev.prev = None
     return DecodeRun(reqs, last.ids, starts, nout + 1, last.pages, npg, limit, last.check, last)
 
 

@@ -220,6 +220,10 @@ def test_chained_runs_equal_fresh_runs_and_the_general_loop(seed, monkeypatch):
             assert [_req(r) for r in s.waiting] == [_req(r) for r in ref.waiting]
             assert _kv(s.kv) == _kv(ref.kv)
     assert sum(chained) >= 20, sum(chained)  # the chain ran
+    links, run = 0, chain._last_run
+    while run is not None:
+        links, run = links + 1, run.prev
+    assert links <= 3, links  # the chain keeps no run it no longer reads alive
 
 
 def test_update_rejects_a_misaligned_run_in_the_chain():
