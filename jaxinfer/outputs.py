@@ -124,6 +124,7 @@ class StepBatch:
     serial: int = 0
     base: int = 0
     changed: np.ndarray | None = None
+    root: int = 0  # the serial of the first step of its line of continuations (itself for that one)
 
     @property
     def num_seqs(self) -> int:

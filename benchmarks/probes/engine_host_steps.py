@@ -16,7 +16,9 @@ the packing's ~300 KB of template copy weigh more here than in time. 2026-12-07 
 step's continuation (InputBatch.make_step from the step before's arrays, pack_step patching the step before's
 packed buffers: 0.54 M a step for pack_step instead of 0.86 M, of which 0.29 M the buffers' copy) and the plain
 step's shortcuts (LLMEngine._launch skips the per-row flag lookups while no flagged slot is held, _finish_plain
-the generation compare while no slot was added or freed); schedule + update are still ~1.07 M of it.
+the generation compare while no slot was added or freed); schedule + update are still ~1.07 M of it. 1.89 M ->
+1.58 M with the continuation packed in place into the buffers of the step before the one in flight, which the
+runner releases at its fetch (runner/batch.release; no 300 KB copy a step).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import numpy as np  # noqa: E402
 from jaxinfer.config.engine import SchedulerConfig  # noqa: E402
 from jaxinfer.engine.engine import LLMEngine  # noqa: E402
 from jaxinfer.outputs import RunnerOutput  # noqa: E402
-from jaxinfer.runner.batch import pack_step  # noqa: E402
+from jaxinfer.runner.batch import pack_step, release  # noqa: E402
 from jaxinfer.runner.buckets import BucketLadder  # noqa: E402
 from jaxinfer.sampling_params import SamplingParams  # noqa: E402
 
@@ -57,6 +59,7 @@ class HostRunner:
 
     def fetch(self, flight) -> RunnerOutput:
         n = flight[0]
+        release(flight[1])  # (as ModelRunner.fetch: the packed inputs may be reused)
         return RunnerOutput(np.full(n, 7, np.int32), np.zeros(n, np.float32), None, None, {})
 
 

@@ -236,7 +236,7 @@ class InputBatch:
         sb = StepBatch(flat, lens, starts, rows, prev_row, ints[1].astype(np.int32),
                        num_spec, np.full(n, -1, np.int32), self.page_table, self.num_pages, self.sampling)
         if decodes is not None and not scheduled and self.continuation:  # a run alone: the next may continue it
-            sb.serial = next(_SERIALS)
+            sb.serial = sb.root = next(_SERIALS)
             for a in (rows, lens, flat, num_spec):
                 a.flags.writeable = False  # (shared with the continuations: see _continue)
             self._last = (decodes, sb, slot_rows, self.version)
@@ -271,7 +271,7 @@ class InputBatch:
         self.step_ids = run.ids
         sb = StepBatch(last.token_ids, last.lens, starts, rows, prev_row, run.output_index.astype(np.int32),
                        last.num_spec, np.full(n, -1, np.int32), self.page_table, self.num_pages, self.sampling,
-                       serial=next(_SERIALS), base=last.serial, changed=changed)
+                       serial=next(_SERIALS), base=last.serial, changed=changed, root=last.root)
         self._last = (run, sb, slot_rows, self.version)
         return sb, slot_rows
 

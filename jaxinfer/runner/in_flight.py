@@ -23,6 +23,7 @@ class InFlight:
     # The carry the next step reads (runner/spec_carry.py); None: out.carry. A device draft source replaces it with
     # one whose draft columns it filled.
     carry: Any = None
+    packed: Any = None          # the HostBatch of its inputs, released (runner/batch.release) once fetched
 
     @property
     def out(self):

@@ -23,7 +23,7 @@ from jaxinfer.env_switch import auto_switch
 from jaxinfer.weights.loader import LoadedModel
 from jaxinfer.outputs import RunnerOutput, SeqInput, StepBatch
 from jaxinfer.runner import attention_backend, param_arena
-from jaxinfer.runner.batch import _TOKEN_IDS, pack, pack_step
+from jaxinfer.runner.batch import _TOKEN_IDS, pack, pack_step, release
 from jaxinfer.runner.call_thread import CallThread, DrainedState, wanted as call_thread_wanted
 from jaxinfer.runner.in_flight import InFlight
 from jaxinfer.runner.cpu_defaults import cpu_kv_pages
@@ -544,7 +544,7 @@ class ModelRunner:
         verify_row = batch.arrays["verify_row"]  # packed already: verify row r holds sequence spec_seqs[r]
         spec_seqs = verify_row[verify_row < bucket.num_seqs].tolist()
         return InFlight(out, prompt, dict(prompt_logprob_targets or {}), batch.token_offsets, n_seqs, want_top,
-                        spec_seqs)
+                        spec_seqs, packed=batch)
 
     def _prev_tokens(self, prev: "InFlight | None"):
         return (prev.carry if prev.carry is not None else prev.out.carry) if prev is not None else self._no_prev
@@ -580,6 +580,11 @@ class ModelRunner:
             host, top_ids, top_lp = np.asarray(o.host), None, None
         tokens, logprobs, acc, toks, lps = unpack_host_outputs(host, o.tokens.shape[0], o.logprobs.shape[0],
                                                                *o.spec_tokens.shape)  # (device shapes: no wait)
+        if flight.packed is not None:
+            # the step's results are on the host, so it ran: its inputs were transferred (the transfer reads the
+            # numpy buffers until it completes, and the step waits for it); a later packing may reuse them
+            release(flight.packed)
+            flight.packed = None
         prompt_lp = {}
         if flight.prompt is not None:
             lp, ids, top = jax.device_get(flight.prompt)

@@ -5,8 +5,10 @@ flagged slot, no slot added or freed since the launch) against the full paths, s
 1. Scheduler level: the same pipelined schedule through two InputBatches, one with the continuation (the
    default) and one without (`continuation = False`, every step made in full): equal StepBatch fields, slot tables
    and slot rows, and pack_step of both equal array by array (the full packing of the reference is itself checked
-   against pack_reference in test_input_batch.py). Page crossings, a table that must widen, admissions, aborts,
-   finishes and preemption break or end the continuation; it must still be taken on most steady steps.
+   against pack_reference in test_input_batch.py), the continuation's mostly into the buffers of a packing
+   released after its step's update (runner/batch.release, as ModelRunner.fetch does). Page crossings, a table
+   that must widen, admissions, aborts, finishes and preemption break or end the continuation; it must still be
+   taken on most steady steps.
 2. Engine level: two LLMEngines with a fake runner that packs every step (its tokens and logprobs a function of the
    packed arrays, so any packing difference shows in the outputs) get the same workload; the reference has the
    continuation and the engine's shortcuts off (`shortcuts = False`: the per-row lookups at every launch, the
@@ -79,8 +81,9 @@ def test_continued_steps_equal_full_steps(seed, monkeypatch):
         s.add_request(Request(f"r{i}", [rng.randrange(3, 30) for _ in range(rng.randrange(1, 20))],
                               SP(rng.choice((None, 40, 120)))))
     prev = (None, None)
-    in_flight = None
-    steps = continued = 0
+    in_flight = in_flight_packed = None
+    steps = continued = reused = 0
+    released = []
     for t in range(220):
         if rng.random() < 0.03:
             s.add_request(Request(f"late{t}", [rng.randrange(3, 30) for _ in range(5)], SP(60)))
@@ -115,6 +118,7 @@ def test_continued_steps_equal_full_steps(seed, monkeypatch):
                 np.testing.assert_array_equal(x, y, err_msg=f"{where}: flat")
             steps += 1
             continued += a.base != 0
+            reused += a.base != 0 and pa.buffers[0] is not None and any(pa.buffers[0] is x for x in released)
             prev = (rows_a, rows_b)
         if in_flight is not None:  # the engine's update: the run's tokens as a column (eos now and then)
             run = in_flight.decodes
@@ -125,9 +129,16 @@ def test_continued_steps_equal_full_steps(seed, monkeypatch):
                          [tokens[r][0] for r in run.ids])
             else:
                 s.update(in_flight, tokens)
+            # as ModelRunner.fetch: the finished step's packing may be reused (not that of the step in flight);
+            # now and then a runner that does not release
+            if rng.random() < 0.9:
+                batch_mod.release(in_flight_packed)
+                released.append(in_flight_packed.buffers[0])
         in_flight = out if not out.is_empty else None
+        in_flight_packed = pa if not out.is_empty else None
     assert steps > 100 and continued > steps // 3, (steps, continued)
     assert len(hits) == continued  # every continued step was packed as one
+    assert reused > continued // 3, (reused, continued)  # most of them into a released packing's buffers
 
 
 class PackingRunner:
@@ -156,10 +167,11 @@ class PackingRunner:
         tokens = (h % 300 + 3).astype(np.int32)
         tokens[h % 97 == 0] = 2  # eos now and then
         logprobs = -((h % 13).astype(np.float32) / 8)
-        return n, tokens, logprobs, dict(prompt_logprob_targets or {})
+        return n, tokens, logprobs, dict(prompt_logprob_targets or {}), hb
 
     def fetch(self, flight):
-        n, tokens, logprobs, targets = flight
+        n, tokens, logprobs, targets, hb = flight
+        batch_mod.release(hb)  # (as ModelRunner.fetch)
         prompt = {i: (np.full(len(t), -0.5, np.float32), np.zeros((len(t), 20), np.int32),
                       np.full((len(t), 20), -1.0, np.float32)) for i, t in targets.items()}
         return RunnerOutput(tokens, logprobs, np.tile(np.arange(20, dtype=np.int32), (n, 1)),
