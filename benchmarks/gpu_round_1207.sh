@@ -68,6 +68,8 @@
 #   decodes (prefill 50.9 -> 55.0 ms); the split and its parts (split2 splitstep splitserve splitshapes) removed.
 #   Then fp8out fp8off (fp8's bf16 dot output: 1.72x the bf16 dot per layer at M = 2,048, offline 1.27x bf16; fp8
 #   batch 1 0.75x bf16, not explained) and step profiles by hand.
+#   12-07 i: no machine came (eleven tries). The host step's chain / continuation / packing reuse (13e0980..51684ac)
+#   are counted on the CPU only: "hsc256" first on any GPU (issue 17's host <= 1.0 ms; CPU estimate ~630 µs).
 #   Next: "nktest fp8b1 fp8hlo" (the fp8 small-M path's and W4A8's GPU tests; fp8 batch 1 as the first model), "w4a8i4"
 #   (issue 20's offline int4 through the opt-in W4A8 backend), "tpgrid fp8off qd hsc256" on an H200 (hsc256: issue 17's
 #   host <= 1.0 ms after 50f2c6c's scheduler change); then "specct", "w8a8"
