@@ -143,8 +143,9 @@ for part in $PARTS; do case $part in
         --configs 256x512 64x4096 --prefill 2x512x512
     done ;;
   hsc256)  # the engine thread's host time a step at batch 256 with the defaults (issue 17's <= 1.0 ms; ~100 s)
-    run hsc-256 110 timeout 110 $PY benchmarks/probes/host_step_cost.py --model llama3-8b --no-tokenizer --batch 256 \
-      --tag defaults ;;
+    # (--scenarios: 12-07 i's first scenario, offline, had twice the sections of the second on a fresh machine)
+    run hsc-256 140 timeout 140 $PY benchmarks/probes/host_step_cost.py --model llama3-8b --no-tokenizer --batch 256 \
+      --scenarios offline stream offline stream --tag defaults ;;
   mixprof)  # where the offline run's device time goes (issue 17's 10k; 12-07 e: ~15 ms of an ~85 ms H100 step not
             # explained by its linears and KV reads): the usual mixed step (509 decodes + 3 prompts) and a pure-decode
             # step of 512 under jax.profiler, per kernel (~250 s on a fresh machine)

@@ -171,6 +171,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, nargs="+", default=None, help="default 1 64 256; --speculative: 1 8 32")
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--scenarios", nargs="+", default=None,
+                    help="the scenarios to run, in this order, repeats allowed (default: all that apply, offline "
+                         "first); 12-07 i's H100 run had its first scenario's sections twice the second's")
     ap.add_argument("--prompt-len", type=int, default=20)
     ap.add_argument("--no-tokenizer", action="store_true", help="only the offline scenario without a tokenizer")
     ap.add_argument("--speculative", action="store_true",
@@ -248,7 +251,12 @@ def main():
           "wall/step: wall time of an uninstrumented step; wait is wall time too; call_thr: CPU time of the call "
           "thread, --call-thread)")
     print(hdr)
-    for scen, llm in llms.items():
+    unknown = set(a.scenarios or ()) - set(llms)
+    if unknown:
+        raise SystemExit(f"--scenarios: {sorted(unknown)} not available here (have {list(llms)}; the +tok ones need "
+                         "a run without --no-tokenizer)")
+    for scen in a.scenarios or list(llms):
+        llm = llms[scen]
         stream = scen.startswith(("stream", "delta"))
         kind = "DELTA" if scen.startswith("delta") else "CUMULATIVE"
         for b in a.batch:
