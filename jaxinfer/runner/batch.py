@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import threading
 from operator import attrgetter
 from typing import Any, Sequence
 
@@ -326,11 +327,17 @@ _LAST: dict = {}
 _LAST_SIZE = 4
 
 
+# (_LAST's and _FREE's evictions under one lock: engines on two threads of a process would otherwise race on "the
+# oldest" key; the lookups are single dict reads, and a line's list is only touched by its own engine's thread)
+_LOCK = threading.Lock()
+
+
 def _remember(serial: int, bucket: Bucket, hb: HostBatch, w: int) -> None:
-    _LAST.pop(serial, None)
-    _LAST[serial] = (bucket, hb, w)
-    while len(_LAST) > _LAST_SIZE:
-        del _LAST[next(iter(_LAST))]  # the oldest (dicts keep insertion order)
+    with _LOCK:
+        _LAST.pop(serial, None)
+        _LAST[serial] = (bucket, hb, w)
+        while len(_LAST) > _LAST_SIZE:
+            del _LAST[next(iter(_LAST))]  # the oldest (dicts keep insertion order)
 
 
 def _pack_continuation(sb: StepBatch, bucket: Bucket, page_size: int, last: tuple, n_pages: np.ndarray) -> HostBatch:
@@ -394,9 +401,10 @@ def release(hb: HostBatch) -> None:
     if line is None or hb.released:
         return
     hb.released = True
-    free = _FREE.pop(line, None) or []  # (re-inserted: the most recent line last, the oldest evicted first)
-    if len(free) < _FREE_EACH:
-        free.append(hb)
-    _FREE[line] = free
-    while len(_FREE) > _FREE_LINES:
-        del _FREE[next(iter(_FREE))]
+    with _LOCK:
+        free = _FREE.pop(line, None) or []  # (re-inserted: the most recent line last, the oldest evicted first)
+        if len(free) < _FREE_EACH:
+            free.append(hb)
+        _FREE[line] = free
+        while len(_FREE) > _FREE_LINES:
+            del _FREE[next(iter(_FREE))]
