@@ -9,6 +9,7 @@ import pytest
 import jaxinfer
 from jaxinfer import SamplingParams
 from jaxinfer.engine import decode_run
+from jaxinfer.runner import batch as batch_mod
 from jaxinfer.sampling_params import RequestOutputKind
 
 
@@ -74,3 +75,43 @@ def test_columnar_decodes_equal_the_general_loop(tiny_llama_dir, monkeypatch, nu
     assert columnar == general
     if num_pages == 40:
         assert llm.engine.scheduler.stats().num_preemptions_total > 0
+
+
+def test_steady_continuation_through_the_runner_equals_the_general_loop(tiny_llama_dir, monkeypatch):
+    """A long steady stretch through the real ModelRunner: the decode run's chain, the InputBatch's continuation and
+    pack_step's continuation, packed in place into the buffers of a packing the runner released at its fetch
+    (runner/batch.py), must give the general loop's tokens and logprobs (greedy and seeded sampling, page
+    crossings); the continuation and the in-place packing are counted, so the comparison covers them."""
+    llm = jaxinfer.LLM(tiny_llama_dir, num_pages=600, max_model_len=96, max_num_batched_tokens=256,
+                       max_num_seqs=72, progress=False)
+    packed = {"continued": 0, "in_place": 0}
+    real_cont = batch_mod._pack_continuation
+
+    def cont(sb, bucket, page_size, last, n_pages):
+        packed["continued"] += 1
+        packed["in_place"] += bool(sb.root and batch_mod._FREE.get((bucket, sb.root)))
+        return real_cont(sb, bucket, page_size, last, n_pages)
+
+    monkeypatch.setattr(batch_mod, "_pack_continuation", cont)
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(3, 512, size=int(rng.integers(1, 24))).tolist() for _ in range(70)]
+    params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=50 + i % 7, ignore_eos=True,
+                             logprobs=None) for i in range(70)]
+
+    def run(columnar: bool):
+        llm.engine.scheduler.columnar = columnar
+        llm.engine.kv.reset_prefix_cache()
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            llm.engine.add_request(f"s{i}", p, sp)
+        done = {}
+        while llm.engine.has_unfinished():
+            for o in llm.engine.step():
+                if o.finished:
+                    done[o.request_id] = (tuple(o.outputs[0].token_ids), round(o.outputs[0].cumulative_logprob, 4))
+        return done
+
+    general = run(False)
+    assert packed["continued"] == 0
+    steady = run(True)
+    assert packed["continued"] >= 30 and packed["in_place"] >= 20, packed
+    assert steady == general
