@@ -2,6 +2,7 @@
 logprob bookkeeping they read. Host code only; engine/engine.py calls these with its state."""
 from __future__ import annotations
 
+import itertools
 import time
 
 from .input_batch import InputBatch
@@ -11,6 +12,9 @@ from ..outputs import CompletionOutput, Logprob, RequestOutput
 from ..sampling_params import RequestOutputKind
 
 _DELTA, _FINAL_ONLY = RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY
+
+# Groups of one sequence take _single_outputs (off: the general loop for every group; tests compare the two)
+fast_outputs = True
 
 
 def add_logprob(ib: InputBatch, st: SeqState, lp: float) -> None:
@@ -40,8 +44,15 @@ def build_outputs(seqs: dict[str, SeqState], groups: dict[str, Group], ib: Input
     all_seqs, all_groups = seqs, groups
     gids = set()
     key = {}  # sort key of a group: its smallest sequence id in seq_ids
+    # Groups of one sequence without logprobs that report every progress (CUMULATIVE / DELTA: what streaming asks
+    # at every step) take _single_outputs, which builds the same outputs without the per-group generality; their
+    # sort key is their one sequence id. Off (`fast_outputs`): every group takes the general loop (the reference).
+    single = [] if fast_outputs and spec is None else None
     for sid in seq_ids:
         st = all_seqs.get(sid)
+        if st is not None and st.single and st.keep_deltas and single is not None:  # (keep_deltas: not FINAL_ONLY)
+            single.append(sid)
+            continue
         g = all_groups.get(st.group_id) if st is not None else None
         if g is None:
             continue
@@ -60,8 +71,22 @@ def build_outputs(seqs: dict[str, SeqState], groups: dict[str, Group], ib: Input
             gids.add(g.request_id)
     outs = []
     cums = None  # the InputBatch's logprob sums as floats, converted once a call (not one numpy scalar a request)
+    if single:
+        if not gids:  # (the streaming step: every reporting group is a single one)
+            single.sort()  # (in place: one list fewer a step for the young generation's count)
+            return _single_outputs(seqs, groups, ib, single, now, outs)
+        general = {key[gid]: gid for gid in gids}  # the first sequence ids are distinct: one order for both kinds
+        order = sorted(itertools.chain(single, general))
+    else:
+        general = None
+        order = sorted(gids, key=key.__getitem__)
     slot_of, owner = ib.slot, ib.owner
-    for gid in sorted(gids, key=key.__getitem__):
+    for gid in order:
+        if general is not None:
+            if gid not in general:
+                _single_outputs(seqs, groups, ib, (gid,), now, outs)
+                continue
+            gid = general[gid]
         g = all_groups[gid]
         kind = g.kind
         if kind is _FINAL_ONLY and not all(all_seqs[sid].request.status.is_finished for sid in g.seq_ids):
@@ -119,6 +144,60 @@ def build_outputs(seqs: dict[str, SeqState], groups: dict[str, Group], ib: Input
                 if spec is not None:
                     spec.free(sid, forget=True)
             del groups[gid]
+    return outs
+
+
+def _single_outputs(seqs: dict[str, SeqState], groups: dict[str, Group], ib: InputBatch, sids, now: float,
+                    outs: list[RequestOutput]) -> list[RequestOutput]:
+    """build_outputs of groups of one sequence (`sids`, in order; SeqState.single: no logprobs or prompt logprobs)
+    whose kind is CUMULATIVE or DELTA, appended to `outs`: the general loop's outputs and state changes (tested
+    against it: tests/engine/test_stream_outputs.py) with what such a group makes constant folded in (one
+    completion, no logprobs, done == its finish) and no spec metrics (its caller's condition)."""
+    slot_get, owner = ib._slot_of.get, ib.owner  # (InputBatch.slot's lookup, without its call a request)
+    cums = None
+    for sid in sids:
+        st = seqs[sid]
+        gid = st.group_id
+        g = groups.get(gid)
+        if g is None:
+            continue
+        if g.first_token_time is None:
+            g.first_token_time = now
+        r = st.request
+        fin = r.status.is_finished
+        ids, k = r.output_token_ids, st.num_reported
+        new_ids = ids[k:]
+        delta_text = st.text_delta
+        if delta_text:
+            st.text_delta = ""
+        if g.kind is _DELTA:
+            if not new_ids and not delta_text and (not fin or st.finish_reported):
+                continue  # nothing new (the general loop then reports no group without completions)
+            text, token_ids = delta_text, new_ids
+        else:
+            text, token_ids = (st.detok.text if st.detok is not None else ""), list(ids)  # (a snapshot)
+        st.num_reported = len(ids)
+        st.finish_reported = fin
+        s = slot_get(sid)
+        if s is not None and owner[s] is st:
+            if cums is None:
+                cums = ib.cum_logprob.tolist()
+            cum = cums[s]
+        else:
+            cum = st.cumulative_logprob
+        g.reported = True
+        if fin:
+            comp = CompletionOutput(0, text, token_ids, cum, None, r.finish_reason, r.stop_reason, delta_text, new_ids)
+            outs.append(RequestOutput(gid, g.prompt, g.prompt_token_ids, None, [comp], True,
+                                      {"arrival_time": g.arrival_time, "first_token_time": g.first_token_time,
+                                       "finished_time": now}))
+            seqs.pop(sid, None)
+            del groups[gid]
+        else:
+            comp = CompletionOutput(0, text, token_ids, cum, None, None, None, delta_text, new_ids)
+            outs.append(RequestOutput(gid, g.prompt, g.prompt_token_ids, None, [comp], False,
+                                      {"arrival_time": g.arrival_time, "first_token_time": g.first_token_time,
+                                       "finished_time": None}))
     return outs
 
 

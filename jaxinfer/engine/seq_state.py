@@ -38,9 +38,12 @@ class SeqState:
     # time is stamped (it reports only at its finish, which comes with `finished`). Offline batches then build
     # nothing per running request per step.
     report_progress: bool = True
+    # The only sequence of its group, without logprobs or prompt logprobs: output_builder._single_outputs reports it
+    single: bool = dataclasses.field(init=False, default=False)
 
     def __post_init__(self):
         p = self.params
+        self.single = p.n == 1 and self.logprobs is None and self.prompt_logprobs is None
         self.penalised = p.uses_penalties
         self.sampling_row = (p.temperature, p.top_k, p.top_p, p.min_p, self.seed & 0xFFFFFFFF,
                              int(self.logprobs is not None), p.presence_penalty, p.frequency_penalty,
