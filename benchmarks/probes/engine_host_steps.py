@@ -12,7 +12,7 @@ pack, update and the outputs, for counting instructions where wall time is too n
 Measured (2026-12-07 i, this box, OPENBLAS_NUM_THREADS=1; instructions a step): 5.06 M at 5caa45b (before the
 decode run's chain), 3.05 M at 460d6af (its schedule + update: scheduler_steps.py's 1.07 M), 2.78 M with pack_step
 gathering only the used page-table columns. Callgrind counts a large memcpy (rep movsb) as one instruction a byte:
-the packing's ~300 KB of template copy weigh more here than in time. 2026-12-07 j: 2.79 M -> 1.89 M with the steady
+the packing's ~300 KB of template copy weigh more here than in time. Then (12-07 i): 2.79 M -> 1.89 M with the steady
 step's continuation (InputBatch.make_step from the step before's arrays, pack_step patching the step before's
 packed buffers: 0.54 M a step for pack_step instead of 0.86 M, of which 0.29 M the buffers' copy) and the plain
 step's shortcuts (LLMEngine._launch skips the per-row flag lookups while no flagged slot is held, _finish_plain
@@ -20,7 +20,7 @@ the generation compare while no slot was added or freed); schedule + update are 
 1.58 M with the continuation packed in place into the buffers of the step before the one in flight, which the
 runner releases at its fetch (runner/batch.release; no 300 KB copy a step).
 Streaming (--stream: CUMULATIVE outputs every step; --stream --delta: DELTA, as the OpenAI server asks), 2026-12-07
-k: output_builder._single_outputs for groups of one sequence: CUMULATIVE 8.05 -> 7.67 M a step, DELTA 6.83 -> 5.62 M;
+i: output_builder._single_outputs for groups of one sequence: CUMULATIVE 8.05 -> 7.67 M a step, DELTA 6.83 -> 5.62 M;
 with the collector off (python -c "import gc, runpy, sys; gc.disable(); ..."), CUMULATIVE 7.01 -> 5.82 M. At batch
 256 a step allocates ~1,390 young objects, within a few of two young collections (threshold 700): whether a step
 has one or two depends on a handful of objects, not on the outputs' cost (here CUMULATIVE went from one to two a
