@@ -87,7 +87,7 @@ def measure_matmul_flops(n: int | None = None, iters: int | None = None) -> floa
 
 
 def compilation_cache_entries() -> int:
-    """Files in the persistent compilation cache jaxinfer will use (runner.model_runner.enable_compilation_cache:
+    """Files in the persistent compilation cache jaxinfer will use (runner.compile_options.enable_compilation_cache:
     $JAXINFER_CACHE/xla, default ~/.cache/jaxinfer/xla): 0 before LLM() means a cold start."""
     d = os.path.join(os.environ.get("JAXINFER_CACHE", os.path.expanduser("~/.cache/jaxinfer")), "xla")
     return len(os.listdir(d)) if os.path.isdir(d) else 0

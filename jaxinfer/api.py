@@ -55,7 +55,7 @@ class LLM:
         # seconds per start-up phase (benchmarks/startup.py prints them); tokenizer_s ran on its own thread
         self.startup_breakdown = times = {}
         from jaxinfer.weights.loader import resolve_model
-        from jaxinfer.runner.model_runner import enable_compilation_cache
+        from jaxinfer.runner.compile_options import enable_compilation_cache
         from jaxinfer.tokenizer import Tokenizer
 
         times["import_s"] = time.perf_counter() - t0

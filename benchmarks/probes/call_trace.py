@@ -82,7 +82,7 @@ def host_event_totals(trace_dir: str, calls: int, top: int = 30) -> list[dict]:
 def probe(llm, batch: int, ctx: int, iters: int, extra_options: dict | None = None, same_inputs: bool = False,
           fixed_prev: bool = False) -> dict:
     from jaxinfer.runner.batch import pack
-    from jaxinfer.runner.model_runner import step_compiler_options
+    from jaxinfer.runner.compile_options import step_compiler_options
 
     r = llm.runner
     hb = pack(_seqs(r, batch, ctx), r.ladder.pick(batch, batch), r.page_size)

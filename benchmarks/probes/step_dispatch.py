@@ -78,7 +78,7 @@ def _fresh_step(llm, bucket, flat, *, donate=True, select=None, options=None, gr
     as it calls the engine's programs (until 12-06 j this built the form before both, which run_compiled rejects).
     select: None = the engine's choice (selects on GPU), True / False = selects / lax.cond."""
     from jaxinfer.runner.branches import select_branches
-    from jaxinfer.runner.model_runner import compile_lowered
+    from jaxinfer.runner.compile_options import compile_lowered
     from jaxinfer.runner.step import make_step_fn
 
     r = llm.runner
@@ -95,7 +95,7 @@ def _fresh_step(llm, bucket, flat, *, donate=True, select=None, options=None, gr
 
 def probe_batch(llm, batch: int, ctx: int, iters: int) -> dict:
     from jaxinfer.runner.batch import pack
-    from jaxinfer.runner.model_runner import step_compiler_options
+    from jaxinfer.runner.compile_options import step_compiler_options
 
     r = llm.runner
     hb = pack(_seqs(r, batch, ctx), r.ladder.pick(batch, batch), r.page_size)

@@ -31,7 +31,7 @@ import numpy as np
 from jaxinfer.outputs import SeqInput
 from jaxinfer.runner.batch import INT_FIELDS, field_shapes, pack
 from jaxinfer.runner.buckets import Bucket
-from jaxinfer.runner.model_runner import compile_lowered, step_compiler_options
+from jaxinfer.runner.compile_options import compile_lowered, step_compiler_options
 from jaxinfer.runner.step import stage_inputs
 
 

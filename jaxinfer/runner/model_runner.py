@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import math
 import operator
-import os
 import threading
 import time
 from typing import Any, Sequence
@@ -24,6 +23,7 @@ from jaxinfer.weights.loader import LoadedModel
 from jaxinfer.outputs import RunnerOutput, SeqInput, StepBatch
 from jaxinfer.runner import attention_backend, param_arena
 from jaxinfer.runner.batch import _TOKEN_IDS, pack, pack_step, release
+from jaxinfer.runner.compile_options import compile_lowered, step_compiler_options
 from jaxinfer.runner.call_thread import CallThread, DrainedState, wanted as call_thread_wanted
 from jaxinfer.runner.in_flight import InFlight
 from jaxinfer.runner.cpu_defaults import cpu_kv_pages
@@ -42,45 +42,12 @@ log = logging.getLogger("jaxinfer")
 
 # per-sequence fields read with map(attrgetter): no Python-level loop over every sequence of a step
 _PENALTY_INIT = operator.attrgetter("penalty_init")
-# XLA's command buffers (CUDA graphs): with them the step's call is one graph launch (plus an update of the graph's
-# buffer addresses); without them it is ~1,000 kernel launches of host work (8.2 ms at 64 tokens, and at 256 tokens
-# the call fills the launch queue and waits for the device). Measured on the H200 (benchmarks/probes/step_dispatch.py,
-# results/step-dispatch-2026-12-02.json, 8B decode at context 512), with / without: 64 tokens call 3.5 / 8.2 ms,
-# device step 8.7 / 8.6 ms; 256 tokens call 2.1 / 16.7 ms, device 16.7 / 16.9 ms. (Before the sampler's conditionals
-# became selects they split the graphs and command buffers cost device time at 256 tokens: 18.4 vs 15.1 ms, which
-# is why buckets above 128 tokens compiled without them.) Larger (prefill) buckets are not measured: they keep the
-# launches, whose cost is small beside their compute.
-COMMAND_BUFFER_MAX_TOKENS = 256
 # With greedy-only programs (GPU), buckets of more tokens than this compile their general step program in the
 # background after warm-up (their greedy-only one at warm-up): cold start-up of the 8B shape was ~15 s per bucket
 # with both programs eager (about 120 s for 8 buckets), and 44.7 s with 13 eager programs (8 general, 5 greedy-only;
 # results/startup-cold-2026-12-02.json), while the general program of a large bucket is only needed once a sampling
 # request runs there.
 EAGER_GENERAL_MAX_TOKENS = 256
-
-
-def step_compiler_options(bucket) -> dict | None:
-    """Per-executable XLA options of a bucket's step: command buffers off on the GPU above
-    COMMAND_BUFFER_MAX_TOKENS tokens (other backends: none)."""
-    if jax.default_backend() == "gpu" and bucket.num_tokens > COMMAND_BUFFER_MAX_TOKENS:
-        return {"xla_gpu_enable_command_buffer": ""}
-    return None
-
-
-def compile_lowered(lowered, compiler_options: dict | None):
-    """lowered.compile() with per-executable XLA options (None: the defaults)."""
-    return lowered.compile(compiler_options=compiler_options) if compiler_options else lowered.compile()
-
-
-def enable_compilation_cache(cache_dir: str | None):
-    """JAX's persistent compilation cache, so a second start skips XLA compilation."""
-    cache_dir = cache_dir or os.path.join(
-        os.environ.get("JAXINFER_CACHE", os.path.expanduser("~/.cache/jaxinfer")), "xla")
-    os.makedirs(cache_dir, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", cache_dir)
-    # Small programs are cached too (the default skips compiles under 1 s).
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 
 class ModelRunner:

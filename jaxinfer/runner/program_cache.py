@@ -1,6 +1,6 @@
 """Whole compiled programs on disk, so a warm start skips tracing, lowering and compiling.
 
-JAX's persistent compilation cache (runner/model_runner.py enable_compilation_cache) saves only XLA's compile:
+JAX's persistent compilation cache (runner/compile_options.py enable_compilation_cache) saves only XLA's compile:
 every start still traces and lowers each step program (seconds per bucket on a 2-core CPU). This cache stores the
 compiled executable itself (`jax.experimental.serialize_executable`) under a key of everything the program depends
 on, and loads it back without tracing:
