@@ -84,8 +84,11 @@ def main(argv=None) -> int:
     # its full collections stop walking ~270k objects in the middle of engine steps (engine/gc_freeze.py).
     import gc
 
+    from jaxinfer.engine.gc_freeze import raise_young_threshold
+
     gc.collect()
     gc.freeze()
+    raise_young_threshold()  # (for good, as the freeze: fewer young collections a streaming step, gc_freeze.py)
     if a.profile:
         import jax
 

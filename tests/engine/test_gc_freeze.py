@@ -2,7 +2,7 @@
 import gc
 import weakref
 
-from jaxinfer.engine.gc_freeze import startup_objects_frozen
+from jaxinfer.engine.gc_freeze import LOOP_GEN0_THRESHOLD, startup_objects_frozen
 
 
 class _Node:
@@ -53,3 +53,37 @@ def test_unfreezes_when_the_block_raises():
     except KeyError:
         pass
     assert gc.get_freeze_count() == 0
+
+
+def test_young_threshold_raised_inside_and_restored_after():
+    """Fewer young collections while the loop runs (a streaming step at batch 256 allocates ~1,400 objects):
+    the threshold is LOOP_GEN0_THRESHOLD inside, what it was after (also when the block raises), and a larger
+    one set by the caller is never lowered."""
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        with startup_objects_frozen():
+            assert gc.get_threshold() == (LOOP_GEN0_THRESHOLD, 10, 10)
+            runs = []
+            track = lambda phase, info: runs.append(info["generation"]) if phase == "start" else None  # noqa: E731
+            gc.callbacks.append(track)
+            try:
+                gc.collect(0)  # (from an empty young generation)
+                runs.clear()
+                junk = [[i] for i in range(5 * 700)]  # five default thresholds' worth of containers
+            finally:
+                gc.callbacks.remove(track)
+            assert runs == [] and len(junk) == 3500  # no collection ran (under 700: five would have)
+        assert gc.get_threshold() == (700, 10, 10)
+        try:
+            with startup_objects_frozen():
+                raise KeyError("x")
+        except KeyError:
+            pass
+        assert gc.get_threshold() == (700, 10, 10)
+        gc.set_threshold(50_000, 10, 10)
+        with startup_objects_frozen():
+            assert gc.get_threshold()[0] == 50_000
+        assert gc.get_threshold() == (50_000, 10, 10)
+    finally:
+        gc.set_threshold(*before)
