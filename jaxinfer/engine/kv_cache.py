@@ -189,21 +189,14 @@ class KVCacheManager:
             return
         ps, num_hashed, tables, page_hash, cached = self.page_size, self._num_hashed, self._pages, self._page_hash, \
             self._cached
-        blake, pack = _BLAKE2B_128, self._pack_page
+        hash_one = self._hash_page
         for rid, hashes, tokens, n in items:
             done = num_hashed.get(rid, 0)
             table = tables.get(rid)
             if n != done + 1 or table is None or n > len(table) or len(hashes) != done:
                 self.cache_pages(rid, hashes, tokens, n)     # the general form (nothing, or several pages)
                 continue
-            toks = tokens(done * ps, n * ps)
-            if len(toks) == ps:  # (self._hash_page inline)
-                h = blake.copy()
-                h.update(hashes[-1] if hashes else self._root)
-                h.update(pack(*toks))
-                h = h.digest()
-            else:
-                h = hash_page(hashes[-1] if hashes else self._root, toks)
+            h = hash_one(hashes[-1] if hashes else self._root, tokens(done * ps, n * ps))
             hashes.append(h)
             page = table[done]
             if page_hash[page] is None and h not in cached:

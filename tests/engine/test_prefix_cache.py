@@ -562,7 +562,7 @@ def test_engine_preemption_and_abort_with_prefix_caching(tiny_llama_dir, llms):
 
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 def test_manager_page_hash_equals_hash_page(page_size):
-    """KVCacheManager._hash_page (struct-packed ids, a copied blake2b state; also inline in cache_pages_each) gives
+    """KVCacheManager._hash_page (struct-packed ids, a copied blake2b state; cache_pages_each hashes through it) gives
     hash_page's bytes: full pages of small, large and negative ids, and a short slice (hash_page itself)."""
     rng = random.Random(page_size)
     kv = KVCacheManager(8, page_size, enable_prefix_caching=True)
@@ -572,7 +572,7 @@ def test_manager_page_hash_equals_hash_page(page_size):
         assert kv._hash_page(parent, ids) == hash_page(parent, ids)
         parent = kv._hash_page(parent, ids)
     assert kv._hash_page(parent, [5] * (page_size + 1)) == hash_page(parent, [5] * (page_size + 1))
-    # through cache_pages_each's inline copy: the registered hashes are the hash_page chain
+    # through cache_pages_each: the registered hashes are the hash_page chain
     kv.allocate("a", 3 * page_size)
     toks = [rng.randrange(0, 1000) for _ in range(3 * page_size)]
     hashes = []
