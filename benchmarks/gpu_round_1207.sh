@@ -370,6 +370,10 @@ for part in $PARTS; do case $part in
     for be in cudnn pallas; do
       run mid-$be 120 timeout 120 $PY $LAT8 --batch 16 32 --attention-backend $be --tag mid-$be
     done ;;
+  attn2)  # the decode-attention probe with 3x the reps (12-07 c's H200 median 3.10 TB/s at 64 x 4k, fastest rep 3.49:
+          # issue 17's >= 3.2 sits inside that spread; ~70 s)
+    run attn2 120 timeout 120 $PY benchmarks/probes/cudnn_paged_attention.py --tag gqa-reps15 --configs 64x4096 \
+      256x512 --prefill --inner 20 --reps 15 ;;
   attn)
     run attn 90 timeout 90 $PY benchmarks/probes/cudnn_paged_attention.py --tag gqa --configs 256x512 64x4096 \
       --prefill 2x512x512 ;;

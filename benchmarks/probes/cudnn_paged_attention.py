@@ -194,7 +194,7 @@ def main():
     global PS
     ap = argparse.ArgumentParser()
     ap.add_argument("--configs", nargs="+", default=["256x512", "64x512", "64x4096", "256x4096", "16x4096", "1x4096"])
-    ap.add_argument("--prefill", nargs="+", default=["2x0x512", "2x512x512", "4x0x2048", "2x2048x2048"],
+    ap.add_argument("--prefill", nargs="*", default=["2x0x512", "2x512x512", "4x0x2048", "2x2048x2048"],
                     help="BxPxC: B sequences, a C-token chunk after P cached tokens")
     ap.add_argument("--inner", type=int, default=10)
     ap.add_argument("--reps", type=int, default=5)
