@@ -230,6 +230,9 @@ for part in $PARTS; do case $part in
   spec1b)  # issue 21's figure on the GPU it names (an H200): the int8 1B draft with its whole head, batch 1, a = 0.7
     run spec1b 300 timeout 300 $PY benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 --batch 1 --accept 0.7 \
       --max-num-batched-tokens 16 --tag draft-int8-whole ;;
+  spec1bv)  # spec1b with the opt-in 32k head cut beside the whole head, one process (12-06 j on an H100: 1.65x -> 1.70x)
+    run spec1bv 330 timeout 330 $PY benchmarks/spec_speed.py --drafts none llama3.2-1b@int8 \
+      llama3.2-1b@int8+vocab32768 --batch 1 --accept 0.7 --max-num-batched-tokens 16 --tag draft-int8-vocab ;;
   specgrid)  # the int8 1B draft's speed-up grid (batch 1 / 8, a = 0.5 / 0.7 / 0.9; 12-07 c: 1.55x at batch 1, a = 0.7):
              # spec_policy.SPEEDUP's "model" rows are the bf16 draft's (12-02 / 12-04); a draft_quantization="int8"
              # row would let the policy speculate from a lower a at batch 1 and say where batch 8 stands
