@@ -17,6 +17,8 @@ exp(-inf) = 0, but 0 * NaN is NaN.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -24,6 +26,7 @@ from pallas_kernels.paged_attention.kv_quant import QuantizedPages, quantize_kv
 from pallas_kernels.paged_attention.scatter import set_rows
 
 _MASKED = -1e30  # finite, so fully-masked (padding) rows never produce inf - inf = NaN
+TILE_BLOCK = 16  # query tiles a block of the dynamic loop (static_loop=False)
 
 
 def write_kv_pages(k_pages, v_pages, k, v, slot_mapping):
@@ -76,21 +79,56 @@ def ragged_paged_attention_reference(
     a device-to-host sync per layer (measured on the H200: 83 vs 222 tok/s at batch 1)."""
     T, num_heads, head_dim = q.shape
     _, page_size, kv_heads, _ = k_pages.shape
-    NT, Bq = tile_tokens.shape
+    NT = tile_tokens.shape[0]
     W = page_tables.shape[1]
-    group = num_heads // kv_heads
     chunk = kv_chunk_pages * page_size
     if W % kv_chunk_pages:
         raise ValueError(f"page table width {W} must be a multiple of kv_chunk_pages {kv_chunk_pages}")
 
+    page_tables = jnp.asarray(page_tables)  # (callers may pass numpy metadata; it is indexed by traced tiles)
     # Query tiles: [NT, Bq, kv_heads, group, head_dim]; an extra zero row serves empty slots.
     q_pad = jnp.concatenate([q, jnp.zeros((1, num_heads, head_dim), q.dtype)], axis=0)
-    qt = q_pad[tile_tokens].reshape(NT, Bq, kv_heads, group, head_dim)
     pos_pad = jnp.concatenate([positions, jnp.full((1,), -1, positions.dtype)])
+    attend = functools.partial(_attend_tiles, q_pad=q_pad, pos_pad=pos_pad, k_pages=k_pages, v_pages=v_pages,
+                               page_tables=page_tables, sm_scale=sm_scale, kv_chunk_pages=kv_chunk_pages,
+                               sliding_window=sliding_window, soft_cap=soft_cap, k_scales=k_scales,
+                               v_scales=v_scales)
+    out = jnp.zeros((T, num_heads, head_dim), q.dtype)
+    if static_loop:
+        return attend(out, tile_tokens, tile_seq, tile_kv_len, num_chunks=W // kv_chunk_pages)
+    # Dynamic loop (the CPU): blocks of TILE_BLOCK tiles, as many as reach the last non-empty tile, each with the
+    # chunk loop of its own longest context. A bucket's tile count is its worst case (a tile for every sequence
+    # beside the tokens' own: ceil(T / Bq) + S); a step uses a prefix of it (runner/batch.pack), e.g. 58 of the
+    # 256-token bucket's 320 tiles for a 230-token prompt, and every tile of the one-block form gathered its KV.
+    if NT <= TILE_BLOCK:  # (the decode buckets of a few sequences: one block, as before)
+        return attend(out, tile_tokens, tile_seq, tile_kv_len, num_chunks=(jnp.max(tile_kv_len) + chunk - 1) // chunk)
+    nb = -(-NT // TILE_BLOCK)
+    pad = nb * TILE_BLOCK - NT
+    tiles = (jnp.pad(tile_tokens, ((0, pad), (0, 0)), constant_values=T), jnp.pad(tile_seq, (0, pad)),
+             jnp.pad(tile_kv_len, (0, pad)))
+    used = jnp.max(jnp.where(tiles[2] > 0, jnp.arange(nb * TILE_BLOCK) + 1, 0))  # past the last non-empty tile
+
+    def block(carry):
+        b, out = carry
+        tt, ts, tk = (jax.lax.dynamic_slice_in_dim(x, b * TILE_BLOCK, TILE_BLOCK, axis=0) for x in tiles)
+        return b + 1, attend(out, tt, ts, tk, num_chunks=(jnp.max(tk) + chunk - 1) // chunk)
+
+    return jax.lax.while_loop(lambda c: c[0] * TILE_BLOCK < used, block, (jnp.zeros((), jnp.int32), out))[1]
+
+
+def _attend_tiles(out, tile_tokens, tile_seq, tile_kv_len, *, num_chunks, q_pad, pos_pad, k_pages, v_pages,
+                  page_tables, sm_scale, kv_chunk_pages, sliding_window, soft_cap, k_scales, v_scales):
+    """Attention of n query tiles (tile_tokens [n, Bq], tile_seq / tile_kv_len [n]) written into out [T, H, D]
+    (empty slots write nothing). num_chunks: a Python int, the chunks of a static loop over the page-table width;
+    else a traced count, the chunks of a while loop (the tiles' longest context)."""
+    T, num_heads, head_dim = out.shape
+    _, page_size, kv_heads, _ = k_pages.shape
+    NT, Bq = tile_tokens.shape
+    group = num_heads // kv_heads
+    chunk = kv_chunk_pages * page_size
+    qt = q_pad[tile_tokens].reshape(NT, Bq, kv_heads, group, head_dim)
     q_pos = pos_pad[tile_tokens]  # [NT, Bq]; -1 for empty slots (sees nothing)
     tile_pages = page_tables[tile_seq]  # [NT, W]
-
-    num_chunks = (jnp.max(tile_kv_len) + chunk - 1) // chunk
 
     def body(carry):
         j, m, l, acc = carry
@@ -124,15 +162,15 @@ def ragged_paged_attention_reference(
         jnp.zeros((NT, kv_heads, group, Bq), jnp.float32),
         jnp.zeros((NT, kv_heads, group, Bq, head_dim), jnp.float32),
     )
-    if static_loop:
+    if isinstance(num_chunks, int):
         carry = init
-        for _ in range(W // kv_chunk_pages):
+        for _ in range(num_chunks):
             carry = body(carry)
         _, _, l, acc = carry
     else:
         _, _, l, acc = jax.lax.while_loop(lambda c: c[0] < num_chunks, body, init)
-    out = acc / jnp.maximum(l, 1e-30)[..., None]  # [NT, kvh, g, Bq, D]
-    out = out.transpose(0, 3, 1, 2, 4).reshape(NT * Bq, num_heads, head_dim).astype(q.dtype)
+    o = acc / jnp.maximum(l, 1e-30)[..., None]  # [NT, kvh, g, Bq, D]
+    o = o.transpose(0, 3, 1, 2, 4).reshape(NT * Bq, num_heads, head_dim)
     # Scatter tiles back to flat tokens; empty slots (token T) write nothing.
     idx = tile_tokens.reshape(-1)
-    return set_rows(jnp.zeros((T, num_heads, head_dim), q.dtype), idx, out, idx >= T)
+    return set_rows(out, idx, o, idx >= T)

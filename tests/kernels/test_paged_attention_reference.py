@@ -101,3 +101,28 @@ def test_one_token_write(slot, kind):
         two, _ = write_kv_pages(base, base, k, k, jnp.asarray([0, -1], jnp.int32))
     for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(two)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("ps", [8, 16])
+def test_tile_blocks_match_dense(ps):
+    """The dynamic loop's blocks of TILE_BLOCK tiles: a step whose used tiles span three blocks (short contexts in
+    the first, the longest context in the last, so each block's chunk count differs) in a bucket of many more tiles,
+    against dense float64 attention; the unused tiles past the last block are never read (their rows stay zero)."""
+    from pallas_kernels.paged_attention.reference import TILE_BLOCK
+
+    rng = np.random.default_rng(ps)
+    steps = [(int(c), 1) for c in rng.integers(0, 2 * ps, 2 * TILE_BLOCK)] + [(3 * ps, ps + 3), (9 * ps + 1, 1)]
+    d = build(rng, steps, 4, 2, 32, ps, max_tokens=128, max_seqs=128, max_model_len=16 * ps)
+    q, a, batch = np.asarray(d["q"]), d["a"], d["batch"]
+    NT = a["tile_kv_len"].shape[0]
+    used = int(np.flatnonzero(a["tile_kv_len"] > 0)[-1]) + 1
+    assert 2 * TILE_BLOCK < used <= 3 * TILE_BLOCK < NT, (used, NT)
+    out = np.asarray(ragged_paged_attention_reference(
+        jnp.asarray(q), d["kp"], d["vp"], a["positions"], a["tile_tokens"], a["tile_seq"], a["tile_kv_len"],
+        a["page_tables"], sm_scale=0.2, kv_chunk_pages=2))
+    for i, (ctx, n) in enumerate(steps):
+        s0 = batch.token_offsets[i]
+        ref = _dense_reference(q[s0:s0 + n].astype(np.float64), d["full_k"][i].astype(np.float64),
+                               d["full_v"][i].astype(np.float64), np.arange(ctx, ctx + n), 0.2, None)
+        np.testing.assert_allclose(out[s0:s0 + n], ref, rtol=2e-5, atol=2e-5, err_msg=f"sequence {i} {ctx, n}")
+    assert not out[d["n_tok"]:].any()
