@@ -267,6 +267,11 @@ class KernelConfig:
     min_bucket_tokens: int | None = _opt(None, "tokens of the smallest step shape; a step of fewer tokens pads to it "
                                                "(default 1: on GPU a 1-token bucket below 16, 32, ..., or 16 with "
                                                "speculation; runner/cpu_defaults.py)")
+    prefill_buckets: bool | None = _opt(
+        None, "step shapes for prompts that come alone or with a few decodes: beside each decode-shaped bucket "
+              "(16 <= tokens <= max_num_seqs) one of the same tokens, tokens / 16 sequences and query_tile-token "
+              "tiles (runner/buckets.py), compiled in the background after warm-up; default: on the CPU without "
+              "speculation (measured there, not yet on a GPU)")
     quantized_matmul: str = _opt("auto", "quantized layers (pre-quantized checkpoints too): auto (on GPU int8 "
                                          "xla-nk, int4-g128 mosaic-int4 on one Hopper GPU, else triton-int4, "
                                          "other int4 pallas, XLA's fp8 dot for fp8; the jnp reference on CPU) | "

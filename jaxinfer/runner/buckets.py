@@ -12,6 +12,11 @@ follow from T, so the ladder is one list of ints and warm-up compiles exactly le
                                       0 when speculation is off, so the step carries no verification at all
 verify_bucket adds one bucket off this rule below the ladder: T = K + 1, S = 1, R = 1, a single sequence's
 verification (or decode) without the 16-token bucket's padding rows, tiles and verify rows (runner/ladders.py).
+prefill_buckets adds a twin before each decode-shaped bucket (query_tile <= T <= max_num_seqs): the same T with
+  S' = T // query_tile sequences and query_tile-token tiles, for the steps of few sequences that land there (a short
+  prompt alone, a chunk beside a few decodes). Their decode-shaped sibling samples T rows (a 230-token prompt: 256
+  rows of logits for one), gives each sequence 4-token tiles (each re-reads its context) and on a GPU sends every
+  token to cuDNN as a row of its own (models/attention.py). pick() takes the twin when the step's sequences fit.
 """
 from __future__ import annotations
 
@@ -41,11 +46,12 @@ class BucketLadder:
     def build(cls, *, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, page_size: int,
               query_tile: int, kv_chunk_pages: int, min_tokens: int = 16, max_spec_seqs: int = 0,
               num_spec_tokens: int = 0, growth: int = 2, small_buckets: tuple[int, ...] = (),
-              verify_bucket: bool = False) -> "BucketLadder":
+              verify_bucket: bool = False, prefill_buckets: bool = False) -> "BucketLadder":
         """Token counts small_buckets (those below min_tokens), then min_tokens, min_tokens * growth, ... below
         max_num_batched_tokens, then max_num_batched_tokens itself (runner/cpu_defaults.py: CPU min_tokens 1,
         growth 4; GPU small_buckets (1,), the batch-1 decode). verify_bucket (with speculation): first a bucket of
-        one sequence and K + 1 tokens (one verification), where that is below the first bucket."""
+        one sequence and K + 1 tokens (one verification), where that is below the first bucket. prefill_buckets:
+        the decode-shaped buckets' prefill twins (module docstring), each just before its sibling."""
         if growth < 2:
             raise ValueError(f"bucket growth must be >= 2, got {growth}")
         sizes = sorted({t for t in small_buckets if 1 <= t < min(min_tokens, max_num_batched_tokens)})
@@ -65,6 +71,11 @@ class BucketLadder:
             # with 4-token tiles; step_breakdown / decode_attention_cost 2026-12-01).
             bq = min(query_tile, _DECODE_TILE) if t <= max_num_seqs or t <= max(min_tokens, 1) else query_tile
             r = min(s, max_spec_seqs) if num_spec_tokens else 0
+            twin = t // query_tile
+            if prefill_buckets and bq != query_tile and t <= max_num_seqs and twin >= 1:
+                rt = min(twin, max_spec_seqs) if num_spec_tokens else 0
+                buckets.append(Bucket(t, twin, math.ceil(t / query_tile) + twin, query_tile, width, rt,
+                                      num_spec_tokens if rt else 0))
             buckets.append(Bucket(t, s, math.ceil(t / bq) + s, bq, width, r, num_spec_tokens if r else 0))
         t = num_spec_tokens + 1
         if verify_bucket and num_spec_tokens and max_spec_seqs and t < buckets[0].num_tokens:
@@ -73,6 +84,7 @@ class BucketLadder:
         return cls(tuple(buckets))
 
     def pick(self, num_tokens: int, num_seqs: int) -> Bucket:
+        """The first bucket (ladder order: by tokens, a prefill twin before its sibling) that holds the step."""
         for b in self.buckets:
             if b.num_tokens >= num_tokens and b.num_seqs >= num_seqs:
                 return b

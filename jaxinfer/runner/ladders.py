@@ -5,8 +5,13 @@
                       a speculating runner's verify bucket (k + 1 tokens, one sequence, one verify row)
   decode_ladder       the draft cycle's batch-1 buckets under DraftCycle.small_pair (an A/B switch, off): a draft
                       runner's ladder plus 2- and 1-token buckets on a GPU, for that one program; the ladder elsewhere
-  background_tokens   token counts of the ladder's buckets compiled in the background after warm-up (until their
-                      programs are ready such a step runs in the next bucket up: ModelRunner._packed_step)
+  background          the ladder's buckets compiled in the background after warm-up (until their programs are
+                      ready such a step runs in the next bucket up that holds it: ModelRunner._packed_step): the
+                      small buckets, the verify bucket and the prefill twins (until then their decode-shaped
+                      siblings run those steps, as before the twins)
+  prefill twins       (runner/buckets.py) KernelConfig.prefill_buckets, by default on the CPU in a runner without
+                      speculation (a speculating target's verify buckets stay as measured for issue 21); never in a
+                      draft runner's ladders (its cycle programs compile per bucket pair)
 
 Speculation drops the GPU's 1-token bucket from a runner's own ladder: a verification step has k + 1 tokens, so the
 1-token bucket serves no decode there, and a draft runner (small_buckets=False) would compile its fused k-step
@@ -32,7 +37,7 @@ from __future__ import annotations
 
 from jaxinfer.config import EngineConfig
 from jaxinfer.runner.buckets import BucketLadder
-from jaxinfer.runner.cpu_defaults import ladder_args
+from jaxinfer.runner.cpu_defaults import ladder_args, on_cpu
 
 
 def spec_ladder_args(config: EngineConfig) -> dict:
@@ -44,10 +49,19 @@ def spec_ladder_args(config: EngineConfig) -> dict:
                 num_spec_tokens=spec.num_speculative_tokens)
 
 
+def prefill_buckets_wanted(config: EngineConfig, small_buckets: bool = True) -> bool:
+    """Whether a runner's ladder gets the prefill twins: never a draft model's (small_buckets=False: its cycle
+    programs are compiled per bucket pair), else KernelConfig.prefill_buckets, when None (auto) on the CPU without
+    speculation: measured there (benchmarks/probes/cpu_prefill_blocks.py --twins, 2026-12-07: a 230-token prompt's
+    prefill ~1.5x faster), not yet on a GPU, whose A/B is gpu_round_1207.sh's part 'p256'."""
+    setting = config.kernels.prefill_buckets
+    return small_buckets and (setting if setting is not None else config.speculative is None and on_cpu())
+
+
 def runner_ladders(config: EngineConfig, max_model_len: int, page_size: int, kv_chunk_pages: int,
                    small_buckets: bool = True) -> tuple[BucketLadder, BucketLadder, frozenset]:
-    """(ladder, decode_ladder, background_tokens) of a runner (module docstring); small_buckets=False: a draft
-    model's runner."""
+    """(ladder, decode_ladder, background) of a runner (module docstring); small_buckets=False: a draft model's
+    runner."""
     sched = config.scheduler
     backend_ladder = ladder_args(config.kernels.min_bucket_tokens,
                                  small_buckets=small_buckets and config.speculative is None)
@@ -58,10 +72,14 @@ def runner_ladders(config: EngineConfig, max_model_len: int, page_size: int, kv_
     kw = dict(max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs,
               max_model_len=max_model_len, page_size=page_size, query_tile=config.kernels.query_tile,
               kv_chunk_pages=kv_chunk_pages, **spec_ladder_args(config))
-    ladder = BucketLadder.build(**kw, **backend_ladder, verify_bucket=verify)
+    twins = prefill_buckets_wanted(config, small_buckets)
+    ladder = BucketLadder.build(**kw, **backend_ladder, verify_bucket=verify, prefill_buckets=twins)
     cycle_small = tuple(sorted({*program_small, 2})) if program_small else ()
     decode_ladder = (BucketLadder.build(**kw, **{**backend_ladder, "small_buckets": cycle_small})
                      if cycle_small and not small_buckets else ladder)
-    background = frozenset(backend_ladder.get("small_buckets", ())) | frozenset(
-        b.num_tokens for b in ladder.buckets if verify and b.num_seqs == 1 and b.spec_rows)
+    small = frozenset(backend_ladder.get("small_buckets", ()))
+    last = {b.num_tokens: b for b in ladder.buckets}  # a prefill twin comes before its sibling: not the last
+    background = frozenset(b for b in ladder.buckets
+                           if b.num_tokens in small or (verify and b.num_seqs == 1 and b.spec_rows)
+                           or last[b.num_tokens] is not b)
     return ladder, decode_ladder, background

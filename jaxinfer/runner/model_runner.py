@@ -130,7 +130,7 @@ class ModelRunner:
         chunk = config.kernels.kv_chunk_pages or (128 if static else 16)
         kv_chunk = min(chunk, math.ceil(max_model_len / self.page_size))
         ladders = runner_ladders(config, max_model_len, self.page_size, kv_chunk, small_buckets)
-        self.ladder, self.decode_ladder, self._background_tokens = ladders
+        self.ladder, self.decode_ladder, self._background = ladders
         backend = attention_backend.resolve(loaded, config, single_device=plan is None)
         opts = AttentionOptions(kv_chunk, static, backend, interpret=jax.default_backend() == "cpu",
                                 mesh=plan.mesh if plan is not None and plan.tp > 1 else None,
@@ -232,7 +232,7 @@ class ModelRunner:
         # step programs on two worker threads while this one compiles the prompt-logprob programs: XLA compiles
         # outside the GIL, so a 2-core CPU compiles about twice as fast
         deferred = [b for b in self.ladder.buckets if self._general_deferred(b)]
-        later = [b for b in self.ladder.buckets if b.num_tokens in self._background_tokens]  # all their programs
+        later = [b for b in self.ladder.buckets if b in self._background]  # all their programs
         eager = [b for b in self.ladder.buckets if b not in later]
         self.compile_in_background([b for b in eager if b not in deferred], workers=2)
         from tqdm.auto import tqdm  # (here: ~65 ms of imports a warm `jaxinfer generate` never uses)
@@ -405,6 +405,8 @@ class ModelRunner:
         pending = self._pending.get(key)
         if pending is not None and not pending.done():
             for bigger in self.ladder.buckets[self.ladder.buckets.index(bucket) + 1:]:
+                if bigger.num_seqs < bucket.num_seqs:  # (a prefill twin: fewer sequences than this step may have)
+                    continue
                 other = packer(seqs, bigger, self.page_size)
                 other_key = self._program_key(other)
                 if self._program_ready(other_key):  # (never a fresh compile of a bigger bucket)
