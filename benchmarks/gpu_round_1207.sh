@@ -374,11 +374,13 @@ for part in $PARTS; do case $part in
       run mid-$be 120 timeout 120 $PY $LAT8 --batch 16 32 --attention-backend $be --tag mid-$be
     done ;;
   p256)  # issue 17's 256-token prefill after 256 (12-04: 9.25 ms, 52% of the matmul rate, attention 1,633 us with 4-token
-          # tiles) under 'auto' (cuDNN since 12-06 in every bucket of no more tokens than sequences: one row a token,
-          # the chunk's context read 256 times) vs the Pallas kernel (read once a 4-token tile) (~200 s cold)
-    for be in auto pallas; do
-      run p256-$be 130 timeout 130 $PY benchmarks/probes/step_profile.py --shapes prefill-256 --iters 10 \
-        --attention-backend $be --tag p256-$be
+          # tiles): under 'auto' (cuDNN since 12-06 in every bucket of no more tokens than sequences: one row a token,
+          # the chunk's context read 256 times), the Pallas kernel (read once a 4-token tile), and the prefill twin
+          # (cf1f679, --prefill-buckets: the same 256 tokens with 16 sampled rows instead of 256 and 16-token tiles
+          # through the Pallas kernel; on by default on the CPU only: 1.5x a 230-token prefill there) (~300 s cold)
+    for v in auto pallas twin; do
+      run p256-$v 130 timeout 130 $PY benchmarks/probes/step_profile.py --shapes prefill-256 --iters 10 \
+        $([ $v = twin ] && echo --prefill-buckets || echo --attention-backend $v) --tag p256-$v
     done ;;
   attn2)  # the decode-attention probe with 3x the reps (12-07 c's H200 median 3.10 TB/s at 64 x 4k, fastest rep 3.49:
           # issue 17's >= 3.2 sits inside that spread; ~70 s)
