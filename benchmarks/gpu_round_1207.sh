@@ -70,6 +70,11 @@
 #   batch 1 0.75x bf16, not explained) and step profiles by hand.
 #   12-07 i: no machine came (eleven tries). The host step's chain / continuation / packing reuse (13e0980..51684ac)
 #   are counted on the CPU only: "hsc256" first on any GPU (issue 17's host <= 1.0 ms; CPU estimate ~630 µs).
+#   12-07 j: no machine came again (four failed starts, then loans paused). New parts: "p256" (the 256-token prefill
+#   under 'auto' / the Pallas kernel / the prefill twin of cf1f679: issue 17's 52% -> 60% of the matmul rate and
+#   whether the twins should be on by default on a GPU, ~300 s cold), "attn2" (decode attention at 15 reps: issue
+#   17's 3.2 TB/s sits inside 12-07 c's rep spread), "spec1bv" (the 1B draft whole vs 32k head on an H200).
+#   First call, any GPU: PARTS="hsc256 p256 nktest" (H100) / PARTS_H200="attn2 spec1bv hsc256" (BUDGET 585).
 #   Next: "nktest fp8b1 fp8hlo" (the fp8 small-M path's and W4A8's GPU tests; fp8 batch 1 as the first model), "w4a8i4"
 #   (issue 20's offline int4 through the opt-in W4A8 backend), "tpgrid fp8off qd hsc256" on an H200 (hsc256: issue 17's
 #   host <= 1.0 ms after 50f2c6c's scheduler change); then "specct", "w8a8"
