@@ -17,6 +17,8 @@ prefill_buckets adds a twin before each decode-shaped bucket (query_tile <= T <=
   prompt alone, a chunk beside a few decodes). Their decode-shaped sibling samples T rows (a 230-token prompt: 256
   rows of logits for one), gives each sequence 4-token tiles (each re-reads its context) and on a GPU sends every
   token to cuDNN as a row of its own (models/attention.py). pick() takes the twin when the step's sequences fit.
+  Where the ladder grows faster than x2 (the CPU's 1, 4, 16, 64, ...), twins of their own sit at the doublings in
+  between (32, 128, 512, ...), so a lone prompt pads to at most twice its tokens.
 """
 from __future__ import annotations
 
@@ -38,6 +40,15 @@ class Bucket:
     spec_len: int = 0   # K (draft tokens per verify row)
 
 
+def _doublings(a: int, b: int) -> list[int]:
+    """2a, 4a, ... below b."""
+    out, u = [], 2 * a
+    while u < b:
+        out.append(u)
+        u *= 2
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class BucketLadder:
     buckets: tuple[Bucket, ...]
@@ -54,16 +65,27 @@ class BucketLadder:
         the decode-shaped buckets' prefill twins (module docstring), each just before its sibling."""
         if growth < 2:
             raise ValueError(f"bucket growth must be >= 2, got {growth}")
-        sizes = sorted({t for t in small_buckets if 1 <= t < min(min_tokens, max_num_batched_tokens)})
-        t = max(min_tokens, 1)
+        small = sorted({t for t in small_buckets if 1 <= t < min(min_tokens, max_num_batched_tokens)})
+        grown, t = [], max(min_tokens, 1)
         while t < max_num_batched_tokens:
-            sizes.append(t)
+            grown.append(t)
             t *= growth
-        sizes.append(max_num_batched_tokens)
+        grown.append(max_num_batched_tokens)
+        sizes = small + grown
         pages = math.ceil(max_model_len / page_size)
         width = math.ceil(pages / kv_chunk_pages) * kv_chunk_pages
+        # prefill twins of their own where the ladder grows faster than x2 (the CPU's x4): between a and b = 4a
+        # a twin of 2a tokens, so a lone prompt pads to at most twice its length (a 100-token one: 128, not 256)
+        between = {u for a, b in zip(grown, grown[1:]) for u in _doublings(a, b)} if prefill_buckets else set()
         buckets = []
-        for t in sizes:
+        for t in sorted({*sizes, *between}):
+            twin = min(t // query_tile, max_num_seqs)
+            if t in between:
+                if twin >= 1:
+                    rt = min(twin, max_spec_seqs) if num_spec_tokens else 0
+                    buckets.append(Bucket(t, twin, math.ceil(t / query_tile) + twin, query_tile, width, rt,
+                                          num_spec_tokens if rt else 0))
+                continue
             s = min(t, max_num_seqs)
             # Decode-sized tiles where the bucket is mostly decodes; the smallest buckets always, because a
             # single-sequence decode (max_num_seqs 1..15) runs there: with 16-token tiles its one query token
@@ -71,7 +93,6 @@ class BucketLadder:
             # with 4-token tiles; step_breakdown / decode_attention_cost 2026-12-01).
             bq = min(query_tile, _DECODE_TILE) if t <= max_num_seqs or t <= max(min_tokens, 1) else query_tile
             r = min(s, max_spec_seqs) if num_spec_tokens else 0
-            twin = t // query_tile
             if prefill_buckets and bq != query_tile and t <= max_num_seqs and twin >= 1:
                 rt = min(twin, max_spec_seqs) if num_spec_tokens else 0
                 buckets.append(Bucket(t, twin, math.ceil(t / query_tile) + twin, query_tile, width, rt,

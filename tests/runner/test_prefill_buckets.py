@@ -33,6 +33,13 @@ def test_twins_sit_before_their_decode_shaped_siblings():
     # no twins where the small buckets' tile is the query tile already, or with the switch off
     assert _shapes(BucketLadder.build(**{**KW, "query_tile": 4}, prefill_buckets=True)) == _shapes(
         BucketLadder.build(**{**KW, "query_tile": 4}))
+    # a ladder growing x4 (the CPU's): twins of their own at the doublings in between, not below min_tokens
+    cpu = BucketLadder.build(**{**KW, "min_tokens": 1, "growth": 4, "small_buckets": (), "max_num_batched_tokens": 1024,
+                                "max_num_seqs": 256}, prefill_buckets=True)
+    assert [(b.num_tokens, b.num_seqs, b.query_tile) for b in cpu.buckets] == [
+        (1, 1, 4), (4, 4, 4), (16, 1, 16), (16, 16, 4), (32, 2, 16), (64, 4, 16), (64, 64, 4), (128, 8, 16),
+        (256, 16, 16), (256, 256, 4), (512, 32, 16), (1024, 256, 16)]
+    assert (cpu.pick(100, 1).num_tokens, cpu.pick(100, 9).num_tokens, cpu.pick(300, 1).num_tokens) == (128, 256, 512)
     # speculation: a twin's verify rows follow its sequences
     spec = BucketLadder.build(**KW, prefill_buckets=True, max_spec_seqs=8, num_spec_tokens=3)
     assert [(b.num_seqs, b.spec_rows) for b in spec.buckets[1:5]] == [(1, 1), (16, 8), (2, 2), (32, 8)]
@@ -48,7 +55,8 @@ def test_which_runners_get_twins(tiny_llama_dir):
     a speculating engine keeps its measured ladder unless asked; a draft model's runner never gets them."""
     on, off = _llm(), _llm(prefill_buckets=False)
     twins = [b for b in on.runner.ladder.buckets if b not in off.runner.ladder.buckets]
-    assert [(b.num_tokens, b.num_seqs) for b in twins] == [(16, 1), (64, 4)]  # CPU ladder 1, 4, 16, 64, 128
+    # CPU ladder 1, 4, 16, 64, 128: twins of the 16- and 64-token buckets and one of its own at 32 (x4 growth)
+    assert [(b.num_tokens, b.num_seqs) for b in twins] == [(16, 1), (32, 2), (64, 4)]
     assert on.runner._background == set(twins) and not off.runner._background  # (the CPU has no small buckets)
     spec_kw = dict(speculative_config=dict(method="draft", draft_model=tiny_llama_dir, num_speculative_tokens=2,
                                            batch_policy=False), max_model_len=256, max_num_seqs=64,
@@ -67,7 +75,7 @@ def test_same_tokens_with_and_without_twins(greedy):
     others decode: the same tokens as the ladder without twins (float32), and the twins did run steps."""
     sp = SamplingParams(max_tokens=12, ignore_eos=True, **(dict(temperature=0.0) if greedy else
                                                            dict(temperature=0.8, top_k=20, seed=3)))
-    prompts = [[(5 * i + 3 * j) % 200 + 2 for j in range(n)] for i, n in enumerate((9, 14, 40, 61, 3, 100))]
+    prompts = [[(5 * i + 3 * j) % 200 + 2 for j in range(n)] for i, n in enumerate((9, 14, 40, 61, 3, 100, 25))]
 
     def run(llm):
         used = []
@@ -93,7 +101,7 @@ def test_same_tokens_with_and_without_twins(greedy):
     *want, _ = run(off)
     assert got == want
     twins = set(on.runner.ladder.buckets) - set(off.runner.ladder.buckets)
-    assert {(b.num_tokens, b.num_seqs) for b in twins & set(used)} == {(16, 1), (64, 4)}
+    assert {(b.num_tokens, b.num_seqs) for b in twins & set(used)} == {(16, 1), (32, 2), (64, 4)}
 
 
 def test_fallback_while_a_bucket_compiles():
