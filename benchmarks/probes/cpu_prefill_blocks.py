@@ -37,7 +37,8 @@ def child(block: int, twins: bool, lengths: list[int], reps: int, batches: list[
     sp = SamplingParams(max_tokens=1, temperature=0.0)
     out = {}
     for n in lengths:
-        ids = [(7 * j) % 4000 + 100 for j in range(n)]
+        # (a first token of each length's own: no length reads another's pages from the prefix cache)
+        ids = [(7 * j + 13 * n) % 4000 + 100 for j in range(n)]
         llm.generate([ids], sp, use_tqdm=False)  # (this bucket's first run)
         ts = []
         for r in range(reps):
