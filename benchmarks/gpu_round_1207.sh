@@ -382,7 +382,7 @@ for part in $PARTS; do case $part in
           # tiles): under 'auto' (cuDNN since 12-06 in every bucket of no more tokens than sequences: one row a token,
           # the chunk's context read 256 times), the Pallas kernel (read once a 4-token tile), and the prefill twin
           # (cf1f679, --prefill-buckets: the same 256 tokens with 16 sampled rows instead of 256 and 16-token tiles
-          # through the Pallas kernel; on by default on the CPU only: 1.5x a 230-token prefill there) (~300 s cold)
+          # through the Pallas kernel; on by default on the CPU only: 1.61x a 230-token prefill there) (~300 s cold)
     for v in auto pallas twin; do
       run p256-$v 130 timeout 130 $PY benchmarks/probes/step_profile.py --shapes prefill-256 --iters 10 \
         $([ $v = twin ] && echo --prefill-buckets || echo --attention-backend $v) --tag p256-$v

@@ -52,8 +52,8 @@ def spec_ladder_args(config: EngineConfig) -> dict:
 def prefill_buckets_wanted(config: EngineConfig, small_buckets: bool = True) -> bool:
     """Whether a runner's ladder gets the prefill twins: never a draft model's (small_buckets=False: its cycle
     programs are compiled per bucket pair), else KernelConfig.prefill_buckets, when None (auto) on the CPU without
-    speculation: measured there (benchmarks/probes/cpu_prefill_blocks.py --twins, 2026-12-07: a 230-token prompt's
-    prefill ~1.5x faster), not yet on a GPU, whose A/B is gpu_round_1207.sh's part 'p256'."""
+    speculation: measured there (benchmarks/probes/cpu_prefill_blocks.py --twins, 2026-12-07: a 100 / 230 / 300-token
+    prompt's prefill 2.04 / 1.61 / 1.83x faster), not yet on a GPU, whose A/B is gpu_round_1207.sh's part 'p256'."""
     setting = config.kernels.prefill_buckets
     return small_buckets and (setting if setting is not None else config.speculative is None and on_cpu())
 
