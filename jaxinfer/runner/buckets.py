@@ -77,14 +77,19 @@ class BucketLadder:
         # prefill twins of their own where the ladder grows faster than x2 (the CPU's x4): between a and b = 4a
         # a twin of 2a tokens, so a lone prompt pads to at most twice its length (a 100-token one: 128, not 256)
         between = {u for a, b in zip(grown, grown[1:]) for u in _doublings(a, b)} if prefill_buckets else set()
+
+        def twin_of(t: int) -> Bucket | None:  # T / query_tile sequences (at least one) in query_tile-token tiles
+            n = min(t // query_tile, max_num_seqs)
+            if not prefill_buckets or n < 1:
+                return None
+            rt = min(n, max_spec_seqs) if num_spec_tokens else 0
+            return Bucket(t, n, math.ceil(t / query_tile) + n, query_tile, width, rt, num_spec_tokens if rt else 0)
+
         buckets = []
         for t in sorted({*sizes, *between}):
-            twin = min(t // query_tile, max_num_seqs)
+            twin = twin_of(t)
             if t in between:
-                if twin >= 1:
-                    rt = min(twin, max_spec_seqs) if num_spec_tokens else 0
-                    buckets.append(Bucket(t, twin, math.ceil(t / query_tile) + twin, query_tile, width, rt,
-                                          num_spec_tokens if rt else 0))
+                buckets += [twin] if twin else []
                 continue
             s = min(t, max_num_seqs)
             # Decode-sized tiles where the bucket is mostly decodes; the smallest buckets always, because a
@@ -93,10 +98,8 @@ class BucketLadder:
             # with 4-token tiles; step_breakdown / decode_attention_cost 2026-12-01).
             bq = min(query_tile, _DECODE_TILE) if t <= max_num_seqs or t <= max(min_tokens, 1) else query_tile
             r = min(s, max_spec_seqs) if num_spec_tokens else 0
-            if prefill_buckets and bq != query_tile and t <= max_num_seqs and twin >= 1:
-                rt = min(twin, max_spec_seqs) if num_spec_tokens else 0
-                buckets.append(Bucket(t, twin, math.ceil(t / query_tile) + twin, query_tile, width, rt,
-                                      num_spec_tokens if rt else 0))
+            if twin and bq != query_tile and t <= max_num_seqs:  # (a decode-shaped bucket: its twin first)
+                buckets.append(twin)
             buckets.append(Bucket(t, s, math.ceil(t / bq) + s, bq, width, r, num_spec_tokens if r else 0))
         t = num_spec_tokens + 1
         if verify_bucket and num_spec_tokens and max_spec_seqs and t < buckets[0].num_tokens:

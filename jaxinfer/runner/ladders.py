@@ -7,8 +7,8 @@
                       runner's ladder plus 2- and 1-token buckets on a GPU, for that one program; the ladder elsewhere
   background          the ladder's buckets compiled in the background after warm-up (until their programs are
                       ready such a step runs in the next bucket up that holds it: ModelRunner._packed_step): the
-                      small buckets, the verify bucket and the prefill twins (until then their decode-shaped
-                      siblings run those steps, as before the twins)
+                      small buckets, the verify bucket and the prefill twins (until then the buckets above them
+                      run those steps, as before the twins)
   prefill twins       (runner/buckets.py) KernelConfig.prefill_buckets, by default on the CPU in a runner without
                       speculation (a speculating target's verify buckets stay as measured for issue 21); never in a
                       draft runner's ladders (its cycle programs compile per bucket pair)
