@@ -236,12 +236,18 @@ class ModelRunner:
         eager = [b for b in self.ladder.buckets if b not in later]
         self.compile_in_background([b for b in eager if b not in deferred], workers=2)
         from tqdm.auto import tqdm  # (here: ~65 ms of imports a warm `jaxinfer generate` never uses)
+        runs = []
         for b in tqdm(eager, desc="compiling buckets", disable=not progress, leave=False):
             self._prompt_program(b)
             steps = [] if b in deferred else [self._step_program(b)]
             if self.greedy_programs:
                 steps.append(self._step_program(b, greedy_only=True))
-            if jax.default_backend() != "cpu":  # CPU programs have no kernels to load; keep CPU start-up short
+            runs.append((b, steps))
+        # First runs only once every eager compile is done: a program's first run on a GPU captures its command
+        # buffer (CUDA graph), and an XLA autotuner profiling a compile on a worker thread beside a capture failed
+        # the start-up (H100, 12-07 j: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, then "All configs failed").
+        if jax.default_backend() != "cpu":  # CPU programs have no kernels to load; keep CPU start-up short
+            for b, steps in runs:
                 ints, floats = jax.device_put(self.placeholder_batch(b), self._replicated)
                 for step in steps:
                     out, _ = self.run_compiled(step, ints, floats)
