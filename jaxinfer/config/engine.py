@@ -286,7 +286,7 @@ class KernelConfig:
                                          "with the Mosaic GPU int8 kernel at M <= 16 on Hopper) | "
                                          "xla-nk-w8a8 (int8 only, opt-in: xla-nk weight-only up to 16 tokens a "
                                          "step, W8A8 above; activations quantized there) | "
-                                         "mosaic-int4-w4a8 (int4 only, opt-in: mosaic-int4 below 512 tokens a "
+                                         "mosaic-int4-w4a8 (int4 only, opt-in: mosaic-int4 below 2048 tokens a "
                                          "step, above them the weights rounded to fp8 and XLA's fp8 dot)",
                                  choices=MATMUL_BACKENDS)
     compilation_cache_dir: str | None = _opt(None, "JAX's persistent compilation cache (default: "

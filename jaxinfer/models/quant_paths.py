@@ -53,7 +53,7 @@ from pallas_kernels.quantized_matmul import xla as qmm_xla
 from pallas_kernels.quantized_matmul import xla_fused as qmm_fused
 
 ANY_M = 1 << 30
-W4A8_MIN_TOKENS = 512  # 'mosaic-int4-w4a8': steps of at least this many tokens run W4A8 (PATHS below)
+W4A8_MIN_TOKENS = 2048  # 'mosaic-int4-w4a8': steps of at least this many tokens run W4A8 (PATHS below)
 PATHS = {
     # H200 sweep 2026-12-02 (results/kernel-quantized-matmul-2026-12-02.json, 8B shapes, geomean vs bf16): XLA's
     # dequantize + dot 1.02x at M=1, 1.15x at M=16, 0.75x at M=256 (the Pallas kernel 0.59x there): XLA at every M.
@@ -130,7 +130,9 @@ PATHS = {
     # bf16 (H200, 12-05 d), two designs of it short; the fp8 dot at M = 2,048 is 1.72x the bf16 dot per layer (H100,
     # 12-07 h, results/kernel-quantized-matmul-fp8out-e7c792b-2026-12-07.json: 827 vs 1,423 us) and the int4 -> e4m3
     # pass reads ~3.5 GB and writes ~7 GB a step on the 8B shape (~3 ms at the H100's bandwidth, an estimate), so
-    # it can pay only in steps of many tokens: the boundary is an estimate, not yet measured. Quality (SmolLM2-135M,
+    # it can pay only in steps of many tokens. Per op (H100, 12-07 j, results/kernel-quantized-matmul-w4a8-10dde75-
+    # 2026-12-07.json), x the bf16 dot: M = 2,048 W4A8 1.17-1.61x (the Mosaic kernel 0.90-0.99x), M = 512 W4A8
+    # 0.71-0.83x (Mosaic 0.80-1.01x): hence from 2,048 tokens (512 before; 1,024 not measured). Quality (SmolLM2-135M,
     # CPU, benchmarks/quality.py, steps of 512 tokens: W4A8 on every prompt chunk): perplexity 42.12 against 38.26
     # for weight-only int4-g64 RTN (+10.1%; bf16 23.77; fp8 W8A8 costs +2.7% over bf16), results/quality-w4a8{,-base}-
     # 1949b45-cpu-2026-12-07.json: hence opt-in.
