@@ -75,6 +75,9 @@
 #   whether the twins should be on by default on a GPU, ~300 s cold), "attn2" (decode attention at 15 reps: issue
 #   17's 3.2 TB/s sits inside 12-07 c's rep spread), "spec1bv" (the 1B draft whole vs 32k head on an H200).
 #   First call, any GPU: PARTS="hsc256 p256 nktest" (H100) / PARTS_H200="attn2 spec1bv hsc256" (BUDGET 585).
+#   Late in 12-07 j three H100 calls ran hsc256 p256 nktest (a warm-up crash, fixed in 10dde75), hsc256 nktest, fp8hlo
+#   w4a8k (gpu-round-1207j-2026-12-07.log). Next: "fp8bar" (the fp8 quantization barrier A/B), "w4a8i4" (now from
+#   2,048 tokens), then the H200 parts above.
 #   Next: "nktest fp8b1 fp8hlo" (the fp8 small-M path's and W4A8's GPU tests; fp8 batch 1 as the first model), "w4a8i4"
 #   (issue 20's offline int4 through the opt-in W4A8 backend), "tpgrid fp8off qd hsc256" on an H200 (hsc256: issue 17's
 #   host <= 1.0 ms after 50f2c6c's scheduler change); then "specct", "w8a8"
@@ -188,6 +191,13 @@ for part in $PARTS; do case $part in
   w4a8k)  # w4a8i4's per-op half alone (~150 s warm): W4A8 at M = 512 / 2048 beside the Mosaic int4 kernel and fp8
     run kern-w4a8 200 timeout 200 $PY benchmarks/kernels/quantized_matmul.py --m 2048 512 --reps 3 \
       --variants int4_w4a8_nk int4_wide fp8_w8a8 ;;
+  fp8bar)  # fp8's 2,048-token step with its activations behind an optimization barrier before their e4m3 quantization
+           # (JAXINFER_FP8_FUSED_QUANT=0) vs fused (12-07 j's fp8hlo: the down input's silu(gate) * up computed twice,
+           # 5.8 ms of 34.25) (issue 20's fp8 offline >= 1.4x; ~120 s warm, > 350 s on a fresh machine)
+    for v in 1 0; do
+      run fp8bar-$v 200 JAXINFER_FP8_FUSED_QUANT=$v timeout 200 $PY benchmarks/probes/step_profile.py \
+        --shapes prefill-2048 --quantization fp8 --top 12 --iters 5 --tag fp8-fused-quant-$v
+    done ;;
   fp8hlo)  # what fp8's 2,048-token step spends ~10 ms of elementwise work on (12-07 h: fusion_1373 3.1 ms, fusion_2305
            # 2.7 ms, 68 fusions 7.1 ms of its 34.8): the step profiled with an XLA dump, then the top fusions' HLO
            # (probes/fusion_text.py); the dump itself stays on the device (~150 s on a warm machine)

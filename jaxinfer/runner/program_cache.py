@@ -97,7 +97,7 @@ def source_digest() -> str:
 # a process with JAXINFER_TRITON=0 (XLA's forms instead of the small-M kernels) must not load programs compiled with
 # the kernels. (Seen on the H200, 2026-12-04, with a since-removed switch: the other setting's program was loaded.)
 # Each is on unless set to "0".
-TRACE_ENV = ("JAXINFER_TRITON", "JAXINFER_NK_EXACT_ROWS")
+TRACE_ENV = ("JAXINFER_TRITON", "JAXINFER_NK_EXACT_ROWS", "JAXINFER_FP8_FUSED_QUANT")
 
 
 def _environment() -> str:

@@ -8,6 +8,8 @@ the bf16 dot, and hand-packed int4 (shift / mask) does not fuse into the GEMM at
 """
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 
@@ -67,6 +69,12 @@ def fp8_matmul_xla(x, q_t, scale, *, out_dtype=None, dot_dtype=None):
     if dot_dtype is None:
         dot_dtype = jnp.bfloat16 if out_dtype == jnp.bfloat16 else jnp.float32
     x2, lead = _as_2d(x)
+    if os.environ.get("JAXINFER_FP8_FUSED_QUANT", "1") == "0":
+        # An A/B, not yet measured: x written once as it is. Fused (the default), XLA put x's producer into both
+        # the row-amax pass and the e4m3 convert, e.g. the down projection's silu(gate) * up computed twice from
+        # the gate_up dot's output (2 x 117 MB read a layer at ~1.5 TB/s: 5.8 ms of a 2,048-token step, H100,
+        # 12-07 j, results/fp8-fusions-10dde75-2026-12-07.txt); the barrier costs a bf16 write and read of x instead.
+        x2 = jax.lax.optimization_barrier(x2)
     xq, xs = quantize_activations_fp8(x2)
     y = jax.lax.dot_general(xq, q_t, (((1,), (1,)), ((), ())), preferred_element_type=dot_dtype)
     y = y.astype(jnp.float32) * xs[:, None] * scale.astype(jnp.float32)[None, :]

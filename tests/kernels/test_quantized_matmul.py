@@ -161,6 +161,24 @@ def test_xla_paths_match_reference():
     assert [e.outvars[0].aval.dtype for e in dots] == [jnp.bfloat16]
 
 
+def test_fp8_quant_barrier_keeps_the_numbers(monkeypatch):
+    """JAXINFER_FP8_FUSED_QUANT=0 (an A/B): the activations pass an optimization barrier before their e4m3
+    quantization; the result is bit-identical to the fused form, and the barrier is in the traced program."""
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.standard_normal((48, 256)), jnp.bfloat16)
+    L = tensor_leaves(quantize_rtn(jnp.asarray(rng.standard_normal((256, 384)) * 0.05, jnp.float32), "fp8"),
+                      jnp.bfloat16)
+    def fresh():  # a new function each time: jax caches a function's trace, and the switch is read when tracing
+        return lambda *a: qx.fp8_matmul_xla(*a)
+
+    fused = np.asarray(jax.jit(fresh())(x, L["q"], L["scale"]).astype(jnp.float32))
+    assert "optimization_barrier" not in {e.primitive.name for e in jax.make_jaxpr(fresh())(x, L["q"], L["scale"]).eqns}
+    monkeypatch.setenv("JAXINFER_FP8_FUSED_QUANT", "0")
+    assert "optimization_barrier" in {e.primitive.name for e in jax.make_jaxpr(fresh())(x, L["q"], L["scale"]).eqns}
+    barrier = np.asarray(jax.jit(fresh())(x, L["q"], L["scale"]).astype(jnp.float32))
+    np.testing.assert_array_equal(barrier, fused)
+
+
 @pytest.mark.parametrize("kind,M", [("int8", 1), ("int8", 48), ("int8", 256), ("int4", 4), ("int4", 2048)])
 def test_kernel_lowers_to_triton_for_gpu(kind, M):
     """Both configurations of the 8B shape pass the Pallas Triton lowering (block sizes, dtypes, ops) on CPU."""
