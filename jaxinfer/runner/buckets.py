@@ -52,6 +52,7 @@ def _doublings(a: int, b: int) -> list[int]:
 @dataclasses.dataclass(frozen=True)
 class BucketLadder:
     buckets: tuple[Bucket, ...]
+    twins: frozenset = frozenset()  # the prefill twins among them (prefill_buckets)
 
     @classmethod
     def build(cls, *, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, page_size: int,
@@ -85,11 +86,13 @@ class BucketLadder:
             rt = min(n, max_spec_seqs) if num_spec_tokens else 0
             return Bucket(t, n, math.ceil(t / query_tile) + n, query_tile, width, rt, num_spec_tokens if rt else 0)
 
-        buckets = []
+        buckets, twins = [], []
         for t in sorted({*sizes, *between}):
             twin = twin_of(t)
-            if t in between:
-                buckets += [twin] if twin else []
+            if t in between:  # (a twin of its own: no bucket of its size beside it)
+                if twin:
+                    buckets.append(twin)
+                    twins.append(twin)
                 continue
             s = min(t, max_num_seqs)
             # Decode-sized tiles where the bucket is mostly decodes; the smallest buckets always, because a
@@ -100,12 +103,13 @@ class BucketLadder:
             r = min(s, max_spec_seqs) if num_spec_tokens else 0
             if twin and bq != query_tile and t <= max_num_seqs:  # (a decode-shaped bucket: its twin first)
                 buckets.append(twin)
+                twins.append(twin)
             buckets.append(Bucket(t, s, math.ceil(t / bq) + s, bq, width, r, num_spec_tokens if r else 0))
         t = num_spec_tokens + 1
         if verify_bucket and num_spec_tokens and max_spec_seqs and t < buckets[0].num_tokens:
             bq = min(query_tile, _DECODE_TILE)
             buckets.insert(0, Bucket(t, 1, math.ceil(t / bq) + 1, bq, width, 1, num_spec_tokens))
-        return cls(tuple(buckets))
+        return cls(tuple(buckets), frozenset(twins))
 
     def pick(self, num_tokens: int, num_seqs: int) -> Bucket:
         """The first bucket (ladder order: by tokens, a prefill twin before its sibling) that holds the step."""

@@ -78,8 +78,6 @@ def runner_ladders(config: EngineConfig, max_model_len: int, page_size: int, kv_
     decode_ladder = (BucketLadder.build(**kw, **{**backend_ladder, "small_buckets": cycle_small})
                      if cycle_small and not small_buckets else ladder)
     small = frozenset(backend_ladder.get("small_buckets", ()))
-    plain = BucketLadder.build(**kw, **backend_ladder, verify_bucket=verify) if twins else ladder
     background = frozenset(b for b in ladder.buckets
-                           if b.num_tokens in small or (verify and b.num_seqs == 1 and b.spec_rows)
-                           or b not in plain.buckets)  # (the prefill twins)
+                           if b.num_tokens in small or (verify and b.num_seqs == 1 and b.spec_rows)) | ladder.twins
     return ladder, decode_ladder, background

@@ -40,6 +40,11 @@ def test_twins_sit_before_their_decode_shaped_siblings():
         (1, 1, 4), (4, 4, 4), (16, 1, 16), (16, 16, 4), (32, 2, 16), (64, 4, 16), (64, 64, 4), (128, 8, 16),
         (256, 16, 16), (256, 256, 4), (512, 32, 16), (1024, 256, 16)]
     assert (cpu.pick(100, 1).num_tokens, cpu.pick(100, 9).num_tokens, cpu.pick(300, 1).num_tokens) == (128, 256, 512)
+    # the ladder names its twins: what it has beyond the ladder without them
+    for kw in (KW, {**KW, "min_tokens": 1, "growth": 4, "small_buckets": (), "max_num_batched_tokens": 1024,
+                    "max_num_seqs": 256}):
+        with_twins, without = BucketLadder.build(**kw, prefill_buckets=True), BucketLadder.build(**kw)
+        assert with_twins.twins == set(with_twins.buckets) - set(without.buckets) and not without.twins
     # speculation: a twin's verify rows follow its sequences
     spec = BucketLadder.build(**KW, prefill_buckets=True, max_spec_seqs=8, num_spec_tokens=3)
     assert [(b.num_seqs, b.spec_rows) for b in spec.buckets[1:5]] == [(1, 1), (16, 8), (2, 2), (32, 8)]
