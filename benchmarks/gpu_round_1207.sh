@@ -78,6 +78,7 @@
 #   Late in 12-07 j three H100 calls ran hsc256 p256 nktest (a warm-up crash, fixed in 10dde75), hsc256 nktest, fp8hlo
 #   w4a8k (gpu-round-1207j-2026-12-07.log). Next: "fp8bar" (the fp8 quantization barrier A/B), "w4a8i4" (now from
 #   2,048 tokens), then the H200 parts above.
+#   12-07 k: "tprefill" (the Triton prefill attention kernel, per op and its GPU tests) first on any GPU.
 #   Next: "nktest fp8b1 fp8hlo" (the fp8 small-M path's and W4A8's GPU tests; fp8 batch 1 as the first model), "w4a8i4"
 #   (issue 20's offline int4 through the opt-in W4A8 backend), "tpgrid fp8off qd hsc256" on an H200 (hsc256: issue 17's
 #   host <= 1.0 ms after 50f2c6c's scheduler change); then "specct", "w8a8"
@@ -397,6 +398,13 @@ for part in $PARTS; do case $part in
       run p256-$v 130 timeout 130 $PY benchmarks/probes/step_profile.py --shapes prefill-256 --iters 10 \
         $([ $v = twin ] && echo --prefill-buckets || echo --attention-backend $v) --tag p256-$v
     done ;;
+  tprefill)  # issue 17's prefill attention <= 1.5x cuDNN, a fourth design: the plain Triton kernel (triton_prefill.py,
+             # jax-triton: unmasked blocks below the diagonal, exp2, 64 / 128 keys a step) beside the Pallas kernel and
+             # cuDNN dense, per op at 512 / 2048 / 4096 tokens (12-06 h: 1.67x / 2.14x / 2.91x); its GPU tests
+             # first (~200 s cold)
+    run tprefill-tests 150 timeout 150 $PY -m pytest -q -m gpu tests/kernels/test_triton_prefill_gpu.py
+    run tprefill 300 timeout 300 $PY benchmarks/kernels/prefill_attention.py --chunk 512 2048 4096 \
+      --variants 16:4:4 --cudnn-tiles --cudnn-seq --reps 7 --budget-s 260 ;;
   attn2)  # the decode-attention probe with 3x the reps (12-07 c's H200 median 3.10 TB/s at 64 x 4k, fastest rep 3.49:
           # issue 17's >= 3.2 sits inside that spread; ~70 s)
     run attn2 120 timeout 120 $PY benchmarks/probes/cudnn_paged_attention.py --tag gqa-reps15 --configs 64x4096 \

@@ -6,6 +6,8 @@ whole prompt of `chunk` tokens is one chunk (context 0, causal), chunks {512, 10
 in one process:
   * the kernel (pages per loop step 1 / 4 / 8), reading K/V from shuffled pages through the page table that `pack`
     builds with the engine's ladder settings;
+  * (GPU, `--triton V..`) the plain Triton kernel (triton_prefill.prefill_attention: unmasked blocks below the
+    tile's diagonal, exp2, BLOCK_N keys a step gathered through the page table) on the same pages and metadata;
   * (GPU, `--cudnn-seq R..`) the sequence form (cudnn_prefill_forms.cudnn_sequence_attention: the chunk in cuDNN
     rows of R tokens, 0 = one row; a row's context part, the rows before it, paged without a mask, its own keys
     dense and causal, merged by log-sum-exp);
@@ -24,6 +26,7 @@ Target (issue 4): the kernel within 1.25x of cuDNN. Results: benchmarks/results/
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import sys
@@ -43,6 +46,7 @@ from jaxinfer.runner.buckets import BucketLadder  # noqa: E402
 from pallas_kernels.paged_attention.cudnn_prefill_forms import (cudnn_sequence_attention,  # noqa: E402
                                                                cudnn_tile_attention)
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention  # noqa: E402
+from pallas_kernels.paged_attention import triton_prefill  # noqa: E402
 
 H, KVH, D, PS = 32, 8, 128, 16
 DTYPE = jnp.bfloat16
@@ -91,6 +95,9 @@ def main():
     ap.add_argument("--variants", nargs="+", default=["16:4:4", "16:8:4", "32:4:4", "32:4:8", "64:4:8", "64:8:8"],
                     help="kernel variants query_tile:pages_per_block:num_warps (R = query_tile x 4 q heads rows "
                          "per program for the 8B shape)")
+    ap.add_argument("--triton", nargs="*", default=["16:64:4:2", "16:64:8:3", "32:64:8:2", "32:64:8:3", "32:128:8:2"],
+                    help="GPU (triton + jax-triton): variants of the Triton kernel query_tile:block_n:num_warps:"
+                         "num_stages")
     ap.add_argument("--cudnn-tiles", type=int, nargs="*", default=[16, 64],
                     help="GPU: query tiles of the cuDNN tile form (cudnn_prefill_forms.cudnn_tile_attention) to "
                          "time beside the kernel")
@@ -126,6 +133,16 @@ def main():
             buckets[name] = str(hbv.bucket)
             impls[name] = ((qp, kp, vp, *md), lambda x, kk, vv, *m, ppb=ppb, nw=nw: ragged_paged_attention(
                 x, kk, vv, *m, sm_scale=sm_scale, pages_per_block=ppb, num_warps=nw, interpret=a.interpret))
+        for var in (a.triton if triton_prefill.usable() else []):
+            qt, bn, nw, ns = (int(x) for x in var.split(":"))
+            _, _, _, qp, _, _, hbv = build(chunk, query_tile=qt)
+            md = tuple(jnp.asarray(hbv.arrays[n]) for n in
+                       ("positions", "tile_tokens", "tile_seq", "tile_kv_len", "page_tables"))
+            name = f"triton_q{qt}_n{bn}_w{nw}_s{ns}"
+            buckets[name] = str(hbv.bucket)
+            fn = functools.partial(triton_prefill.prefill_attention, sm_scale=sm_scale, block_n=bn, num_warps=nw,
+                                   num_stages=ns)
+            impls[name] = ((qp, kp, vp, *md), fn)
         for qt in (a.cudnn_tiles if on_gpu else []):  # the engine's A/B form: one cuDNN row a query tile
             _, _, _, qp, _, _, hbv = build(chunk, query_tile=qt)
             md = tuple(jnp.asarray(hbv.arrays[n]) for n in
