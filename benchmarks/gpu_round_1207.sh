@@ -400,11 +400,12 @@ for part in $PARTS; do case $part in
     done ;;
   tprefill)  # issue 17's prefill attention <= 1.5x cuDNN, a fourth design: the plain Triton kernel (triton_prefill.py,
              # jax-triton: unmasked blocks below the diagonal, exp2, 64 / 128 keys a step) beside the Pallas kernel and
-             # cuDNN dense, per op at 512 / 2048 / 4096 tokens (12-06 h: 1.67x / 2.14x / 2.91x); its GPU tests
+             # cuDNN dense, per op at 512 / 2048 / 4096 tokens (12-06 h: 1.67x / 2.14x / 2.91x), and the Pallas
+             # kernel with the same split causal loop (split_causal, ":split" variants); the Triton GPU tests
              # first (~200 s cold)
     run tprefill-tests 150 timeout 150 $PY -m pytest -q -m gpu tests/kernels/test_triton_prefill_gpu.py
     run tprefill 300 timeout 300 $PY benchmarks/kernels/prefill_attention.py --chunk 512 2048 4096 \
-      --variants 16:4:4 --cudnn-tiles --cudnn-seq --reps 7 --budget-s 260 ;;
+      --variants 16:4:4 16:4:4:split 16:8:4:split 32:4:8:split --cudnn-tiles --cudnn-seq --reps 7 --budget-s 260 ;;
   attn2)  # the decode-attention probe with 3x the reps (12-07 c's H200 median 3.10 TB/s at 64 x 4k, fastest rep 3.49:
           # issue 17's >= 3.2 sits inside that spread; ~70 s)
     run attn2 120 timeout 120 $PY benchmarks/probes/cudnn_paged_attention.py --tag gqa-reps15 --configs 64x4096 \

@@ -93,8 +93,8 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--budget-s", type=float, default=150.0)
     ap.add_argument("--variants", nargs="+", default=["16:4:4", "16:8:4", "32:4:4", "32:4:8", "64:4:8", "64:8:8"],
-                    help="kernel variants query_tile:pages_per_block:num_warps (R = query_tile x 4 q heads rows "
-                         "per program for the 8B shape)")
+                    help="kernel variants query_tile:pages_per_block:num_warps[:split] (R = query_tile x 4 q heads "
+                         "rows per program for the 8B shape; split: split_causal, unmasked blocks below the diagonal)")
     ap.add_argument("--triton", nargs="*", default=["16:64:4:2", "16:64:8:3", "32:64:8:2", "32:64:8:3", "32:128:8:2"],
                     help="GPU (triton + jax-triton): variants of the Triton kernel query_tile:block_n:num_warps:"
                          "num_stages")
@@ -125,14 +125,16 @@ def main():
         flops = 4 * (chunk * (chunk + 1) / 2) * H * D
         impls, buckets = {}, {}
         for var in a.variants:
-            qt, ppb, nw = (int(x) for x in var.split(":"))
+            qt, ppb, nw = (int(x) for x in var.split(":")[:3])
+            split = var.endswith(":split")
             _, _, _, qp, _, _, hbv = build(chunk, query_tile=qt)
             md = tuple(jnp.asarray(hbv.arrays[n]) for n in
                        ("positions", "tile_tokens", "tile_seq", "tile_kv_len", "page_tables"))
-            name = f"kernel_q{qt}_p{ppb}_w{nw}"
+            name = f"kernel_q{qt}_p{ppb}_w{nw}" + ("_split" if split else "")
             buckets[name] = str(hbv.bucket)
-            impls[name] = ((qp, kp, vp, *md), lambda x, kk, vv, *m, ppb=ppb, nw=nw: ragged_paged_attention(
-                x, kk, vv, *m, sm_scale=sm_scale, pages_per_block=ppb, num_warps=nw, interpret=a.interpret))
+            impls[name] = ((qp, kp, vp, *md), functools.partial(
+                ragged_paged_attention, sm_scale=sm_scale, pages_per_block=ppb, num_warps=nw, interpret=a.interpret,
+                split_causal=split))
         for var in (a.triton if triton_prefill.usable() else []):
             qt, bn, nw, ns = (int(x) for x in var.split(":"))
             _, _, _, qp, _, _, hbv = build(chunk, query_tile=qt)

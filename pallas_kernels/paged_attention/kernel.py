@@ -105,6 +105,7 @@ def _attention_kernel(
     kv_splits: int,
     quantized: bool = False,
     busy_stores_only: bool = False,
+    split_causal: bool = False,
 ):
     if quantized:
         ks_ref, vs_ref, *out_refs = refs
@@ -133,7 +134,7 @@ def _attention_kernel(
     else:
         start, end = lo, n_blocks
 
-    def body(j, carry):
+    def body(j, carry, masked: bool = True):
         m, l, acc = carry
         if P == 1:
             page = page_tables_ref[seq, j]                   # scalar load at a dynamic index
@@ -156,6 +157,13 @@ def _attention_kernel(
             s_ = s_ * ks[None, :]
         if soft_cap is not None:
             s_ = soft_cap * jnp.tanh(s_ / soft_cap)
+        if not masked:  # split_causal's blocks below the tile's diagonal: every row sees every key
+            m_new = jnp.maximum(m, jnp.max(s_, axis=1))
+            alpha = jnp.exp(m - m_new)
+            p = jnp.exp(s_ - m_new[:, None])
+            pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=_precision(v.dtype),
+                                 preferred_element_type=jnp.float32)
+            return m_new, alpha * l + jnp.sum(p, axis=1), alpha[:, None] * acc + pv
         kv_ok = kv_pos < kv_len                                              # [C]
         visible = (kv_pos[None, :] <= q_pos[:, None]) & kv_ok[None, :]       # [R, C]
         if sliding_window is not None:
@@ -174,7 +182,14 @@ def _attention_kernel(
 
     init = (jnp.full((num_rows,), _MASKED, jnp.float32), jnp.zeros((num_rows,), jnp.float32),
             jnp.zeros((num_rows, head_dim), jnp.float32))
-    m, l, acc = lax.fori_loop(start, end, body, init)
+    if split_causal:  # (no window, soft cap, quantized KV or splits: the wrapper checks) whole blocks of keys
+        # every real row of the tile sees first, without the iota / compare / select on every score of a block
+        lo_pos = jnp.min(jnp.where(q_pos >= 0, q_pos, jnp.iinfo(jnp.int32).max))
+        n_full = jnp.clip(lax.div(jnp.minimum(lo_pos, kv_len - 1) + 1, C), start, end)
+        carry = lax.fori_loop(start, n_full, functools.partial(body, masked=False), init)
+        m, l, acc = lax.fori_loop(n_full, end, body, carry)
+    else:
+        m, l, acc = lax.fori_loop(start, end, body, init)
     if kv_splits == 1:
         (o_ref,) = out_refs
         o_ref[...] = (acc / jnp.maximum(l, 1e-30)[:, None]).astype(o_ref.dtype)
@@ -243,7 +258,7 @@ def first_blocks(qpos_rows, tile_kv_len, sliding_window: int | None, block_token
 
 def attention_call(qt, qpos_rows, k_pages, v_pages, tile_seq, tile_kv_len, tile_lo, page_tables, *,
                    sm_scale, sliding_window, soft_cap, pages_per_block, kv_splits, num_warps, num_stages,
-                   interpret, k_scales=None, v_scales=None, busy_stores_only=False):
+                   interpret, k_scales=None, v_scales=None, busy_stores_only=False, split_causal=False):
     """The pallas_call alone, on tiled queries (tile_queries). Returns o [NT, KVH, R, D] in q's dtype, or with
     kv_splits > 1 the float32 partials (o [S, NT, KVH, R, D], row max m [S, NT, KVH, R], row sum l [same]);
     busy_stores_only: splits without KV blocks leave their partials unwritten (merge with merge_splits_kernel)."""
@@ -281,7 +296,8 @@ def attention_call(qt, qpos_rows, k_pages, v_pages, tile_seq, tile_kv_len, tile_
                      pl.BlockSpec((None, None, None, R), lambda i, h, s: (s, i, h, 0)))
     kernel = functools.partial(_attention_kernel, sm_scale=float(sm_scale), sliding_window=sliding_window,
                                soft_cap=None if soft_cap is None else float(soft_cap), pages_per_block=P,
-                               kv_splits=S, quantized=quantized, busy_stores_only=busy_stores_only)
+                               kv_splits=S, quantized=quantized, busy_stores_only=busy_stores_only,
+                               split_causal=split_causal)
     compiler_params = None
     if not interpret and _TritonCompilerParams is not None:
         compiler_params = _TritonCompilerParams(num_warps=num_warps, num_stages=num_stages)
@@ -293,7 +309,7 @@ def attention_call(qt, qpos_rows, k_pages, v_pages, tile_seq, tile_kv_len, tile_
         out_shape=out_shape,
         compiler_params=compiler_params,
         interpret=interpret,
-        name=f"ragged_paged_attention_R{R}_C{P * page_size}_S{S}",
+        name=f"ragged_paged_attention_R{R}_C{P * page_size}_S{S}{'_split' if split_causal else ''}",
     )(tile_seq.astype(jnp.int32), tile_kv_len.astype(jnp.int32), tile_lo, page_tables, qpos_rows, qt, k_pages,
       v_pages, *scale_args)
 
@@ -365,10 +381,10 @@ def tiles_to_tokens(o, tile_tokens, num_tokens: int, num_heads: int):
 
 @functools.partial(jax.jit, static_argnames=(
     "sm_scale", "sliding_window", "soft_cap", "pages_per_block", "kv_splits", "merge", "num_warps", "num_stages",
-    "interpret"))
+    "interpret", "split_causal"))
 def _ragged_paged_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, tile_kv_len, page_tables, *,
                             sm_scale, sliding_window, soft_cap, pages_per_block, kv_splits, merge, num_warps,
-                            num_stages, interpret, k_scales=None, v_scales=None):
+                            num_stages, interpret, k_scales=None, v_scales=None, split_causal=False):
     T, H, _ = q.shape
     KVH, page_size = k_pages.shape[2], k_pages.shape[1]
     qt, qpos_rows = tile_queries(q, positions, tile_tokens, KVH)
@@ -377,7 +393,7 @@ def _ragged_paged_attention(q, k_pages, v_pages, positions, tile_tokens, tile_se
                          sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
                          pages_per_block=pages_per_block, kv_splits=kv_splits, num_warps=num_warps,
                          num_stages=num_stages, interpret=interpret, k_scales=k_scales, v_scales=v_scales,
-                         busy_stores_only=kv_splits > 1 and merge == "kernel")
+                         busy_stores_only=kv_splits > 1 and merge == "kernel", split_causal=split_causal)
     if kv_splits == 1:
         o = out
     elif merge == "kernel":
@@ -440,6 +456,7 @@ def ragged_paged_attention(
     interpret: bool = False,
     k_scales=None,  # f32[num_pages, page_size, kv_heads] for fp8 / int8 pages (kv_quant.py), else None
     v_scales=None,
+    split_causal: bool = False,
 ):
     """Pallas (Triton) ragged paged attention; same contract as `ragged_paged_attention_reference`.
 
@@ -453,6 +470,9 @@ def ragged_paged_attention(
       D = 128 and page 16, bf16 fits up to pages_per_block 8, float32 up to 4 (measured from the compiled
       kernels: 147 KB and 164 KB at R = 64; float32 with 8 pages needs ~290 KB and cannot launch).
     interpret: run the kernel body with the Pallas interpreter (CPU tests).
+    split_causal: run the KV blocks every real row of a tile sees whole (below its smallest position) in a loop
+      of their own without masks, then the rest masked (the decomposition of triton_prefill.py; no window, soft
+      cap, quantized KV or kv splits).
     k_scales / v_scales: quantized KV (float8_e4m3fn or int8 pages): k = k_pages * k_scales[..., None]; the
       kernel casts each loaded block to q's dtype (exact) and multiplies scores / probabilities by the scales.
     """
@@ -504,6 +524,9 @@ def ragged_paged_attention(
         raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window!r}")
     if soft_cap is not None and not soft_cap > 0:
         raise ValueError(f"soft_cap must be positive or None, got {soft_cap!r}")
+    if split_causal and (sliding_window is not None or soft_cap is not None or k_scales is not None
+                         or kv_splits != 1):
+        raise ValueError("split_causal takes no sliding window, soft cap, quantized KV or kv_splits > 1")
     if not interpret and _TritonCompilerParams is None:
         raise RuntimeError("this jax has no Pallas Triton backend (jax.experimental.pallas.triton); "
                            "use interpret=True or the jnp reference")
@@ -513,4 +536,4 @@ def ragged_paged_attention(
         soft_cap=None if soft_cap is None else float(soft_cap), pages_per_block=int(pages_per_block),
         kv_splits=kv_splits, merge=merge, num_warps=int(num_warps), num_stages=int(num_stages),
         interpret=bool(interpret),
-        k_scales=k_scales, v_scales=v_scales)
+        k_scales=k_scales, v_scales=v_scales, split_causal=bool(split_causal))
