@@ -169,8 +169,11 @@ def test_n_samples_and_logprobs(llm):
                                                      abs=1e-4)
 
 
-def test_pallas_attention_backend_matches_reference(tiny_llama_dir, llm):
-    """The engine with the Pallas kernel (interpret mode on CPU) gives the reference backend's greedy tokens."""
+@pytest.mark.parametrize("split_causal", ["0", "1"])
+def test_pallas_attention_backend_matches_reference(tiny_llama_dir, llm, split_causal, monkeypatch):
+    """The engine with the Pallas kernel (interpret mode on CPU) gives the reference backend's greedy tokens, also
+    with the kernel's unmasked loop below each tile's diagonal (JAXINFER_SPLIT_CAUSAL=1, read while tracing)."""
+    monkeypatch.setenv("JAXINFER_SPLIT_CAUSAL", split_causal)
     prompts, max_tokens = _workload(seed=9, n=6)
     want = llm.generate(prompts, [SamplingParams(max_tokens=m, **GREEDY) for m in max_tokens], use_tqdm=False)
     pallas = jaxinfer.LLM(tiny_llama_dir, num_pages=200, max_model_len=512, max_num_batched_tokens=128,

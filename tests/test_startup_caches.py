@@ -89,6 +89,20 @@ def test_program_key_covers_the_trace_time_switches(monkeypatch):
     assert off != default and program_key("step", 1) == default  # unset and "1" are the same setting
 
 
+def test_program_key_covers_the_off_by_default_trace_switches(monkeypatch):
+    """JAXINFER_SPLIT_CAUSAL (the attention kernel's unmasked loop) is off unless set: unset and "0" are one
+    setting, "1" another."""
+    from jaxinfer.runner.program_cache import TRACE_ENV_OFF, program_key
+
+    assert "JAXINFER_SPLIT_CAUSAL" in TRACE_ENV_OFF
+    monkeypatch.delenv("JAXINFER_SPLIT_CAUSAL", raising=False)
+    default = program_key("step", 1)
+    monkeypatch.setenv("JAXINFER_SPLIT_CAUSAL", "1")
+    on = program_key("step", 1)
+    monkeypatch.setenv("JAXINFER_SPLIT_CAUSAL", "0")
+    assert on != default and program_key("step", 1) == default
+
+
 def test_prefetch_loads_the_first_program_of_the_last_start_and_a_stale_hint_is_harmless(cache, monkeypatch):
     """prefetch() (jaxinfer generate): the next start under the same hint gets the first program the last one
     used from the prefetch thread, bitwise the same results as the programs read from disk; missing or damaged

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import jax
 from jax.sharding import PartitionSpec as P
 
+from jaxinfer.env_switch import switch
 from pallas_kernels.paged_attention.cudnn_paged import cudnn_paged_attention
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention
 from pallas_kernels.paged_attention.kv_quant import QuantizedPages
@@ -53,6 +54,13 @@ def kernel_split_options(num_seqs: int, kv_heads: int, num_sms: int) -> dict:
     """The Pallas kernel's split-K keywords for a bucket: kv_splits (decode_kv_splits) and its num_stages."""
     splits = decode_kv_splits(num_seqs, kv_heads, num_sms)
     return dict(kv_splits=splits, num_stages=kernel_num_stages(splits))
+
+
+def split_causal_for(sliding_window, scales) -> bool:
+    """Whether the Pallas kernel runs its blocks below each tile's diagonal unmasked (kernel.py split_causal): opt-in
+    JAXINFER_SPLIT_CAUSAL=1 (read at trace time, part of the program cache key) until measured in the engine, and
+    only where the kernel takes it (no sliding window or quantized KV)."""
+    return switch("JAXINFER_SPLIT_CAUSAL", default=False) and sliding_window is None and not scales
 
 
 class AttentionOptions(NamedTuple):
@@ -120,7 +128,8 @@ def _paged_attention_local(q, k, v, k_pages, v_pages, md, opts, sm_scale, slidin
         out = ragged_paged_attention(
             q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,
             sm_scale=sm_scale, sliding_window=sliding_window, pages_per_block=_pages_per_block(kd.shape[1]),
-            interpret=opts.interpret, **splits, **scales)
+            interpret=opts.interpret, split_causal=split_causal_for(sliding_window, scales),
+            **splits, **scales)
         return out, k_pages, v_pages
     out = ragged_paged_attention_reference(
         q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len, md.page_tables,

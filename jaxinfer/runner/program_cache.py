@@ -98,10 +98,13 @@ def source_digest() -> str:
 # the kernels. (Seen on the H200, 2026-12-04, with a since-removed switch: the other setting's program was loaded.)
 # Each is on unless set to "0".
 TRACE_ENV = ("JAXINFER_TRITON", "JAXINFER_NK_EXACT_ROWS", "JAXINFER_FP8_FUSED_QUANT")
+# ... and the off-by-default ones, read with env_switch.switch(name, default=False)
+TRACE_ENV_OFF = ("JAXINFER_SPLIT_CAUSAL",)
 
 
 def _environment() -> str:
-    return _environment_for(tuple(os.environ.get(k, "1") != "0" for k in TRACE_ENV))
+    return _environment_for(tuple(os.environ.get(k, "1") != "0" for k in TRACE_ENV)
+                            + tuple(switch(k, default=False) for k in TRACE_ENV_OFF))
 
 
 @functools.lru_cache(maxsize=None)

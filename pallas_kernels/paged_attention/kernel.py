@@ -182,8 +182,8 @@ def _attention_kernel(
 
     init = (jnp.full((num_rows,), _MASKED, jnp.float32), jnp.zeros((num_rows,), jnp.float32),
             jnp.zeros((num_rows, head_dim), jnp.float32))
-    if split_causal:  # (no window, soft cap, quantized KV or splits: the wrapper checks) whole blocks of keys
-        # every real row of the tile sees first, without the iota / compare / select on every score of a block
+    if split_causal:  # (no window, soft cap or quantized KV: the wrapper checks) the blocks of this program's
+        # range that every real row of the tile sees whole first, without the iota / compare / select on every score
         lo_pos = jnp.min(jnp.where(q_pos >= 0, q_pos, jnp.iinfo(jnp.int32).max))
         n_full = jnp.clip(lax.div(jnp.minimum(lo_pos, kv_len - 1) + 1, C), start, end)
         carry = lax.fori_loop(start, n_full, functools.partial(body, masked=False), init)
@@ -472,7 +472,7 @@ def ragged_paged_attention(
     interpret: run the kernel body with the Pallas interpreter (CPU tests).
     split_causal: run the KV blocks every real row of a tile sees whole (below its smallest position) in a loop
       of their own without masks, then the rest masked (the decomposition of triton_prefill.py; no window, soft
-      cap, quantized KV or kv splits).
+      cap or quantized KV). With kv_splits each split does so within its own range of blocks.
     k_scales / v_scales: quantized KV (float8_e4m3fn or int8 pages): k = k_pages * k_scales[..., None]; the
       kernel casts each loaded block to q's dtype (exact) and multiplies scores / probabilities by the scales.
     """
@@ -524,9 +524,8 @@ def ragged_paged_attention(
         raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window!r}")
     if soft_cap is not None and not soft_cap > 0:
         raise ValueError(f"soft_cap must be positive or None, got {soft_cap!r}")
-    if split_causal and (sliding_window is not None or soft_cap is not None or k_scales is not None
-                         or kv_splits != 1):
-        raise ValueError("split_causal takes no sliding window, soft cap, quantized KV or kv_splits > 1")
+    if split_causal and (sliding_window is not None or soft_cap is not None or k_scales is not None):
+        raise ValueError("split_causal takes no sliding window, soft cap or quantized KV")
     if not interpret and _TritonCompilerParams is None:
         raise RuntimeError("this jax has no Pallas Triton backend (jax.experimental.pallas.triton); "
                            "use interpret=True or the jnp reference")

@@ -254,12 +254,12 @@ def test_tiles_to_tokens_is_the_inverse_of_the_tile_layout(H, KVH, Bq, R):
     assert not np.asarray(got)[np.setdiff1d(np.arange(T), held)].any()
 
 
-@pytest.mark.parametrize("heads,kv_heads,head_dim,ps,query_tile,ppb", [
-    (8, 2, 64, 16, 8, 1), (8, 2, 64, 16, 16, 2), (4, 4, 32, 8, 16, 4)])
-def test_split_causal_matches_reference(heads, kv_heads, head_dim, ps, query_tile, ppb):
-    """split_causal: the blocks below each tile's smallest position without masks, then the rest masked; prefill
-    chunks on cached context (unmasked blocks run), decodes, empty tiles, NaN past each sequence's end and in
-    page 0 (where padding writes)."""
+@pytest.mark.parametrize("heads,kv_heads,head_dim,ps,query_tile,ppb,splits", [
+    (8, 2, 64, 16, 8, 1, 1), (8, 2, 64, 16, 16, 2, 1), (4, 4, 32, 8, 16, 4, 1), (8, 2, 64, 16, 8, 1, 3)])
+def test_split_causal_matches_reference(heads, kv_heads, head_dim, ps, query_tile, ppb, splits):
+    """split_causal: the blocks below each tile's smallest position without masks, then the rest masked (within
+    each split's range with kv_splits); prefill chunks on cached context (unmasked blocks run), decodes, empty
+    tiles, NaN past each sequence's end and in page 0 (where padding writes)."""
     rng = np.random.default_rng(heads + query_tile + ppb)
     step = cases(ps) + [(3 * ps, 2 * ps + 3), (0, 5 * ps)]
     d = build(rng, step, heads, kv_heads, head_dim, ps, query_tile=query_tile, max_tokens=512)
@@ -273,7 +273,7 @@ def test_split_causal_matches_reference(heads, kv_heads, head_dim, ps, query_til
     kp[0], vp[0] = np.nan, np.nan
     args[1], args[2] = jnp.asarray(kp), jnp.asarray(vp)
     out = np.asarray(ragged_paged_attention(*args, sm_scale=head_dim ** -0.5, pages_per_block=ppb,
-                                            split_causal=True, interpret=True))
+                                            kv_splits=splits, split_causal=True, interpret=True))
     n = d["n_tok"]
     np.testing.assert_allclose(out[:n], ref[:n], rtol=2e-5, atol=2e-5)
     assert np.all(out[unreferenced(d)] == 0)
@@ -282,6 +282,6 @@ def test_split_causal_matches_reference(heads, kv_heads, head_dim, ps, query_til
 def test_split_causal_refuses_what_it_does_not_mask():
     rng = np.random.default_rng(0)
     args = kernel_args(build(rng, [(0, 5)], 4, 2, 32, 16))
-    for kw in (dict(sliding_window=4), dict(soft_cap=20.0), dict(kv_splits=2)):
+    for kw in (dict(sliding_window=4), dict(soft_cap=20.0)):
         with pytest.raises(ValueError, match="split_causal"):
             ragged_paged_attention(*args, sm_scale=0.2, split_causal=True, interpret=True, **kw)
