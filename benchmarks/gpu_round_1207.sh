@@ -406,6 +406,14 @@ for part in $PARTS; do case $part in
     run tprefill-tests 150 timeout 150 $PY -m pytest -q -m gpu tests/kernels/test_triton_prefill_gpu.py
     run tprefill 300 timeout 300 $PY benchmarks/kernels/prefill_attention.py --chunk 512 2048 4096 \
       --variants 16:4:4 16:4:4:split 16:8:4:split 32:4:8:split --cudnn-tiles --cudnn-seq --reps 7 --budget-s 260 ;;
+  splitc)  # the engine's steps with the Pallas kernel's split causal loop (JAXINFER_SPLIT_CAUSAL=1) vs without: the
+           # 256-token prefill (its tiles read the chunk's context whole), the mixed offline step (where the kernel held
+           # 22.3 of 67.8 ms, 12-07 f) and decode at batch 64 under the Pallas backend (~250 s warm)
+    for v in 0 1; do
+      run splitc-$v 200 JAXINFER_SPLIT_CAUSAL=$v timeout 200 $PY benchmarks/probes/step_profile.py \
+        --shapes prefill-256 prefill-2048 mixed-2048 decode-b64 --attention-backend pallas --iters 10 --no-trace \
+        --tag split-causal-$v
+    done ;;
   attn2)  # the decode-attention probe with 3x the reps (12-07 c's H200 median 3.10 TB/s at 64 x 4k, fastest rep 3.49:
           # issue 17's >= 3.2 sits inside that spread; ~70 s)
     run attn2 120 timeout 120 $PY benchmarks/probes/cudnn_paged_attention.py --tag gqa-reps15 --configs 64x4096 \
