@@ -409,8 +409,10 @@ for part in $PARTS; do case $part in
   splitc)  # the engine's steps with the Pallas kernel's split causal loop (JAXINFER_SPLIT_CAUSAL=1) vs without: the
            # 256-token prefill (its tiles read the chunk's context whole), the mixed offline step (where the kernel held
            # 22.3 of 67.8 ms, 12-07 f) and decode at batch 64 under the Pallas backend (~250 s warm)
-    for v in 0 1; do
-      run splitc-$v 200 JAXINFER_SPLIT_CAUSAL=$v timeout 200 $PY benchmarks/probes/step_profile.py \
+           # then "triton": JAXINFER_TRITON_PREFILL=1, the Triton prefill kernel in the buckets above 256 tokens
+    for v in 0 1 triton; do
+      run splitc-$v 200 JAXINFER_SPLIT_CAUSAL=$([ $v = 1 ] && echo 1 || echo 0) \
+        JAXINFER_TRITON_PREFILL=$([ $v = triton ] && echo 1 || echo 0) timeout 200 $PY benchmarks/probes/step_profile.py \
         --shapes prefill-256 prefill-2048 mixed-2048 decode-b64 --attention-backend pallas --iters 10 --no-trace \
         --tag split-causal-$v
     done ;;

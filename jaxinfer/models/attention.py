@@ -11,6 +11,8 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from jaxinfer.env_switch import switch
+from jaxinfer.runner.compile_options import COMMAND_BUFFER_MAX_TOKENS
+from pallas_kernels.paged_attention import triton_prefill
 from pallas_kernels.paged_attention.cudnn_paged import cudnn_paged_attention
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention
 from pallas_kernels.paged_attention.kv_quant import QuantizedPages
@@ -61,6 +63,17 @@ def split_causal_for(sliding_window, scales) -> bool:
     JAXINFER_SPLIT_CAUSAL=1 (read at trace time, part of the program cache key) until measured in the engine, and
     only where the kernel takes it (no sliding window or quantized KV)."""
     return switch("JAXINFER_SPLIT_CAUSAL", default=False) and sliding_window is None and not scales
+
+
+def triton_prefill_for(num_tokens: int, md, sliding_window, scales) -> bool:
+    """Whether a bucket's attention runs the plain Triton prefill kernel (triton_prefill.py, jax-triton) instead of
+    the Pallas kernel: opt-in JAXINFER_TRITON_PREFILL=1 (trace time, in the program cache key) until measured in the
+    engine; prefill-shaped buckets (more tokens than sequences) above COMMAND_BUFFER_MAX_TOKENS only, which run
+    without command buffers (a jax-triton call splits a step's CUDA graph: benchmarks/README.md, 12-03); no sliding
+    window or quantized KV."""
+    return (switch("JAXINFER_TRITON_PREFILL", default=False) and num_tokens > COMMAND_BUFFER_MAX_TOKENS
+            and num_tokens > md.page_tables.shape[0] - 1 and sliding_window is None and not scales
+            and triton_prefill.usable())
 
 
 class AttentionOptions(NamedTuple):
@@ -123,6 +136,10 @@ def _paged_attention_local(q, k, v, k_pages, v_pages, md, opts, sm_scale, slidin
         # prefill-shaped buckets: the Pallas kernel (cuDNN's one row a token would re-read a chunk's KV per token;
         # the two cuDNN prefill forms of cudnn_prefill_forms.py measured slower than the kernel or short of 1.5x;
         # the decodes of mixed steps through cuDNN rows, "the split", measured and removed twice: docs/architecture.md)
+    if opts.backend in ("pallas", "cudnn") and triton_prefill_for(q.shape[0], md, sliding_window, scales):
+        out = triton_prefill.prefill_attention(q, kd, vd, md.positions, md.tile_tokens, md.tile_seq, md.tile_kv_len,
+                                               md.page_tables, sm_scale=sm_scale)
+        return out, k_pages, v_pages
     if opts.backend in ("pallas", "cudnn"):
         splits = kernel_split_options(md.page_tables.shape[0] - 1, kd.shape[2], opts.num_sms)  # rows: S + 1
         out = ragged_paged_attention(

@@ -99,7 +99,7 @@ def source_digest() -> str:
 # Each is on unless set to "0".
 TRACE_ENV = ("JAXINFER_TRITON", "JAXINFER_NK_EXACT_ROWS", "JAXINFER_FP8_FUSED_QUANT")
 # ... and the off-by-default ones, read with env_switch.switch(name, default=False)
-TRACE_ENV_OFF = ("JAXINFER_SPLIT_CAUSAL",)
+TRACE_ENV_OFF = ("JAXINFER_SPLIT_CAUSAL", "JAXINFER_TRITON_PREFILL")
 
 
 def _environment() -> str:

@@ -105,3 +105,24 @@ def test_unsupported_options_name_the_fallback(kw, match):
     opts = dict(block_n=64) | kw
     with pytest.raises(ValueError, match=match):
         TP.check(q, k, **opts)
+
+
+def test_engine_takes_the_kernel_only_in_large_prefill_buckets(monkeypatch):
+    """models/attention.triton_prefill_for: opt-in, buckets above the command-buffer limit with more tokens than
+    sequences, no sliding window or quantized KV, and only where the kernel can run."""
+    from types import SimpleNamespace
+
+    from jaxinfer.models import attention as A
+
+    md = SimpleNamespace(page_tables=np.zeros((17, 8), np.int32))          # 16 sequences (+ the empty row)
+    monkeypatch.setattr(TP, "usable", lambda: True)
+    monkeypatch.delenv("JAXINFER_TRITON_PREFILL", raising=False)
+    assert not A.triton_prefill_for(2048, md, None, {})                      # off unless asked for
+    monkeypatch.setenv("JAXINFER_TRITON_PREFILL", "1")
+    assert A.triton_prefill_for(2048, md, None, {})
+    assert not A.triton_prefill_for(A.COMMAND_BUFFER_MAX_TOKENS, md, None, {})  # a command-buffered bucket
+    assert not A.triton_prefill_for(2048, SimpleNamespace(page_tables=np.zeros((2049, 8))), None, {})  # decodes
+    assert not A.triton_prefill_for(2048, md, 128, {})
+    assert not A.triton_prefill_for(2048, md, None, {"k_scales": 1})
+    monkeypatch.setattr(TP, "usable", lambda: False)
+    assert not A.triton_prefill_for(2048, md, None, {})
