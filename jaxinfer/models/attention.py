@@ -11,7 +11,6 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from jaxinfer.env_switch import switch
-from jaxinfer.runner.compile_options import COMMAND_BUFFER_MAX_TOKENS
 from pallas_kernels.paged_attention import triton_prefill
 from pallas_kernels.paged_attention.cudnn_paged import cudnn_paged_attention
 from pallas_kernels.paged_attention.kernel import ragged_paged_attention
@@ -65,13 +64,17 @@ def split_causal_for(sliding_window, scales) -> bool:
     return switch("JAXINFER_SPLIT_CAUSAL", default=False) and sliding_window is None and not scales
 
 
+# the Triton prefill kernel's smallest bucket: above runner/compile_options.COMMAND_BUFFER_MAX_TOKENS (tested)
+TRITON_PREFILL_MIN_TOKENS = 257
+
+
 def triton_prefill_for(num_tokens: int, md, sliding_window, scales) -> bool:
     """Whether a bucket's attention runs the plain Triton prefill kernel (triton_prefill.py, jax-triton) instead of
     the Pallas kernel: opt-in JAXINFER_TRITON_PREFILL=1 (trace time, in the program cache key) until measured in the
-    engine; prefill-shaped buckets (more tokens than sequences) above COMMAND_BUFFER_MAX_TOKENS only, which run
+    engine; prefill-shaped buckets (more tokens than sequences) of TRITON_PREFILL_MIN_TOKENS or more only, which run
     without command buffers (a jax-triton call splits a step's CUDA graph: benchmarks/README.md, 12-03); no sliding
     window or quantized KV."""
-    return (switch("JAXINFER_TRITON_PREFILL", default=False) and num_tokens > COMMAND_BUFFER_MAX_TOKENS
+    return (switch("JAXINFER_TRITON_PREFILL", default=False) and num_tokens >= TRITON_PREFILL_MIN_TOKENS
             and num_tokens > md.page_tables.shape[0] - 1 and sliding_window is None and not scales
             and triton_prefill.usable())
 

@@ -120,7 +120,9 @@ def test_engine_takes_the_kernel_only_in_large_prefill_buckets(monkeypatch):
     assert not A.triton_prefill_for(2048, md, None, {})                      # off unless asked for
     monkeypatch.setenv("JAXINFER_TRITON_PREFILL", "1")
     assert A.triton_prefill_for(2048, md, None, {})
-    assert not A.triton_prefill_for(A.COMMAND_BUFFER_MAX_TOKENS, md, None, {})  # a command-buffered bucket
+    from jaxinfer.runner.compile_options import COMMAND_BUFFER_MAX_TOKENS
+    assert A.TRITON_PREFILL_MIN_TOKENS > COMMAND_BUFFER_MAX_TOKENS
+    assert not A.triton_prefill_for(COMMAND_BUFFER_MAX_TOKENS, md, None, {})  # a command-buffered bucket
     assert not A.triton_prefill_for(2048, SimpleNamespace(page_tables=np.zeros((2049, 8))), None, {})  # decodes
     assert not A.triton_prefill_for(2048, md, 128, {})
     assert not A.triton_prefill_for(2048, md, None, {"k_scales": 1})
