@@ -75,32 +75,24 @@ def test_program_key_covers_name_and_parts():
     assert program_key("step", 1, abstract_signature([a])) != program_key("step", 1, abstract_signature([b]))
 
 
-def test_program_key_covers_the_trace_time_switches(monkeypatch):
-    """JAXINFER_TRITON picks the small-M kernels or XLA's forms while the step is traced: a program compiled under
-    one setting must not be loaded under the other."""
-    from jaxinfer.runner.program_cache import TRACE_ENV, program_key
+@pytest.mark.parametrize("name,registry,other,same", [
+    ("JAXINFER_TRITON", "TRACE_ENV", "0", "1"),              # on unless "0"
+    ("JAXINFER_SPLIT_CAUSAL", "TRACE_ENV_OFF", "1", "0"),    # off unless set on
+    ("JAXINFER_TRITON_PREFILL", "TRACE_ENV_OFF", "1", "0"),
+])
+def test_program_key_covers_the_trace_time_switches(monkeypatch, name, registry, other, same):
+    """Switches read while the step is traced (JAXINFER_TRITON: the small-M kernels or XLA's forms; the attention
+    kernel's forms) change the program: a program compiled under one setting must not be loaded under the other,
+    and the default's own spelling is the same setting as leaving it unset."""
+    from jaxinfer.runner import program_cache
 
-    assert "JAXINFER_TRITON" in TRACE_ENV
-    monkeypatch.delenv("JAXINFER_TRITON", raising=False)
-    default = program_key("step", 1)
-    monkeypatch.setenv("JAXINFER_TRITON", "0")
-    off = program_key("step", 1)
-    monkeypatch.setenv("JAXINFER_TRITON", "1")
-    assert off != default and program_key("step", 1) == default  # unset and "1" are the same setting
-
-
-def test_program_key_covers_the_off_by_default_trace_switches(monkeypatch):
-    """JAXINFER_SPLIT_CAUSAL (the attention kernel's unmasked loop) is off unless set: unset and "0" are one
-    setting, "1" another."""
-    from jaxinfer.runner.program_cache import TRACE_ENV_OFF, program_key
-
-    assert "JAXINFER_SPLIT_CAUSAL" in TRACE_ENV_OFF
-    monkeypatch.delenv("JAXINFER_SPLIT_CAUSAL", raising=False)
-    default = program_key("step", 1)
-    monkeypatch.setenv("JAXINFER_SPLIT_CAUSAL", "1")
-    on = program_key("step", 1)
-    monkeypatch.setenv("JAXINFER_SPLIT_CAUSAL", "0")
-    assert on != default and program_key("step", 1) == default
+    assert name in getattr(program_cache, registry)
+    monkeypatch.delenv(name, raising=False)
+    default = program_cache.program_key("step", 1)
+    monkeypatch.setenv(name, other)
+    changed = program_cache.program_key("step", 1)
+    monkeypatch.setenv(name, same)
+    assert changed != default and program_cache.program_key("step", 1) == default
 
 
 def test_prefetch_loads_the_first_program_of_the_last_start_and_a_stale_hint_is_harmless(cache, monkeypatch):
