@@ -408,12 +408,12 @@ for part in $PARTS; do case $part in
       --variants 16:4:4 16:4:4:split 16:8:4:split 32:4:8:split --cudnn-tiles --cudnn-seq --reps 7 --budget-s 260 ;;
   splitc)  # the engine's steps with the Pallas kernel's split causal loop (JAXINFER_SPLIT_CAUSAL=1) vs without: the
            # 256-token prefill (its tiles read the chunk's context whole), the mixed offline step (where the kernel held
-           # 22.3 of 67.8 ms, 12-07 f) and decode at batch 64 under the Pallas backend (~250 s warm)
+           # 22.3 of 67.8 ms, 12-07 f) under the Pallas backend (~150 s a side on a fresh machine, estimated)
            # then "triton": JAXINFER_TRITON_PREFILL=1, the Triton prefill kernel in the buckets above 256 tokens
-    for v in 0 1 triton; do
-      run splitc-$v 200 JAXINFER_SPLIT_CAUSAL=$([ $v = 1 ] && echo 1 || echo 0) \
-        JAXINFER_TRITON_PREFILL=$([ $v = triton ] && echo 1 || echo 0) timeout 200 $PY benchmarks/probes/step_profile.py \
-        --shapes prefill-256 prefill-2048 mixed-2048 decode-b64 --attention-backend pallas --iters 10 --no-trace \
+    for v in 0 triton 1; do
+      run splitc-$v 170 JAXINFER_SPLIT_CAUSAL=$([ $v = 1 ] && echo 1 || echo 0) \
+        JAXINFER_TRITON_PREFILL=$([ $v = triton ] && echo 1 || echo 0) timeout 170 $PY benchmarks/probes/step_profile.py \
+        --shapes prefill-2048 mixed-2048 prefill-256 --attention-backend pallas --iters 10 --no-trace \
         --tag split-causal-$v
     done ;;
   attn2)  # the decode-attention probe with 3x the reps (12-07 c's H200 median 3.10 TB/s at 64 x 4k, fastest rep 3.49:
