@@ -413,7 +413,7 @@ for part in $PARTS; do case $part in
     for v in 0 triton 1; do
       run splitc-$v 170 JAXINFER_SPLIT_CAUSAL=$([ $v = 1 ] && echo 1 || echo 0) \
         JAXINFER_TRITON_PREFILL=$([ $v = triton ] && echo 1 || echo 0) timeout 170 $PY benchmarks/probes/step_profile.py \
-        --shapes prefill-2048 mixed-2048 prefill-256 --attention-backend pallas --iters 10 --no-trace \
+        --shapes prefill-2048 mixed-2048 prefill-256 --max-num-seqs 512 --attention-backend pallas --iters 10 --no-trace \
         --tag split-causal-$v
     done ;;
   attn2)  # the decode-attention probe with 3x the reps (12-07 c's H200 median 3.10 TB/s at 64 x 4k, fastest rep 3.49:
