@@ -412,9 +412,9 @@ for part in $PARTS; do case $part in
            # then "triton": JAXINFER_TRITON_PREFILL=1, the Triton prefill kernel in the buckets above 256 tokens
     for v in 0 triton 1; do
       run splitc-$v 170 JAXINFER_SPLIT_CAUSAL=$([ $v = 1 ] && echo 1 || echo 0) \
-        JAXINFER_TRITON_PREFILL=$([ $v = triton ] && echo 1 || echo 0) timeout 170 $PY benchmarks/probes/step_profile.py \
-        --shapes prefill-2048 mixed-2048 prefill-256 --max-num-seqs 512 --attention-backend pallas --iters 10 --no-trace \
-        --tag split-causal-$v
+        JAXINFER_TRITON_PREFILL=$([ $v = triton ] && echo 1 || echo 0) \
+        timeout 170 $PY benchmarks/probes/step_profile.py --shapes prefill-2048 mixed-2048 prefill-256 \
+        --max-num-seqs 512 --attention-backend pallas --iters 10 --no-trace --tag split-causal-$v
     done ;;
   attn2)  # the decode-attention probe with 3x the reps (12-07 c's H200 median 3.10 TB/s at 64 x 4k, fastest rep 3.49:
           # issue 17's >= 3.2 sits inside that spread; ~70 s)
