@@ -47,6 +47,7 @@ MASKED = -1.0e30  # finite: a row whose keys are all masked keeps m = MASKED and
 
 
 if triton is not None:
+    _MASKED = tl.constexpr(MASKED)  # (a jitted body may read only constexpr globals)
 
     @triton.jit
     def _kv_block(k_ptr, v_ptr, pt_row_ptr, h, kk, kv_len, d, PS: tl.constexpr, KVH: tl.constexpr,
@@ -75,7 +76,7 @@ if triton is not None:
             s = tl.dot(q, kt)
         s = s * qk_scale
         if MASK:
-            s = tl.where(keep, s, MASKED)
+            s = tl.where(keep, s, _MASKED)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.math.exp2(s - m_new[:, None])
         if MASK:
@@ -112,7 +113,7 @@ if triton is not None:
         n_all = tl.cdiv(tl.maximum(hi, 0), BLOCK_N)
         n_full = tl.minimum((tl.minimum(lo_pos, kv_len - 1) + 1) // BLOCK_N, n_all)   # (an empty tile: 0)
         acc = tl.zeros([R, D], dtype=tl.float32)
-        m_i = tl.zeros([R], dtype=tl.float32) + MASKED
+        m_i = tl.zeros([R], dtype=tl.float32) + _MASKED
         l_i = tl.zeros([R], dtype=tl.float32)
         for b in range(0, n_full):
             kk = b * BLOCK_N + n
