@@ -406,6 +406,14 @@ for part in $PARTS; do case $part in
     run tprefill-tests 150 timeout 150 $PY -m pytest -q -m gpu tests/kernels/test_triton_prefill_gpu.py
     run tprefill 300 timeout 300 $PY benchmarks/kernels/prefill_attention.py --chunk 512 2048 4096 \
       --variants 16:4:4 16:4:4:split 16:8:4:split 32:4:8:split --cudnn-tiles --cudnn-seq --reps 7 --budget-s 260 ;;
+  tpbench)  # tprefill's per-op half alone (its rel_err column checks each output against float32 dense attention)
+    run tprefill 300 timeout 300 $PY benchmarks/kernels/prefill_attention.py --chunk 512 2048 4096 \
+      --variants 16:4:4 16:4:4:split 16:8:4:split 32:4:8:split --cudnn-tiles --cudnn-seq --reps 7 --budget-s 200 ;;
+  tpengine)  # the 2,048-token prefill step (8 x 256 after 256) with and without the Triton prefill kernel (~100 s a side)
+    for v in 0 1; do
+      run tpengine-$v 110 JAXINFER_TRITON_PREFILL=$v timeout 110 $PY benchmarks/probes/step_profile.py \
+        --shapes prefill-2048 --attention-backend pallas --iters 10 --no-trace --tag triton-prefill-$v
+    done ;;
   splitc)  # the engine's steps with the Pallas kernel's split causal loop (JAXINFER_SPLIT_CAUSAL=1) vs without: the
            # 256-token prefill (its tiles read the chunk's context whole), the mixed offline step (where the kernel held
            # 22.3 of 67.8 ms, 12-07 f) under the Pallas backend (~150 s a side on a fresh machine, estimated)
