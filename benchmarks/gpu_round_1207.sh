@@ -409,6 +409,9 @@ for part in $PARTS; do case $part in
   tpbench)  # tprefill's per-op half alone (its rel_err column checks each output against float32 dense attention)
     run tprefill 300 timeout 300 $PY benchmarks/kernels/prefill_attention.py --chunk 512 2048 4096 \
       --variants 16:4:4 16:4:4:split 16:8:4:split 32:4:8:split --cudnn-tiles --cudnn-seq --reps 7 --budget-s 200 ;;
+  tpquick)  # tpbench in ~2 minutes: the Pallas kernel as the engine runs it, two Triton variants, cuDNN dense
+    run tpquick 200 timeout 200 $PY benchmarks/kernels/prefill_attention.py --chunk 512 2048 4096 \
+      --variants 16:4:4 --triton 16:64:4:2 32:64:8:3 --cudnn-tiles --cudnn-seq --reps 5 --budget-s 150 ;;
   tpengine)  # the 2,048-token prefill step (8 x 256 after 256) with and without the Triton prefill kernel (~100 s a side)
     for v in 0 1; do
       run tpengine-$v 110 JAXINFER_TRITON_PREFILL=$v timeout 110 $PY benchmarks/probes/step_profile.py \
