@@ -412,6 +412,9 @@ for part in $PARTS; do case $part in
   tpquick)  # tpbench in ~2 minutes: the Pallas kernel as the engine runs it, two Triton variants, cuDNN dense
     run tpquick 200 timeout 200 $PY benchmarks/kernels/prefill_attention.py --chunk 512 2048 4096 \
       --variants 16:4:4 --triton 16:64:4:2 32:64:8:3 --cudnn-tiles --cudnn-seq --reps 5 --budget-s 150 ;;
+  tpmini)  # tpquick at 2048 / 4096 tokens only (~90 s)
+    run tpmini 150 timeout 150 $PY benchmarks/kernels/prefill_attention.py --chunk 4096 2048 \
+      --variants 16:4:4 --triton 16:64:4:2 32:64:8:3 --cudnn-tiles --cudnn-seq --reps 5 --budget-s 100 ;;
   tpengine)  # the 2,048-token prefill step (8 x 256 after 256) with and without the Triton prefill kernel (~100 s a side)
     for v in 0 1; do
       run tpengine-$v 110 JAXINFER_TRITON_PREFILL=$v timeout 110 $PY benchmarks/probes/step_profile.py \
