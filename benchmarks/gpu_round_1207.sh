@@ -415,6 +415,9 @@ for part in $PARTS; do case $part in
   tpmini)  # tpquick at 2048 / 4096 tokens only (~90 s)
     run tpmini 150 timeout 150 $PY benchmarks/kernels/prefill_attention.py --chunk 4096 2048 \
       --variants 16:4:4 --triton 16:64:4:2 32:64:8:3 --cudnn-tiles --cudnn-seq --reps 5 --budget-s 100 ;;
+  tpone)  # the smallest form: 4,096 tokens, the engine's Pallas kernel, one Triton variant, cuDNN dense (~60 s)
+    run tpone 90 timeout 90 $PY benchmarks/kernels/prefill_attention.py --chunk 4096 --variants 16:4:4 \
+      --triton 16:64:4:2 --cudnn-tiles --cudnn-seq --reps 5 --budget-s 60 ;;
   tpengine)  # the 2,048-token prefill step (8 x 256 after 256) with and without the Triton prefill kernel (~100 s a side)
     for v in 0 1; do
       run tpengine-$v 110 JAXINFER_TRITON_PREFILL=$v timeout 110 $PY benchmarks/probes/step_profile.py \
