@@ -460,6 +460,7 @@ def test_fuzz_no_5xx_and_healthy(tiny):
     assert len(statuses) >= 300 and any(s == 200 for s in statuses) and any(s == 400 for s in statuses)
     assert _get(url + "/health") == "ok"
     _wait(lambda: _idle(url), what="no request left running after the fuzz")
-    status, _, out = _post(url + "/v1/completions", {"prompt": [5, 6], "max_tokens": 3})
+    # (ignore_eos: a sampled EOS may end a request early: 12-07 k CI, 2 of 3 tokens)
+    status, _, out = _post(url + "/v1/completions", {"prompt": [5, 6], "max_tokens": 3, "ignore_eos": True})
     assert status == 200 and out["usage"]["completion_tokens"] == 3
     del hypothesis
