@@ -78,7 +78,7 @@
 #   Late in 12-07 j three H100 calls ran hsc256 p256 nktest (a warm-up crash, fixed in 10dde75), hsc256 nktest, fp8hlo
 #   w4a8k (gpu-round-1207j-2026-12-07.log). Next: "fp8bar" (the fp8 quantization barrier A/B), "w4a8i4" (now from
 #   2,048 tokens), then the H200 parts above.
-#   12-07 k: no machine came (eleven tries). Next, first on any GPU: "tprefill" (the Triton prefill kernel's GPU
+#   12-07 k: no machine came (twelve failed starts). Next, first on any GPU: "tprefill" (the Triton prefill kernel's GPU
 #   tests, then per op beside the Pallas kernel, its split_causal form and cuDNN dense: issue 17's <= 1.5x), then
 #   "splitc" (the engine's steps with JAXINFER_SPLIT_CAUSAL / JAXINFER_TRITON_PREFILL); for a short lease "tpquick",
 #   "tpmini" or "tpone". Then "fp8bar", "w4a8i4" and the H200 parts below.
