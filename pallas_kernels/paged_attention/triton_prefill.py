@@ -128,11 +128,6 @@ if triton is not None:
         tl.store(o_ptr + base + r[:, None] * D + d[None, :], out.to(o_ptr.dtype.element_ty))
 
 
-def available() -> bool:
-    """Whether the kernel can be compiled here (triton importable); the JAX entry point also needs jax-triton."""
-    return triton is not None
-
-
 def usable() -> bool:
     """Whether the JAX entry point runs here: a GPU backend, triton and jax-triton importable."""
     if triton is None or jax.default_backend() != "gpu":
@@ -150,18 +145,6 @@ def launch_params(qt_shape, k_pages_shape, table_width: int, *, block_n: int):
     NT, KVH, R, D = qt_shape
     PS = k_pages_shape[1]
     return (NT, KVH), dict(W=table_width, KVH=KVH, R=R, D=D, PS=PS, BLOCK_N=block_n)
-
-
-def check(q, k_pages, *, block_n: int, sliding_window=None, soft_cap=None, k_scales=None):
-    """Raise ValueError for what the kernel does not do (the caller then uses the Pallas kernel)."""
-    if sliding_window is not None or soft_cap is not None or k_scales is not None:
-        raise ValueError("the Triton prefill kernel has no sliding window, soft cap or quantized KV: use "
-                         "attention_backend='pallas'")
-    D = q.shape[-1]
-    if D & (D - 1) or D < 16:
-        raise ValueError(f"head_dim must be a power of two >= 16 (Triton block shapes), got {D}")
-    if block_n & (block_n - 1) or block_n < 16:
-        raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "block_n", "num_warps", "num_stages"))
@@ -186,7 +169,11 @@ def prefill_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, til
     """ragged_paged_attention's contract (no window, soft cap or quantized KV) through the Triton kernel above.
     q [T, H, D]; k_pages / v_pages [P, page_size, KVH, D]; positions i32[T]; tile_tokens i32[NT, Bq];
     tile_seq / tile_kv_len i32[NT]; page_tables i32[S + 1, W] -> [T, H, D] in q's dtype."""
-    check(q, k_pages, block_n=block_n)
+    D = q.shape[-1]
+    if D & (D - 1) or D < 16:
+        raise ValueError(f"head_dim must be a power of two >= 16 (Triton block shapes), got {D}")
+    if block_n & (block_n - 1) or block_n < 16:
+        raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
     if not math.isfinite(sm_scale):
         raise ValueError(f"sm_scale must be finite, got {sm_scale}")
     return _prefill_attention(q, k_pages, v_pages, positions, tile_tokens, tile_seq, tile_kv_len, page_tables,

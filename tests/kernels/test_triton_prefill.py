@@ -96,15 +96,16 @@ def test_unmasked_blocks_are_the_ones_every_row_sees():
     assert np.array_equal(changed, pos >= 70)
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(sliding_window=8), "sliding window"), (dict(soft_cap=30.0), "soft cap"), (dict(block_n=48), "block_n"),
+@pytest.mark.parametrize("head_dim,block_n,sm_scale,match", [
+    (96, 64, 0.1, "head_dim"), (64, 48, 0.1, "block_n"), (64, 8, 0.1, "block_n"), (64, 64, float("nan"), "sm_scale"),
 ])
-def test_unsupported_options_name_the_fallback(kw, match):
-    q = jnp.zeros((4, 8, 64))
-    k = jnp.zeros((3, 16, 2, 64))
-    opts = dict(block_n=64) | kw
+def test_bad_arguments_are_named(head_dim, block_n, sm_scale, match):
+    """The entry point refuses what its block shapes cannot take before anything is compiled."""
+    z = jnp.zeros((4,), jnp.int32)
     with pytest.raises(ValueError, match=match):
-        TP.check(q, k, **opts)
+        TP.prefill_attention(jnp.zeros((4, 8, head_dim)), jnp.zeros((3, 16, 2, head_dim)),
+                             jnp.zeros((3, 16, 2, head_dim)), z, z.reshape(1, 4), z[:1], z[:1],
+                             jnp.zeros((2, 4), jnp.int32), sm_scale=sm_scale, block_n=block_n)
 
 
 def test_engine_takes_the_kernel_only_in_large_prefill_buckets(monkeypatch):
