@@ -75,6 +75,14 @@ def build(chunk: int, seed: int = 0, query_tile: int = 16):
     return q, k, v, q_pad, pages_k, pages_v, hb
 
 
+def tiled(chunk: int, query_tile: int):
+    """(padded q, the kernel's metadata arrays, the packed step) of `build` with query_tile-token tiles."""
+    _, _, _, q_pad, _, _, hb = build(chunk, query_tile=query_tile)
+    md = tuple(jnp.asarray(hb.arrays[n]) for n in ("positions", "tile_tokens", "tile_seq", "tile_kv_len",
+                                                   "page_tables"))
+    return q_pad, md, hb
+
+
 def dense_reference(q, k, v):
     """float32 causal GQA attention: [T, H, D] x [T, KVH, D] -> [T, H, D]."""
     g = H // KVH
@@ -127,9 +135,7 @@ def main():
         for var in a.variants:
             qt, ppb, nw = (int(x) for x in var.split(":")[:3])
             split = var.endswith(":split")
-            _, _, _, qp, _, _, hbv = build(chunk, query_tile=qt)
-            md = tuple(jnp.asarray(hbv.arrays[n]) for n in
-                       ("positions", "tile_tokens", "tile_seq", "tile_kv_len", "page_tables"))
+            qp, md, hbv = tiled(chunk, qt)
             name = f"kernel_q{qt}_p{ppb}_w{nw}" + ("_split" if split else "")
             buckets[name] = str(hbv.bucket)
             impls[name] = ((qp, kp, vp, *md), functools.partial(
@@ -137,18 +143,14 @@ def main():
                 split_causal=split))
         for var in (a.triton if triton_prefill.usable() else []):
             qt, bn, nw, ns = (int(x) for x in var.split(":"))
-            _, _, _, qp, _, _, hbv = build(chunk, query_tile=qt)
-            md = tuple(jnp.asarray(hbv.arrays[n]) for n in
-                       ("positions", "tile_tokens", "tile_seq", "tile_kv_len", "page_tables"))
+            qp, md, hbv = tiled(chunk, qt)
             name = f"triton_q{qt}_n{bn}_w{nw}_s{ns}"
             buckets[name] = str(hbv.bucket)
             fn = functools.partial(triton_prefill.prefill_attention, sm_scale=sm_scale, block_n=bn, num_warps=nw,
                                    num_stages=ns)
             impls[name] = ((qp, kp, vp, *md), fn)
         for qt in (a.cudnn_tiles if on_gpu else []):  # the engine's A/B form: one cuDNN row a query tile
-            _, _, _, qp, _, _, hbv = build(chunk, query_tile=qt)
-            md = tuple(jnp.asarray(hbv.arrays[n]) for n in
-                       ("positions", "tile_tokens", "tile_seq", "tile_kv_len", "page_tables"))
+            qp, md, hbv = tiled(chunk, qt)
             name = f"cudnn_tiles_q{qt}"
             buckets[name] = str(hbv.bucket)
             impls[name] = ((qp, kp, vp, *md), lambda x, kk, vv, *m: cudnn_tile_attention(x, kk, vv, *m,
